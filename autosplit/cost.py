@@ -1,0 +1,90 @@
+"""The cost model: stage time, transfer time, memory and step time (no torch import).
+
+Symbols: p stages, m micro-batches, b micro-batch size, B = m·b batch size, s stage index.
+
+* Stage time per micro-batch (ms) = Σ over its blocks of fwd(b) + bwd(b), measured at that b,
+  + the transfer of what crosses its outgoing cut, forward activations and backward gradients:
+  2 · bytes(b) / bandwidth.
+* GPipe step time with a bottleneck stage time t_max: (m + p − 1) · t_max — the pipeline fills
+  in p − 1 ticks and then emits one micro-batch per tick (GPipe, Huang et al. 2019, §2.3).
+* Memory of stage s (bytes) = parameters · (2 + optimizer state factor) (weights, gradients and
+  the optimizer's state) + buffers + bytes saved for backward · micro-batches in flight
+  (GPipe: m; 1F1B: min(m, p − s)) + the largest single block output (the transient).
+"""
+
+from __future__ import annotations
+
+import math
+
+from autosplit.errors import InvalidInputError
+from autosplit.plan import BlockProfile, Profile
+
+__all__ = [
+    "OPTIMIZER_STATE",
+    "SCHEDULES",
+    "optimizer_factor",
+    "in_flight",
+    "block_time_ms",
+    "block_memory_bytes",
+    "transfer_ms",
+    "step_ms",
+    "single_device_ms",
+]
+
+OPTIMIZER_STATE = {"none": 0, "sgd": 0, "sgd-momentum": 1, "adagrad": 1, "adam": 2, "adamw": 2}
+"""Optimizer state per parameter, in parameter sizes (Adam keeps two moments)."""
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def optimizer_factor(optimizer: str) -> int:
+    """Bytes per parameter byte held in training: weights + gradients + optimizer state."""
+    try:
+        return 2 + OPTIMIZER_STATE[optimizer]
+    except KeyError:
+        raise InvalidInputError(
+            f"unknown optimizer {optimizer!r}: use one of {', '.join(OPTIMIZER_STATE)}"
+        ) from None
+
+
+def in_flight(schedule: str, m: int, p: int, s: int) -> int:
+    """Micro-batches whose activations stage s holds at its peak."""
+    if schedule == "gpipe":
+        return m
+    if schedule == "1f1b":
+        return min(m, p - s)
+    raise InvalidInputError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
+
+
+def block_time_ms(block: BlockProfile, k: int) -> float:
+    """Forward + backward time of one micro-batch through ``block`` at size index ``k``."""
+    return block.fwd_ms[k] + block.bwd_ms[k]
+
+
+def block_memory_bytes(block: BlockProfile, k: int, factor: int, micro_batches: int) -> float:
+    """Bytes ``block`` holds at its stage's peak (without the transient)."""
+    return block.param_bytes * factor + block.buffer_bytes + block.saved_bytes[k] * micro_batches
+
+
+def transfer_ms(nbytes: float, bandwidth_bytes_per_s: float) -> float:
+    """Forward send plus backward gradient of ``nbytes`` over the link, in ms."""
+    if bandwidth_bytes_per_s <= 0:
+        raise InvalidInputError(f"bandwidth must be positive, got {bandwidth_bytes_per_s}")
+    return 2.0 * nbytes / bandwidth_bytes_per_s * 1000.0
+
+
+def step_ms(bottleneck_ms: float, m: int, p: int) -> float:
+    """Predicted GPipe/1F1B step time: (m + p − 1) · t_max."""
+    return (m + p - 1) * bottleneck_ms
+
+
+def single_device_ms(profile: Profile, batch_size: int) -> tuple[float, int]:
+    """Best predicted step on one device over the measured sizes: (ms, b)."""
+    best = (math.inf, 0)
+    for k, b in enumerate(profile.microbatch_sizes):
+        if b > batch_size:
+            continue
+        m = math.ceil(batch_size / b)
+        t = m * sum(block_time_ms(blk, k) for blk in profile.blocks)
+        best = min(best, (t, -b))
+    return best[0], -best[1]

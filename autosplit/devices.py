@@ -1,0 +1,77 @@
+"""Which devices a plan runs on, and how they are described.
+
+On a machine with CUDA, device s of a p-stage plan is ``cuda:s``. Without enough GPUs every
+stage is a CPU worker: in one process all stages share the CPU (``"cpu"``), and the
+distributed runtime gives each stage its own process with one intra-op thread.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from autosplit.errors import InvalidInputError
+from autosplit.plan import DeviceInfo
+
+__all__ = [
+    "resolve_device",
+    "describe_device",
+    "default_devices",
+    "DEFAULT_LINK_BYTES_PER_S",
+]
+
+DEFAULT_LINK_BYTES_PER_S = {
+    # Between CPU workers in one process a "transfer" is a no-op; between processes it is a
+    # loopback gloo send. 5 GB/s is a conservative figure for gloo over loopback.
+    "cpu": 5e9,
+    # PCIe 4.0 x16 peer-to-peer copies reach ~20–25 GB/s; 16 GB/s is a conservative default
+    # when the link has not been measured.
+    "cuda": 16e9,
+}
+"""Link bandwidth (bytes/s) assumed between consecutive stages when none is given."""
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``None`` → ``cuda:0`` when CUDA is available, else ``cpu``; strings are checked.
+
+    Raises:
+        InvalidInputError: the string is not a device, or names a GPU that is not there.
+    """
+    if device is None:
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InvalidInputError(f"{device!r} is not a device: use e.g. 'cpu' or 'cuda:0'") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count()
+        index = dev.index if dev.index is not None else 0
+        if index >= count:
+            raise InvalidInputError(
+                f"device {device!r} does not exist: this machine has {count} CUDA device(s)"
+            )
+        dev = torch.device("cuda", index)
+    elif dev.type != "cpu":
+        raise InvalidInputError(f"device type {dev.type!r} is not supported: use 'cpu' or 'cuda:N'")
+    return dev
+
+
+def describe_device(dev: torch.device, threads: int = 1) -> DeviceInfo:
+    """A :class:`DeviceInfo` for ``dev`` (CPU workers record their thread count)."""
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        return DeviceInfo("cuda", props.name, None, int(props.total_memory))
+    plural = "" if threads == 1 else "s"
+    return DeviceInfo("cpu", f"cpu worker ({threads} thread{plural})", threads, None)
+
+
+def default_devices(gpus: int) -> tuple[list[torch.device], bool]:
+    """``gpus`` devices: ``cuda:0 … cuda:gpus-1`` when present, else CPU workers.
+
+    Returns:
+        The devices and whether they are CPU stand-ins for missing GPUs.
+    """
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise InvalidInputError(f"gpus must be a positive integer (0 < 1), got {gpus!r}")
+    if torch.cuda.device_count() >= gpus:
+        return [torch.device("cuda", i) for i in range(gpus)], False
+    return [torch.device("cpu") for _ in range(gpus)], True

@@ -1,0 +1,61 @@
+"""Exceptions raised by autosplit.
+
+Every error raised at the public boundary is an :class:`AutosplitError`; those caused by a bad
+argument are also ``ValueError`` so that generic callers can catch them. Messages name the
+offending value and say what to change. The CLI turns any of these into one line and exit 2.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AutosplitError",
+    "InvalidInputError",
+    "TraceError",
+    "InfeasiblePlanError",
+    "PlanMismatchError",
+    "PlanFileError",
+]
+
+
+class AutosplitError(Exception):
+    """Base class of every error autosplit raises on purpose."""
+
+
+class InvalidInputError(AutosplitError, ValueError):
+    """An argument (model, inputs, device count, size string, …) is not acceptable."""
+
+
+class TraceError(AutosplitError):
+    """The model cannot be captured as an ordered list of blocks."""
+
+
+class InfeasiblePlanError(AutosplitError, ValueError):
+    """No plan satisfies the memory limits.
+
+    Attributes:
+        min_capacity_bytes: the smallest per-device memory (bytes) with which a plan exists,
+            or ``None`` when not even unlimited memory would help.
+        stage: index of the stage that needs ``min_capacity_bytes`` in that smallest plan.
+        blocks: the names of the first and last block of that stage, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        min_capacity_bytes: float | None = None,
+        stage: int | None = None,
+        blocks: tuple[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.min_capacity_bytes = min_capacity_bytes
+        self.stage = stage
+        self.blocks = blocks
+
+
+class PlanMismatchError(AutosplitError, ValueError):
+    """A saved plan or profile was made for another model (fingerprints differ)."""
+
+
+class PlanFileError(AutosplitError, ValueError):
+    """A plan or profile file cannot be read: missing, not JSON, or missing fields."""

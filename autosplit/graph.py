@@ -1,0 +1,403 @@
+"""Capture a model as an ordered list of blocks with torch.fx.
+
+A *block* is a contiguous run of graph nodes that the planner never splits: by default one
+"leaf-ish" submodule (a ResNet Bottleneck, a transformer layer, a top-level Conv2d …) together
+with the small parameter-free operations that follow it. ``granularity="layer"`` makes every
+leaf module its own block.
+
+A *cut* lies between block i and block i + 1; it knows every tensor live across it: values
+produced at or before block i (model inputs included) that something after block i — a later
+block or the model's output — still reads. A skip connection over the cut is one more tensor.
+
+Models that torch.fx cannot trace fall back, with a warning, to their top-level children when
+they are an ``nn.Sequential`` or verifiably call their children one after the other; otherwise a
+:class:`~autosplit.errors.TraceError` names the failing construct and the fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import networkx as nx
+import torch
+import torch.fx as fx
+from torch import nn
+
+from autosplit.errors import InvalidInputError, TraceError
+from autosplit.plan import fingerprint_of
+
+__all__ = ["Block", "Cut", "BlockGraph", "Segment", "trace", "Granularity"]
+
+Granularity = Literal["block", "layer"]
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+_INPUT_BLOCK = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """A group of consecutive fx nodes that always stay on one stage.
+
+    Attributes:
+        index: position in the block order.
+        name: unique display name, the module path of its first node (``"layer3.0"``).
+        nodes: names of its fx nodes, in graph order.
+        params: ``(qualified name, shape)`` of every parameter it owns (first use owns).
+    """
+
+    index: int
+    name: str
+    nodes: tuple[str, ...]
+    params: tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """The cut after block ``index``: the fx values that cross it."""
+
+    index: int
+    tensors: tuple[str, ...]
+
+
+class BlockGraph:
+    """A traced model split into blocks.
+
+    Attributes:
+        module: the ``fx.GraphModule``; it holds the model's own submodules and parameters.
+        blocks: the blocks in execution order.
+        cuts: ``len(blocks) - 1`` cut candidates.
+        inputs: names of the graph's placeholders, in call order.
+        traced: ``False`` when the graph was built from the top-level children (fallback).
+        model_name: the model's class name.
+    """
+
+    def __init__(
+        self,
+        module: fx.GraphModule,
+        blocks: Sequence[Block],
+        model_name: str,
+        traced: bool = True,
+    ) -> None:
+        self.module = module
+        self.blocks = tuple(blocks)
+        self.model_name = model_name
+        self.traced = traced
+        self.node_block: dict[str, int] = {
+            node: block.index for block in self.blocks for node in block.nodes
+        }
+        self.inputs = tuple(n.name for n in module.graph.nodes if n.op == "placeholder")
+        self.cuts = self._crossings()
+        self.fingerprint = fingerprint_of([(b.name, b.params) for b in self.blocks])
+
+    @property
+    def block_names(self) -> tuple[str, ...]:
+        """Names of the blocks, in order."""
+        return tuple(b.name for b in self.blocks)
+
+    def _block_of(self, node: fx.Node) -> int:
+        if node.op == "placeholder":
+            return _INPUT_BLOCK
+        if node.op == "output":
+            return len(self.blocks)
+        return self.node_block[node.name]
+
+    def to_networkx(self) -> nx.DiGraph:
+        """The fx data-flow graph; each node carries its ``block`` index (-1 inputs, n output)."""
+        g = nx.DiGraph()
+        for node in self.module.graph.nodes:
+            g.add_node(node.name, block=self._block_of(node), op=node.op)
+            for arg in node.all_input_nodes:
+                g.add_edge(arg.name, node.name)
+        return g
+
+    def _crossings(self) -> tuple[Cut, ...]:
+        g = self.to_networkx()
+        order = [n.name for n in self.module.graph.nodes]
+        last_use: dict[str, int] = {}
+        for name in order:
+            produced = g.nodes[name]["block"]
+            users = [g.nodes[v]["block"] for v in g.successors(name)]
+            if users and max(users) > produced:
+                last_use[name] = max(users)
+        cuts = []
+        for i in range(len(self.blocks) - 1):
+            live = tuple(
+                name for name in order
+                if name in last_use and g.nodes[name]["block"] <= i < last_use[name]
+            )
+            cuts.append(Cut(i, live))
+        return tuple(cuts)
+
+    def extract(self, first: int, end: int) -> Segment:
+        """A GraphModule running blocks ``first … end-1``; it shares the model's modules."""
+        if not 0 <= first < end <= len(self.blocks):
+            raise InvalidInputError(
+                f"block range {first}…{end - 1} is outside the model's {len(self.blocks)} blocks"
+            )
+        names = {n for b in self.blocks[first:end] for n in b.nodes}
+        nodes = [n for n in self.module.graph.nodes if n.name in names]
+        inputs: list[fx.Node] = []
+        for node in nodes:
+            for arg in node.all_input_nodes:
+                if arg.name not in names and arg not in inputs:
+                    inputs.append(arg)
+        outputs = [n for n in nodes if any(u.name not in names for u in n.users)]
+        graph = fx.Graph()
+        env: dict[fx.Node, fx.Node] = {}
+        for arg in inputs:
+            env[arg] = graph.placeholder(arg.name)
+        for node in nodes:
+            env[node] = graph.node_copy(node, lambda a: env[a])
+        graph.output(tuple(env[n] for n in outputs))
+        graph.lint()
+        module = fx.GraphModule(self.module, graph, f"Blocks_{first}_{end - 1}")
+        return Segment(
+            module, tuple(a.name for a in inputs), tuple(n.name for n in outputs), first, end
+        )
+
+    def output_structure(self) -> Any:
+        """The graph's output argument: a (nested) structure of ``fx.Node`` objects."""
+        return next(n for n in self.module.graph.nodes if n.op == "output").args[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A contiguous run of blocks as a module: ``module(*inputs) -> tuple(outputs)``.
+
+    Attributes:
+        module: GraphModule whose placeholders are named after the fx values it reads.
+        inputs: names of the values it reads (model inputs or values made by earlier blocks).
+        outputs: names of the values it makes that something later reads, in graph order.
+        first: first block index; end: one past the last block index.
+    """
+
+    module: fx.GraphModule
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    first: int
+    end: int
+
+
+# ----------------------------------------------------------------------------------- tracing
+
+
+def trace(
+    model: nn.Module,
+    *,
+    granularity: Granularity = "block",
+    leaf_modules: Iterable[type[nn.Module] | str] = (),
+    example_inputs: Sequence[Any] | None = None,
+) -> BlockGraph:
+    """Capture ``model`` as a :class:`BlockGraph`.
+
+    Args:
+        model: the model; it is not modified and its modules are shared, not copied.
+        granularity: ``"block"`` (submodules below containers, small ops merged into the
+            block before them) or ``"layer"`` (every leaf module and op run its own block).
+        leaf_modules: module classes or qualified names that tracing must not enter (the
+            fix for submodules with data-dependent control flow).
+        example_inputs: only used to check the fallback for untraceable models.
+
+    Raises:
+        InvalidInputError: ``model`` is not an ``nn.Module`` or has no operations.
+        TraceError: the model can neither be traced nor treated as a sequence of children.
+    """
+    if not isinstance(model, nn.Module):
+        raise InvalidInputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if granularity not in ("block", "layer"):
+        raise InvalidInputError(f"granularity must be 'block' or 'layer', got {granularity!r}")
+    name = type(model).__name__
+    leaves = tuple(leaf_modules)
+    try:
+        gm = _symbolic_trace(model, leaves)
+    except Exception as exc:  # fx raises many kinds of errors from user code
+        gm = _sequential_fallback(model, example_inputs, exc)
+        blocks = [
+            Block(i, n.target, (n.name,), _owned_params(model, [n], set()))  # type: ignore[arg-type]
+            for i, n in enumerate(n for n in gm.graph.nodes if n.op == "call_module")
+        ]
+        return BlockGraph(gm, blocks, name, traced=False)
+    blocks = _group(model, gm, granularity)
+    if not blocks:
+        raise InvalidInputError(f"model {name} has no operations to split (empty model)")
+    return BlockGraph(gm, blocks, name)
+
+
+def _symbolic_trace(model: nn.Module, leaves: tuple[type[nn.Module] | str, ...]) -> fx.GraphModule:
+    leaf_types = tuple(x for x in leaves if isinstance(x, type))
+    leaf_names = {x for x in leaves if isinstance(x, str)}
+
+    class _Tracer(fx.Tracer):
+        def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+            if qualname in leaf_names or (leaf_types and isinstance(m, leaf_types)):
+                return True
+            return super().is_leaf_module(m, qualname)
+
+    tracer = _Tracer()
+    graph = tracer.trace(model)
+    return fx.GraphModule(tracer.root, graph, type(model).__name__)
+
+
+def _module_path(gm: fx.GraphModule, node: fx.Node) -> str:
+    if node.op == "call_module":
+        return str(node.target)
+    if node.op == "get_attr":
+        return str(node.target).rpartition(".")[0]
+    stack = node.meta.get("nn_module_stack")
+    if stack:
+        return str(list(stack.values())[-1][0])
+    return ""
+
+
+def _block_key(model: nn.Module, path: str, granularity: Granularity) -> str:
+    if granularity == "layer" or not path:
+        return path
+    prefix = ""
+    for part in path.split("."):
+        prefix = f"{prefix}.{part}" if prefix else part
+        try:
+            sub = model.get_submodule(prefix)
+        except AttributeError:
+            return prefix
+        if not isinstance(sub, _CONTAINERS):
+            return prefix
+    return path
+
+
+def _owned_params(
+    model: nn.Module, nodes: Iterable[fx.Node], seen: set[str]
+) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    owned = []
+    for node in nodes:
+        if node.op == "call_module":
+            sub = model.get_submodule(str(node.target))
+            items = [(f"{node.target}.{k}", p) for k, p in sub.named_parameters()]
+        elif node.op == "get_attr":
+            try:
+                attr = model.get_parameter(str(node.target))
+            except AttributeError:
+                continue
+            items = [(str(node.target), attr)]
+        else:
+            continue
+        for qualname, param in items:
+            if qualname not in seen:
+                seen.add(qualname)
+                owned.append((qualname, tuple(param.shape)))
+    return tuple(owned)
+
+
+def _group(model: nn.Module, gm: fx.GraphModule, granularity: Granularity) -> list[Block]:
+    """Group graph nodes into blocks (see the module docstring)."""
+    runs: list[tuple[str, list[fx.Node]]] = []
+    pending: list[fx.Node] = []  # root-level ops before any keyed node
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        key = _block_key(model, _module_path(gm, node), granularity)
+        if not key:
+            (runs[-1][1] if runs else pending).append(node)
+        elif runs and runs[-1][0] == key:
+            runs[-1][1].append(node)
+        else:
+            runs.append((key, pending + [node]))
+            pending = []
+    if pending:
+        runs.append(("ops", pending))
+
+    seen: set[str] = set()
+    grouped: list[tuple[str, list[fx.Node], tuple[tuple[str, tuple[int, ...]], ...]]] = []
+    carry: list[fx.Node] = []  # stateless runs before the first block with state
+    for key, nodes in runs:
+        params = _owned_params(model, nodes, seen)
+        stateless = not any(_has_state(model, n) for n in nodes)
+        if granularity == "block" and stateless:
+            if grouped:
+                name, prev, prev_params = grouped[-1]
+                grouped[-1] = (name, prev + nodes, prev_params)
+            else:
+                carry += nodes
+            continue
+        grouped.append((key, carry + nodes, params))
+        carry = []
+    if carry:
+        grouped.append(("ops", carry, ()))
+
+    blocks, used = [], {}
+    for i, (key, nodes, params) in enumerate(grouped):
+        used[key] = used.get(key, 0) + 1
+        name = key if used[key] == 1 else f"{key}#{used[key]}"
+        blocks.append(Block(i, name, tuple(n.name for n in nodes), params))
+    return blocks
+
+
+def _has_state(model: nn.Module, node: fx.Node) -> bool:
+    if node.op == "call_module":
+        sub = model.get_submodule(str(node.target))
+        return any(True for _ in sub.parameters()) or any(True for _ in sub.buffers())
+    return node.op == "get_attr"
+
+
+# ---------------------------------------------------------------------------------- fallback
+
+
+def _sequential_fallback(
+    model: nn.Module, example_inputs: Sequence[Any] | None, cause: Exception
+) -> fx.GraphModule:
+    children = list(model.named_children())
+    reason = f"{type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause).strip() else ''}"
+    fix = (
+        "mark the submodule with data-dependent control flow as a leaf "
+        "(leaf_modules=[ThatModule]) or make the model an nn.Sequential of traceable parts"
+    )
+    if not children:
+        raise TraceError(f"torch.fx cannot trace {type(model).__name__} ({reason}); {fix}") from cause
+    if not isinstance(model, nn.Sequential):
+        if example_inputs is None or not _calls_children_in_order(model, example_inputs):
+            raise TraceError(
+                f"torch.fx cannot trace {type(model).__name__} ({reason}), and its children are "
+                f"not called one after the other; {fix}"
+            ) from cause
+    warnings.warn(
+        f"torch.fx cannot trace {type(model).__name__} ({reason}); splitting it at its "
+        f"{len(children)} top-level children instead, in order",
+        stacklevel=3,
+    )
+    graph = fx.Graph()
+    value: fx.Node = graph.placeholder("input")
+    for child_name, _ in children:
+        value = graph.call_module(child_name, (value,))
+    graph.output(value)
+    return fx.GraphModule(model, graph, type(model).__name__)
+
+
+def _calls_children_in_order(model: nn.Module, example_inputs: Sequence[Any]) -> bool:
+    """True when a forward pass (on a copy) is exactly ``children[-1](…children[0](x))``."""
+    if len(example_inputs) != 1 or not isinstance(example_inputs[0], torch.Tensor):
+        return False
+    probe = copy.deepcopy(model)
+    calls: list[tuple[str, Any, Any]] = []
+    handles = [
+        child.register_forward_hook(lambda m, args, out, n=n: calls.append((n, args, out)))
+        for n, child in probe.named_children()
+    ]
+    try:
+        with torch.no_grad(), torch.random.fork_rng():
+            out = probe(*example_inputs)
+    except Exception:
+        return False
+    finally:
+        for h in handles:
+            h.remove()
+    names = [n for n, _ in probe.named_children()]
+    if [c[0] for c in calls] != names:
+        return False
+    value: Any = example_inputs[0]
+    for _, args, result in calls:
+        if len(args) != 1 or args[0] is not value:
+            return False
+        value = result
+    return out is value

@@ -1,0 +1,288 @@
+"""``autosplit.partition``: build the pipelined module a Plan describes.
+
+Each stage is a GraphModule cut from the traced model (blocks ``first … end-1``); it holds the
+model's own submodules and parameters, moved to the stage's device with ``.to()`` exactly as
+the hand-written tutorial does. ``PipelinedModule.forward`` generalises the tutorial's
+``PipelineParallelResNet50.forward`` to p stages: split the batch into micro-batches of
+``split_size``, run micro-batch i on stage s at clock tick i + s (GPipe's fill-drain order,
+later stages first within a tick), move every crossing tensor (skip connections included) to the
+next stage's device, and concatenate the outputs. On CUDA the launches are asynchronous, so the
+stages overlap; backward overlaps through autograd's per-device threads.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from autosplit.devices import default_devices, resolve_device
+from autosplit.errors import InvalidInputError
+from autosplit.graph import BlockGraph, Granularity, Segment, trace
+from autosplit.plan import Plan
+from autosplit.planner import plan as make_plan
+from autosplit.profile import check_inputs, profile_graph
+
+__all__ = ["partition", "PipelinedModule"]
+
+
+class PipelinedModule(nn.Module):
+    """A model split into pipeline stages on several devices.
+
+    The wrapped model is registered as ``module`` (its state dict keys gain a ``module.``
+    prefix, as with DistributedDataParallel); the stages share its parameters.
+
+    Attributes:
+        module: the original model.
+        plan: the plan in use, or ``None`` until the first call of a lazily planned module.
+        devices: one device per stage.
+        split_size: micro-batch size b used by ``forward``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        plan: Plan | None,
+        devices: Sequence[torch.device],
+        split_size: int | None,
+        options: dict[str, Any],
+    ) -> None:
+        super().__init__()
+        self.module = model
+        self.devices = list(devices)
+        self._options = options
+        self._graph: BlockGraph | None = None
+        self._segments: list[Segment] = []
+        self._plan: Plan | None = None
+        self._split_size = split_size
+        if plan is not None:
+            self._build(plan)
+
+    @property
+    def plan(self) -> Plan | None:
+        """The plan in use (``None`` until the first forward of a lazily planned module)."""
+        return self._plan
+
+    @property
+    def split_size(self) -> int | None:
+        """Micro-batch size b used by ``forward``."""
+        if self._split_size is not None:
+            return self._split_size
+        return self._plan.split_size if self._plan else None
+
+    @property
+    def stages(self) -> list[nn.Module]:
+        """The stage modules, in pipeline order (they share the model's parameters)."""
+        return [seg.module for seg in self._segments]
+
+    def _graph_of_model(self, inputs: Sequence[torch.Tensor] | None) -> BlockGraph:
+        if self._graph is None:
+            self._graph = trace(
+                self.module,
+                granularity=self._options.get("granularity", "block"),
+                leaf_modules=self._options.get("leaf_modules", ()),
+                example_inputs=inputs,
+            )
+        return self._graph
+
+    def _build(self, plan: Plan) -> None:
+        graph = self._graph_of_model(None)
+        plan.check_model(graph.fingerprint, graph.model_name)
+        if len(self.devices) != len(plan.stages):
+            raise InvalidInputError(
+                f"{len(self.devices)} devices for a plan of {len(plan.stages)} stages: give one "
+                "device per stage"
+            )
+        segments, first = [], 0
+        for count, dev in zip(plan.balance, self.devices):
+            seg = graph.extract(first, first + count)
+            seg.module.to(dev)
+            segments.append(seg)
+            first += count
+        self._segments = segments
+        self._plan = plan
+
+    def _plan_from(self, inputs: tuple[torch.Tensor, ...]) -> Plan:
+        opts = self._options
+        graph = self._graph_of_model(inputs)
+        sizes = opts.get("microbatch_sizes")
+        if self._split_size is not None:
+            sizes = sorted(set(sizes or []) | {min(self._split_size, int(inputs[0].shape[0]))})
+        prof = profile_graph(
+            graph,
+            inputs,
+            device=self.devices[0],
+            microbatch_sizes=sizes,
+            stages=len(self.devices),
+            **opts.get("profile_options", {}),
+        )
+        return make_plan(
+            prof,
+            len(self.devices),
+            devices=[str(d) for d in self.devices],
+            memory_per_gpu=opts.get("memory_per_gpu"),
+            schedule=opts.get("schedule", "gpipe"),
+            optimizer=opts.get("optimizer", "sgd"),
+            split_size=None if self._split_size is None else min(
+                self._split_size, int(inputs[0].shape[0])
+            ),
+        )
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        """Run the batch through the pipeline in micro-batches of ``split_size``."""
+        if self._plan is None:
+            self._build(self._plan_from(check_inputs(inputs)))
+        graph = self._graph
+        assert graph is not None and self._plan is not None
+        if len(inputs) != len(graph.inputs):
+            raise InvalidInputError(
+                f"{graph.model_name} takes {len(graph.inputs)} inputs "
+                f"({', '.join(graph.inputs)}), got {len(inputs)}"
+            )
+        inputs = check_inputs(inputs)
+        split = self.split_size
+        assert split is not None
+        chunks = list(zip(*(x.split(split) for x in inputs)))
+        envs: list[dict[str, Any]] = [dict(zip(graph.inputs, c)) for c in chunks]
+        m, p = len(envs), len(self._segments)
+        for tick in range(m + p - 1):
+            for s in reversed(range(p)):
+                i = tick - s
+                if 0 <= i < m:
+                    self._run_stage(s, envs[i])
+        last = self.devices[-1]
+        structure = graph.output_structure()
+        per_mb = [
+            torch.fx.node.map_arg(structure, lambda node, env=env: _to(env[node.name], last))
+            for env in envs
+        ]
+        return _concat(per_mb)
+
+    def _run_stage(self, s: int, env: dict[str, Any]) -> None:
+        seg = self._segments[s]
+        dev = self.devices[s]
+        args = [_to(env[name], dev) for name in seg.inputs]
+        outputs = seg.module(*args)
+        env.update(zip(seg.outputs, outputs))
+
+    def extra_repr(self) -> str:
+        if self._plan is None:
+            return f"devices={[str(d) for d in self.devices]}, plan=None (made on first call)"
+        return (
+            f"devices={[str(d) for d in self.devices]}, balance={list(self._plan.balance)}, "
+            f"split_size={self.split_size}"
+        )
+
+
+def _to(value: Any, dev: torch.device) -> Any:
+    if isinstance(value, torch.Tensor) and value.device != dev:
+        return value.to(dev, non_blocking=True)
+    return value
+
+
+def _concat(per_microbatch: list[Any]) -> Any:
+    """Concatenate micro-batch outputs leaf by leaf along dimension 0."""
+    flat = [pytree.tree_flatten(out) for out in per_microbatch]
+    leaves_per_mb = [leaves for leaves, _ in flat]
+    spec = flat[0][1]
+    joined = []
+    for position, leaves in enumerate(zip(*leaves_per_mb)):
+        first = leaves[0]
+        if isinstance(first, torch.Tensor):
+            if first.dim() == 0:
+                raise InvalidInputError(
+                    f"output leaf {position} is a 0-dimensional tensor; pipelined outputs must "
+                    "have a batch dimension 0 (compute the loss outside the model)"
+                )
+            joined.append(torch.cat(leaves) if len(leaves) > 1 else first)
+        else:
+            joined.append(first)
+    return pytree.tree_unflatten(joined, spec)
+
+
+def partition(
+    model: nn.Module,
+    example_inputs: Any = None,
+    *,
+    gpus: int | None = None,
+    devices: Sequence[str | torch.device] | None = None,
+    plan: Plan | None = None,
+    split_size: int | None = None,
+    schedule: str = "gpipe",
+    optimizer: str = "sgd",
+    memory_per_gpu: int | float | str | None = None,
+    microbatch_sizes: Sequence[int] | None = None,
+    granularity: Granularity = "block",
+    leaf_modules: Sequence[type[nn.Module] | str] = (),
+    profile_options: dict[str, Any] | None = None,
+) -> PipelinedModule:
+    """Split ``model`` into a pipeline over several devices.
+
+    With ``example_inputs`` the model is profiled and planned now; with ``plan`` nothing is
+    profiled; with neither, planning happens on the first call, from its batch (``pm.plan`` is
+    ``None`` until then). The model's own modules and parameters are used (no copies): an
+    optimizer built on ``model.parameters()`` trains the pipeline.
+
+    Args:
+        model: the model to split.
+        example_inputs: a tensor or tuple of tensors with the batch in dimension 0.
+        gpus: number of stages; default ``len(devices)``, else the CUDA device count when ≥ 2,
+            else 2 (CPU stand-ins, with a warning).
+        devices: one device per stage, e.g. ``["cuda:0", "cuda:1"]`` or ``["cpu", "cpu"]``.
+        plan: a saved plan to use; its fingerprint must match the model.
+        split_size: fix the micro-batch size b (``None``: the planner chooses).
+        schedule, optimizer, memory_per_gpu: passed to :func:`autosplit.plan`.
+        microbatch_sizes: sizes to profile (default chosen from the batch).
+        granularity, leaf_modules: passed to :func:`autosplit.graph.trace`.
+        profile_options: extra keyword arguments for :func:`autosplit.profile`.
+
+    Raises:
+        InvalidInputError, TraceError, PlanMismatchError, InfeasiblePlanError.
+    """
+    if not isinstance(model, nn.Module):
+        raise InvalidInputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if split_size is not None and (
+        isinstance(split_size, bool) or not isinstance(split_size, int) or split_size < 1
+    ):
+        raise InvalidInputError(f"split_size must be a positive integer, got {split_size!r}")
+    if devices is not None:
+        devs = [resolve_device(d) for d in devices]
+        if not devs:
+            raise InvalidInputError("devices is empty: give at least one device")
+        if gpus is not None and gpus != len(devs):
+            raise InvalidInputError(f"gpus={gpus} but {len(devs)} devices were given")
+    else:
+        if gpus is None:
+            gpus = plan and len(plan.stages) or max(torch.cuda.device_count(), 2)
+        devs, stand_in = default_devices(gpus)
+        if stand_in:
+            warnings.warn(
+                f"{torch.cuda.device_count()} CUDA device(s) found for {gpus} stages: "
+                f"using {gpus} CPU stand-ins (devices={['cpu'] * gpus})",
+                stacklevel=2,
+            )
+    options = {
+        "schedule": schedule,
+        "optimizer": optimizer,
+        "memory_per_gpu": memory_per_gpu,
+        "microbatch_sizes": microbatch_sizes,
+        "granularity": granularity,
+        "leaf_modules": tuple(leaf_modules),
+        "profile_options": dict(profile_options or {}),
+    }
+    pm = PipelinedModule(model, plan=plan, devices=devs, split_size=split_size, options=options)
+    if plan is None:
+        graph = pm._graph_of_model(None if example_inputs is None else check_inputs(example_inputs))
+        if len(devs) > len(graph.blocks):
+            raise InvalidInputError(
+                f"gpus={len(devs)} is more than the model's {len(graph.blocks)} blocks: use at "
+                f"most {len(graph.blocks)} devices, or granularity='layer' for finer blocks"
+            )
+        if example_inputs is not None:
+            pm._build(pm._plan_from(check_inputs(example_inputs)))
+    return pm

@@ -1,0 +1,372 @@
+"""Measure each block of a model on one device: the numbers the planner works from.
+
+For every micro-batch size b the profiler runs the model block by block on a private copy of
+the model (so the caller's parameters, buffers, gradients, training flag and RNG state are left
+exactly as they were) and records, per block: forward and backward time (median of ``repeats``
+runs after ``warmup`` untimed runs), bytes kept for backward, output bytes and, on CUDA, peak
+memory; per cut: the bytes of every tensor crossing it.
+
+On CUDA the timings use CUDA events. On CPU a device is one worker with
+``torch.set_num_threads(threads)`` (1 by default), and the Profile says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from autosplit.devices import describe_device, resolve_device
+from autosplit.errors import InvalidInputError
+from autosplit.graph import BlockGraph, Granularity, Segment, trace
+from autosplit.plan import BlockProfile, CutProfile, Profile
+
+__all__ = ["profile", "profile_graph", "default_microbatch_sizes", "check_inputs", "Progress"]
+
+Progress = Callable[[int, int, str], None]
+"""``progress(done, total, what)``: called after each block measurement."""
+
+
+def check_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
+    """Normalise example inputs to a non-empty tuple of tensors sharing dimension 0 (the batch).
+
+    Raises:
+        InvalidInputError: an input is not a tensor, is 0-dimensional, or batch sizes differ.
+    """
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    if not isinstance(example_inputs, (tuple, list)) or not example_inputs:
+        raise InvalidInputError(
+            "example_inputs must be a tensor or a non-empty tuple of tensors, got "
+            f"{type(example_inputs).__name__}"
+        )
+    for i, x in enumerate(example_inputs):
+        if not isinstance(x, torch.Tensor):
+            raise InvalidInputError(
+                f"example input {i} is a {type(x).__name__}, not a tensor: pass tensors only "
+                "(bind other arguments with functools.partial or a wrapper module)"
+            )
+        if x.dim() == 0:
+            raise InvalidInputError(
+                f"example input {i} is a 0-dimensional tensor; inputs need a batch dimension 0"
+            )
+    sizes = [int(x.shape[0]) for x in example_inputs]
+    if len(set(sizes)) != 1:
+        raise InvalidInputError(
+            f"example inputs disagree on the batch size (dimension 0): {sizes}; "
+            "every input must be split along the same batch"
+        )
+    if sizes[0] < 1:
+        raise InvalidInputError("example inputs have an empty batch (dimension 0 is 0)")
+    return tuple(example_inputs)
+
+
+def default_microbatch_sizes(batch_size: int, stages: int = 2, max_count: int = 8) -> list[int]:
+    """The micro-batch sizes worth measuring for a batch of B on p stages, most useful first.
+
+    Sizes b that split B into m whole micro-batches, for m from 1 up to
+    ``max(max_count, 4·p)``, ordered by how near m is to 3·p (enough micro-batches to hide the
+    pipeline bubble, not so many that each is small and slow). The profiler measures them in
+    this order until its time budget is spent.
+    """
+    if batch_size < 1:
+        raise InvalidInputError(f"batch size must be positive, got {batch_size}")
+    top = max(max_count, 4 * stages)
+    ms = [m for m in range(1, min(top, batch_size) + 1) if batch_size % m == 0]
+    ms.sort(key=lambda m: (abs(m - 3 * stages), -m))
+    return [batch_size // m for m in ms]
+
+
+def profile(
+    model: nn.Module,
+    example_inputs: Any,
+    *,
+    device: str | torch.device | None = None,
+    microbatch_sizes: Sequence[int] | None = None,
+    stages: int = 2,
+    warmup: int = 1,
+    repeats: int = 3,
+    threads: int = 1,
+    budget_s: float | None = 40.0,
+    granularity: Granularity = "block",
+    leaf_modules: Sequence[type[nn.Module] | str] = (),
+    progress: Progress | None = None,
+) -> Profile:
+    """Profile ``model`` block by block; the model itself is left untouched.
+
+    Args:
+        model: the model (its parameters, buffers, ``.grad`` and training flag are kept).
+        example_inputs: a tensor or tuple of tensors; dimension 0 is the batch (B).
+        device: where to measure; default the first CUDA device, else the CPU.
+        microbatch_sizes: sizes b to measure; default :func:`default_microbatch_sizes`.
+        stages: the number of stages planned for (only used to choose default sizes).
+        warmup: untimed runs per block and size.
+        repeats: timed runs per block and size; the median is kept.
+        threads: intra-op threads of the CPU worker during measurement.
+        budget_s: seconds after which no further default size is started (the first size is
+            always measured; explicitly given sizes are all measured). ``None``: no limit.
+        granularity: see :func:`autosplit.graph.trace`.
+        leaf_modules: see :func:`autosplit.graph.trace`.
+        progress: ``progress(done, total, what)`` after each measurement.
+    """
+    inputs = check_inputs(example_inputs)
+    graph = trace(model, granularity=granularity, leaf_modules=leaf_modules, example_inputs=inputs)
+    return profile_graph(
+        graph,
+        inputs,
+        device=device,
+        microbatch_sizes=microbatch_sizes,
+        stages=stages,
+        warmup=warmup,
+        repeats=repeats,
+        threads=threads,
+        budget_s=budget_s,
+        progress=progress,
+    )
+
+
+def profile_graph(
+    graph: BlockGraph,
+    example_inputs: Sequence[torch.Tensor],
+    *,
+    device: str | torch.device | None = None,
+    microbatch_sizes: Sequence[int] | None = None,
+    stages: int = 2,
+    warmup: int = 1,
+    repeats: int = 3,
+    threads: int = 1,
+    budget_s: float | None = 40.0,
+    progress: Progress | None = None,
+) -> Profile:
+    """Profile an already traced model (see :func:`profile` for the arguments)."""
+    inputs = check_inputs(example_inputs)
+    batch = int(inputs[0].shape[0])
+    if warmup < 0 or repeats < 1:
+        raise InvalidInputError(f"need warmup ≥ 0 and repeats ≥ 1, got {warmup} and {repeats}")
+    if threads < 1:
+        raise InvalidInputError(f"threads must be at least 1, got {threads}")
+    explicit = microbatch_sizes is not None
+    sizes = list(microbatch_sizes) if explicit else default_microbatch_sizes(batch, stages)
+    for b in sizes:
+        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= batch:
+            raise InvalidInputError(
+                f"micro-batch size {b!r} must be an integer between 1 and the batch size {batch}"
+            )
+    if len(set(sizes)) != len(sizes):
+        raise InvalidInputError(f"micro-batch sizes repeat: {sizes}")
+
+    dev = resolve_device(device)
+    start = time.perf_counter()
+    old_threads = torch.get_num_threads()
+    rng_devices = [dev.index or 0] if dev.type == "cuda" else []
+    measured: dict[int, _SizeResult] = {}
+    try:
+        if dev.type == "cpu":
+            torch.set_num_threads(threads)
+        on_device = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
+        with torch.random.fork_rng(devices=rng_devices), on_device:
+            work = _private_copy(graph, dev)
+            segments = [work.extract(i, i + 1) for i in range(len(work.blocks))]
+            total = len(sizes) * len(segments)
+            for k, b in enumerate(sizes):
+                elapsed = time.perf_counter() - start
+                if not explicit and k > 0 and budget_s is not None and measured:
+                    per_sample = elapsed / sum(measured)  # seconds per sample measured so far
+                    if elapsed + per_sample * b > budget_s:
+                        break
+                mb = tuple(x[:b].to(dev).clone() for x in inputs)  # own storage: exact byte counts
+                measured[b] = _measure_size(
+                    work, segments, mb, dev, warmup, repeats,
+                    lambda i, b=b, k=k: progress and progress(
+                        k * len(segments) + i + 1, total, f"{work.blocks[i].name} @ b={b}"
+                    ),
+                )
+    finally:
+        torch.set_num_threads(old_threads)
+
+    order = sorted(measured)
+    blocks = []
+    for i, block in enumerate(graph.blocks):
+        params = {name for name, _ in block.params}
+        module_params = dict(graph.module.named_parameters())
+        buffers = _block_buffer_bytes(graph, i)
+        blocks.append(
+            BlockProfile(
+                name=block.name,
+                param_bytes=sum(
+                    module_params[p].numel() * module_params[p].element_size()
+                    for p in params if p in module_params
+                ),
+                buffer_bytes=buffers,
+                fwd_ms=tuple(measured[b].fwd_ms[i] for b in order),
+                bwd_ms=tuple(measured[b].bwd_ms[i] for b in order),
+                saved_bytes=tuple(measured[b].saved_bytes[i] for b in order),
+                output_bytes=tuple(measured[b].output_bytes[i] for b in order),
+                peak_bytes=tuple(measured[b].peak_bytes[i] for b in order)
+                if dev.type == "cuda" else None,
+            )
+        )
+    cuts = tuple(
+        CutProfile(cut.index, cut.tensors, tuple(measured[b].cut_bytes[cut.index] for b in order))
+        for cut in graph.cuts
+    )
+    return Profile(
+        model=graph.model_name,
+        fingerprint=graph.fingerprint,
+        blocks=tuple(blocks),
+        cuts=cuts,
+        microbatch_sizes=tuple(order),
+        batch_size=batch,
+        input_shapes=tuple(tuple(x.shape) for x in inputs),
+        input_dtypes=tuple(str(x.dtype) for x in inputs),
+        device=describe_device(dev, threads),
+        torch_version=torch.__version__,
+        source="measured",
+        warmup=warmup,
+        repeats=repeats,
+        seconds=round(time.perf_counter() - start, 3),
+    )
+
+
+# ----------------------------------------------------------------------------------- internals
+
+
+class _SizeResult:
+    def __init__(self, n: int, cuts: int) -> None:
+        self.fwd_ms = [0.0] * n
+        self.bwd_ms = [0.0] * n
+        self.saved_bytes = [0] * n
+        self.output_bytes = [0] * n
+        self.peak_bytes = [0] * n
+        self.cut_bytes = [0] * cuts
+
+
+def _private_copy(graph: BlockGraph, dev: torch.device) -> BlockGraph:
+    """A BlockGraph over a deep copy of the traced module, on ``dev``, in training mode."""
+    module = copy.deepcopy(graph.module).to(dev)
+    module.train(graph.module.training)
+    for p in module.parameters():
+        p.grad = None
+    return BlockGraph(module, graph.blocks, graph.model_name, graph.traced)
+
+
+def _block_buffer_bytes(graph: BlockGraph, i: int) -> int:
+    names = set(graph.blocks[i].nodes)
+    total, seen = 0, set()
+    for node in graph.module.graph.nodes:
+        if node.name in names and node.op == "call_module":
+            for buf in graph.module.get_submodule(str(node.target)).buffers():
+                if id(buf) not in seen:
+                    seen.add(id(buf))
+                    total += buf.numel() * buf.element_size()
+    return total
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [x for x in pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
+
+
+def _nbytes(value: Any) -> int:
+    return sum(x.numel() * x.element_size() for x in _tensors(value))
+
+
+def _leaf_inputs(values: Sequence[Any]) -> list[Any]:
+    """Fresh autograd leaves for a block's inputs, so its backward can be timed alone."""
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            v = v.detach()
+            if v.is_floating_point() or v.is_complex():
+                v.requires_grad_(True)
+        out.append(v)
+    return out
+
+
+def _measure_size(
+    graph: BlockGraph,
+    segments: Sequence[Segment],
+    inputs: Sequence[torch.Tensor],
+    dev: torch.device,
+    warmup: int,
+    repeats: int,
+    done: Callable[[int], Any],
+) -> _SizeResult:
+    result = _SizeResult(len(segments), len(graph.cuts))
+    env: dict[str, Any] = dict(zip(graph.inputs, inputs))
+    cuda = dev.type == "cuda"
+    param_storages = {
+        p.untyped_storage().data_ptr() for p in graph.module.parameters()
+    }
+    for i, seg in enumerate(segments):
+        fwd, bwd = [], []
+        saved = 0
+        peak = 0
+        outputs: tuple[Any, ...] = ()
+        for run in range(warmup + repeats):
+            args = _leaf_inputs([env[name] for name in seg.inputs])
+            timed = run >= warmup
+            record = run == 0  # count saved tensors on the first (possibly untimed) run
+            if cuda:
+                torch.cuda.synchronize(dev)
+                base = torch.cuda.memory_allocated(dev)
+                torch.cuda.reset_peak_memory_stats(dev)
+            storages: dict[int, int] = {}
+            if record:
+                def pack(t: torch.Tensor) -> torch.Tensor:
+                    ptr = t.untyped_storage().data_ptr()
+                    if ptr not in param_storages:
+                        storages[ptr] = t.untyped_storage().nbytes()
+                    return t
+
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    t0 = _clock(dev)
+                    outputs = seg.module(*args)
+                    t1 = _clock(dev)
+                saved = sum(storages.values())
+            else:
+                t0 = _clock(dev)
+                outputs = seg.module(*args)
+                t1 = _clock(dev)
+            grads_for = [t for t in _tensors(outputs) if t.requires_grad]
+            t2 = _clock(dev)
+            if grads_for:
+                torch.autograd.backward(grads_for, [torch.ones_like(t) for t in grads_for])
+            t3 = _clock(dev)
+            if cuda:
+                peak = max(peak, torch.cuda.max_memory_allocated(dev) - base)
+            if timed:
+                fwd.append(_elapsed_ms(t0, t1, dev))
+                bwd.append(_elapsed_ms(t2, t3, dev) if grads_for else 0.0)
+        result.fwd_ms[i] = statistics.median(fwd)
+        result.bwd_ms[i] = statistics.median(bwd)
+        result.saved_bytes[i] = saved
+        result.output_bytes[i] = _nbytes(outputs)
+        result.peak_bytes[i] = int(peak)
+        for name, value in zip(seg.outputs, outputs):
+            env[name] = value.detach() if isinstance(value, torch.Tensor) else value
+        done(i)
+    for cut in graph.cuts:
+        result.cut_bytes[cut.index] = sum(_nbytes(env[name]) for name in cut.tensors)
+    return result
+
+
+def _clock(dev: torch.device) -> Any:
+    if dev.type == "cuda":
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
+
+
+def _elapsed_ms(start: Any, end: Any, dev: torch.device) -> float:
+    if dev.type == "cuda":
+        end.synchronize()
+        return float(start.elapsed_time(end))
+    return (end - start) * 1000.0

@@ -1,0 +1,75 @@
+"""Byte sizes and durations as people write and read them (no torch)."""
+
+from __future__ import annotations
+
+import re
+
+from autosplit.errors import InvalidInputError
+
+__all__ = ["parse_bytes", "format_bytes", "format_ms"]
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(value: int | float | str) -> int:
+    """``"16GiB"``, ``"512 MB"``, ``2**30`` or ``"1e9"`` → bytes (int).
+
+    Raises:
+        InvalidInputError: the value is not a positive size with a known unit.
+    """
+    if isinstance(value, bool):
+        raise InvalidInputError(f"memory size must be a number of bytes or a string, got {value!r}")
+    if isinstance(value, (int, float)):
+        number, unit = float(value), ""
+    else:
+        match = _SIZE.match(str(value))
+        if match is None:
+            try:
+                number, unit = float(str(value)), ""
+            except ValueError:
+                raise InvalidInputError(
+                    f"cannot read {value!r} as a memory size: write e.g. 16GiB, 512MiB or 8e9"
+                ) from None
+        else:
+            number, unit = float(match.group(1)), match.group(2).lower()
+    if unit not in _UNITS:
+        raise InvalidInputError(
+            f"unknown unit {unit!r} in memory size {value!r}: use B, KB, MB, GB, KiB, MiB, GiB or TiB"
+        )
+    size = number * _UNITS[unit]
+    if not size > 0:
+        raise InvalidInputError(f"memory size must be positive, got {value!r}")
+    return int(size)
+
+
+def format_bytes(n: float | None) -> str:
+    """``1536`` → ``"1.5 KiB"``; ``None`` → ``"–"``."""
+    if n is None:
+        return "–"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_ms(ms: float) -> str:
+    """Milliseconds, switching to seconds from 10 s: ``"812.3 ms"``, ``"12.41 s"``."""
+    if ms >= 10_000:
+        return f"{ms / 1000:.2f} s"
+    if ms >= 100:
+        return f"{ms:.0f} ms"
+    return f"{ms:.1f} ms" if ms >= 1 else f"{ms:.3f} ms"
