@@ -167,6 +167,7 @@ def profile_graph(
     old_threads = torch.get_num_threads()
     rng_devices = [dev.index or 0] if dev.type == "cuda" else []
     measured: dict[int, _SizeResult] = {}
+    failures: list[tuple[int, Exception]] = []
     try:
         if dev.type == "cpu":
             torch.set_num_threads(threads)
@@ -182,14 +183,28 @@ def profile_graph(
                     if elapsed + per_sample * b > budget_s:
                         break
                 mb = tuple(x[:b].to(dev).clone() for x in inputs)  # own storage: exact byte counts
-                measured[b] = _measure_size(
-                    work, segments, mb, dev, warmup, repeats,
-                    lambda i, b=b, k=k: progress and progress(
-                        k * len(segments) + i + 1, total, f"{work.blocks[i].name} @ b={b}"
-                    ),
-                )
+                try:
+                    measured[b] = _measure_size(
+                        work, segments, mb, dev, warmup, repeats,
+                        lambda i, b=b, k=k: progress and progress(
+                            k * len(segments) + i + 1, total, f"{work.blocks[i].name} @ b={b}"
+                        ),
+                    )
+                except Exception as exc:  # the user's model failed on this input
+                    failures.append((b, exc))
+                    if explicit:
+                        break
     finally:
         torch.set_num_threads(old_threads)
+    if failures and (explicit or not measured):
+        b, exc = failures[0]
+        shapes = ", ".join(str(tuple(x.shape)) for x in inputs)
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise InvalidInputError(
+            f"{graph.model_name} fails on a micro-batch of {b} cut from example inputs of shape "
+            f"{shapes}: {type(exc).__name__}: {message}. Check the example inputs' shapes and "
+            "dtypes, and the micro-batch sizes"
+        ) from exc
 
     order = sorted(measured)
     blocks = []

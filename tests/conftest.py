@@ -1,0 +1,67 @@
+"""Shared helpers: the equivalence check every partition test relies on."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+import autosplit
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_quiet() -> None:
+    torch.manual_seed(0)
+    warnings.filterwarnings("ignore", message=".*CPU stand-ins.*")
+
+
+def loss_of(output: Any) -> torch.Tensor:
+    """A loss that touches every floating output element with a different weight."""
+    total = torch.zeros(())
+    for leaf in pytree.tree_leaves(output):
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+            weights = torch.linspace(0.5, 1.5, leaf.numel()).reshape(leaf.shape)
+            total = total + (leaf * weights).sum()
+    return total
+
+
+def reference_run(model: nn.Module, inputs: Sequence[torch.Tensor], split: int) -> Any:
+    """The original model on the same micro-batches, outputs concatenated."""
+    outs = [model(*mb) for mb in zip(*(x.split(split) for x in inputs))]
+    leaves = [pytree.tree_flatten(o) for o in outs]
+    spec = leaves[0][1]
+    joined = [torch.cat(ls) for ls in zip(*(lv for lv, _ in leaves))]
+    return pytree.tree_unflatten(joined, spec)
+
+
+def assert_equivalent(model: nn.Module, pm: nn.Module, ref: nn.Module, inputs: Sequence[torch.Tensor], split: int) -> None:
+    """Outputs, every parameter gradient and every buffer of ``pm`` equal ``ref``'s."""
+    out = pm(*inputs)
+    expected = reference_run(ref, inputs, split)
+    torch.testing.assert_close(out, expected)
+    loss_of(out).backward()
+    loss_of(expected).backward()
+    got = dict(model.named_parameters())
+    for name, p in ref.named_parameters():
+        assert got[name].grad is not None, f"no gradient reached {name}"
+        torch.testing.assert_close(got[name].grad, p.grad, msg=f"gradient of {name}")
+    bufs = dict(model.named_buffers())
+    for name, b in ref.named_buffers():
+        torch.testing.assert_close(bufs[name], b, msg=f"buffer {name}")
+
+
+def partition_and_check(model: nn.Module, inputs: Sequence[torch.Tensor], stages: int, split: int, **kw: Any) -> autosplit.PipelinedModule:
+    """Profile cheaply, plan for ``stages`` at ``split``, partition, and check equivalence."""
+    ref = copy.deepcopy(model)
+    prof = autosplit.profile(model, tuple(inputs), microbatch_sizes=[split], warmup=0, repeats=1, **kw)
+    plan = autosplit.plan(prof, gpus=stages, split_size=split)
+    pm = autosplit.partition(model, plan=plan, devices=["cpu"] * stages, **kw)
+    assert len(pm.stages) == stages
+    assert_equivalent(model, pm, ref, inputs, split)
+    return pm

@@ -1,0 +1,112 @@
+"""partition(): the pipelined module equals the original run micro-batch by micro-batch."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torchvision
+from conftest import assert_equivalent, partition_and_check
+from models import LongSkip, TokenModel, ToyModel, TwoInOut
+
+import autosplit
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_toy_model(stages: int) -> None:
+    # ToyModel has three operations; with the default grouping the ReLU joins net1 (2 blocks),
+    # so 3 stages need granularity="layer".
+    granularity = "block" if stages == 2 else "layer"
+    partition_and_check(ToyModel(), (torch.randn(12, 10),), stages, 4, granularity=granularity)
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_resnet50_small_input(stages: int) -> None:
+    model = torchvision.models.resnet50(num_classes=10)
+    pm = partition_and_check(model, (torch.randn(6, 3, 32, 32),), stages, 3)
+    assert pm.plan is not None and sum(pm.plan.balance) == 19
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_long_skip_crossing_every_cut(stages: int) -> None:
+    model = LongSkip()
+    pm = partition_and_check(model, (torch.randn(9, 6),), stages, 3)
+    graph = autosplit.trace(model)
+    skip = next(n for n in graph.module.graph.nodes if n.target == "inp").name
+    # the skip is live from its block (0) up to the add in block 4
+    assert [skip in cut.tensors for cut in graph.cuts] == [True] * 4 + [False] * 2
+    assert pm.plan is not None
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_two_inputs_tuple_and_dict_output(stages: int) -> None:
+    partition_and_check(TwoInOut(), (torch.randn(8, 4), torch.randn(8, 3)), stages, 2)
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_token_ids(stages: int) -> None:
+    ids = torch.randint(0, 17, (6, 5))
+    partition_and_check(TokenModel(), (ids,), stages, 2)
+
+
+def test_reuses_the_models_own_parameters() -> None:
+    model = LongSkip()
+    pm = autosplit.partition(model, (torch.randn(8, 6),), gpus=2, microbatch_sizes=[4],
+                             profile_options={"warmup": 0, "repeats": 1})
+    stage_params = {id(p) for stage in pm.stages for p in stage.parameters()}
+    assert stage_params == {id(p) for p in model.parameters()}
+    assert [id(p) for p in pm.parameters()] == [id(p) for p in model.parameters()]
+
+
+@pytest.mark.parametrize("batch", [7, 2])
+def test_uneven_and_small_batches(batch: int) -> None:
+    model = ToyModel()
+    ref = copy.deepcopy(model)
+    prof = autosplit.profile(model, torch.randn(8, 10), microbatch_sizes=[3], warmup=0, repeats=1)
+    pm = autosplit.partition(model, plan=autosplit.plan(prof, gpus=2, split_size=3))
+    assert_equivalent(model, pm, ref, (torch.randn(batch, 10),), 3)
+
+
+def test_lazy_partition_plans_on_first_call() -> None:
+    model = LongSkip()
+    ref = copy.deepcopy(model)
+    pm = autosplit.partition(model, profile_options={"warmup": 0, "repeats": 1})
+    assert pm.plan is None
+    x = torch.randn(8, 6)
+    out = pm(x)
+    assert pm.plan is not None and len(pm.plan.stages) == 2
+    assert pm.plan.batch_size == 8 and pm.split_size in pm.plan.candidates
+    # profiling on the first call left the model as it was: the result equals the original
+    torch.testing.assert_close(out, torch.cat([ref(mb) for mb in x.split(pm.split_size)]))
+
+
+def test_one_call_partition_prints_a_plan() -> None:
+    model = ToyModel()
+    pm = autosplit.partition(model, (torch.randn(16, 10),), gpus=2, microbatch_sizes=[4, 8],
+                             profile_options={"warmup": 0, "repeats": 1})
+    text = str(pm.plan)
+    assert "net1" in text and "net2" in text and "micro-batches of" in text
+    assert pm.plan.split_points == ("net2",)
+    assert pm.plan.balance == (1, 1)
+
+
+def test_split_size_override_with_plan() -> None:
+    model = ToyModel()
+    ref = copy.deepcopy(model)
+    prof = autosplit.profile(model, torch.randn(8, 10), microbatch_sizes=[4], warmup=0, repeats=1)
+    pm = autosplit.partition(model, plan=autosplit.plan(prof, gpus=2), split_size=2)
+    assert pm.split_size == 2
+    assert_equivalent(model, pm, ref, (torch.randn(8, 10),), 2)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_cuda_two_devices_equivalence() -> None:
+    model = torchvision.models.resnet50(num_classes=10)
+    ref = copy.deepcopy(model).cuda(0)
+    x = torch.randn(8, 3, 32, 32)
+    pm = autosplit.partition(model, (x,), devices=["cuda:0", "cuda:1"], microbatch_sizes=[4])
+    assert {str(p.device) for p in pm.stages[1].parameters()} == {"cuda:1"}
+    out = pm(x.cuda(0))
+    expected = torch.cat([ref(mb) for mb in x.cuda(0).split(pm.split_size)])
+    torch.testing.assert_close(out, expected.to(out.device), rtol=1e-4, atol=1e-4)
