@@ -3,9 +3,16 @@
     pm = autosplit.partition(model, (x,), gpus=2)   # trace, profile, plan, build
     out = pm(x)                                     # pipelined forward
     print(pm.plan)                                  # stages, cut points, split_size, predictions
+
+The torch-free parts (``autosplit.solve``, ``autosplit.records`` (Profile, Plan), the errors) import
+without torch; everything else is loaded on first use.
 """
 
-from autosplit import solve
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from autosplit.errors import (
     AutosplitError,
     InfeasiblePlanError,
@@ -14,20 +21,30 @@ from autosplit.errors import (
     PlanMismatchError,
     TraceError,
 )
-from autosplit.graph import BlockGraph, trace
-from autosplit.partition import PipelinedModule, partition
-from autosplit.plan import BlockProfile, CutProfile, DeviceInfo, Plan, Profile, Stage
-from autosplit.planner import plan
-from autosplit.profile import profile
+from autosplit.records import BlockProfile, CutProfile, DeviceInfo, Plan, Profile, Stage
+
+if TYPE_CHECKING:
+    from autosplit.graph import BlockGraph, trace
+    from autosplit.pipeline import PipelinedModule, partition
+    from autosplit.planner import plan
+    from autosplit.profiler import profile
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "partition": "autosplit.pipeline",
+    "PipelinedModule": "autosplit.pipeline",
+    "profile": "autosplit.profiler",
+    "plan": "autosplit.planner",
+    "trace": "autosplit.graph",
+    "BlockGraph": "autosplit.graph",
+}
 
 __all__ = [
     "partition",
     "profile",
     "plan",
     "trace",
-    "solve",
     "PipelinedModule",
     "BlockGraph",
     "Profile",
@@ -44,3 +61,15 @@ __all__ = [
     "PlanFileError",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'autosplit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 from autosplit.errors import InvalidInputError
-from autosplit.plan import BlockProfile, Profile
+from autosplit.records import BlockProfile, Profile
 
 __all__ = [
     "OPTIMIZER_STATE",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from autosplit.errors import InvalidInputError
-from autosplit.plan import DeviceInfo
+from autosplit.records import DeviceInfo
 
 __all__ = [
     "resolve_device",

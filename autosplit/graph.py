@@ -28,7 +28,7 @@ import torch.fx as fx
 from torch import nn
 
 from autosplit.errors import InvalidInputError, TraceError
-from autosplit.plan import fingerprint_of
+from autosplit.records import fingerprint_of
 
 __all__ = ["Block", "Cut", "BlockGraph", "Segment", "trace", "Granularity"]
 

@@ -22,7 +22,7 @@ from autosplit.cost import (
 )
 from autosplit.devices import DEFAULT_LINK_BYTES_PER_S
 from autosplit.errors import InfeasiblePlanError, InvalidInputError
-from autosplit.plan import Plan, Profile, Stage
+from autosplit.records import Plan, Profile, Stage
 from autosplit.solve import Partition, PartitionProblem, min_capacity, solve_dp
 from autosplit.units import format_bytes, parse_bytes
 

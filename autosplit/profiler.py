@@ -26,7 +26,7 @@ from torch.utils import _pytree as pytree
 from autosplit.devices import describe_device, resolve_device
 from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph, Granularity, Segment, trace
-from autosplit.plan import BlockProfile, CutProfile, Profile
+from autosplit.records import BlockProfile, CutProfile, Profile
 
 __all__ = ["profile", "profile_graph", "default_microbatch_sizes", "check_inputs", "Progress"]
 

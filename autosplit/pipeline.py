@@ -1,4 +1,4 @@
-"""``autosplit.partition``: build the pipelined module a Plan describes.
+"""``autosplit.partition()`` and PipelinedModule: build the pipelined module a Plan describes.
 
 Each stage is a GraphModule cut from the traced model (blocks ``first … end-1``); it holds the
 model's own submodules and parameters, moved to the stage's device with ``.to()`` exactly as
@@ -23,9 +23,9 @@ from torch.utils import _pytree as pytree
 from autosplit.devices import default_devices, resolve_device
 from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph, Granularity, Segment, trace
-from autosplit.plan import Plan
+from autosplit.records import Plan
 from autosplit.planner import plan as make_plan
-from autosplit.profile import check_inputs, profile_graph
+from autosplit.profiler import check_inputs, profile_graph
 
 __all__ = ["partition", "PipelinedModule"]
 

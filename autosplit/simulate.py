@@ -1,0 +1,240 @@
+"""Discrete-event simulation of pipeline schedules (pure numbers, no torch).
+
+Symbols: p stages (one device each, stage s on device s), m micro-batches, i a micro-batch.
+``F(s, i)`` is the forward of micro-batch i on stage s and ``B(s, i)`` its backward.
+
+The model of one training step:
+
+* Each device runs one op at a time, in the fixed order its schedule gives, and starts an op as
+  soon as the device is free *and* the op's inputs have arrived.
+* ``F(s, i)`` needs ``F(s-1, i)`` to have finished plus the forward transfer over cut s-1
+  (``comm_fwd_ms[s-1]``); ``F(0, i)`` needs nothing.
+* ``B(s, i)`` needs the stage's own ``F(s, i)`` and, unless s is the last stage, ``B(s+1, i)``
+  plus the backward transfer over cut s (``comm_bwd_ms[s]``). The loss is part of the last
+  stage's forward, so ``B(p-1, i)`` may follow ``F(p-1, i)`` directly.
+* A transfer delays the receiver's start but occupies neither device's compute (sends are
+  asynchronous, as with CUDA streams or non-blocking point-to-point sends).
+
+Schedules (device order of ops):
+
+* ``"gpipe"`` (GPipe, Huang et al. 2019): ``F(s, 0) … F(s, m-1)``, then
+  ``B(s, m-1) … B(s, 0)`` (backward in reverse micro-batch order). With the same forward time f
+  and backward time b on every stage and no transfers, the step takes exactly
+  ``(m + p - 1) · (f + b)``.
+* ``"1f1b"`` (PipeDream-flush, Narayanan et al. 2021): stage s runs ``w = min(m, p - s)``
+  warm-up forwards ``F(s, 0) … F(s, w-1)``, then alternates ``B(s, j), F(s, w + j)`` for
+  ``j = 0 … m-w-1``, then drains ``B(s, m-w) … B(s, m-1)``. Same step time as GPipe on balanced
+  stages, but stage s holds at most ``min(m, p - s)`` micro-batches' activations instead of m.
+
+Since every device's order is fixed, the simulation is exact: each op's start time is
+``max(device free, inputs ready)``, evaluated in dependency order (an event loop that always
+advances the op whose inputs are known). Ties are impossible to get wrong: times do not depend
+on the order in which independent devices are advanced.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+from autosplit.errors import InvalidInputError
+
+__all__ = ["Event", "SimResult", "simulate", "schedule_order", "SCHEDULES"]
+
+SCHEDULES = ("gpipe", "1f1b")
+"""Schedule names :func:`simulate` understands."""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One op of the simulated step.
+
+    Attributes:
+        stage: stage (= device) index s, 0-based.
+        kind: ``"F"`` forward or ``"B"`` backward.
+        microbatch: micro-batch index i, 0-based.
+        start_ms: when the device starts the op (ms from the step's start).
+        end_ms: when it finishes (ms).
+    """
+
+    stage: int
+    kind: Literal["F", "B"]
+    microbatch: int
+    start_ms: float
+    end_ms: float
+
+    @property
+    def duration_ms(self) -> float:
+        """``end_ms - start_ms`` (ms)."""
+        return self.end_ms - self.start_ms
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """The simulated timeline of one training step.
+
+    Attributes:
+        schedule: ``"gpipe"`` or ``"1f1b"``.
+        step_ms: makespan: the end of the last op on any device (ms).
+        events: ``events[s]`` is stage s's ops in execution order.
+        peak_in_flight: ``peak_in_flight[s]`` is the largest number of micro-batches whose
+            activations stage s holds at one instant: micro-batch i counts on stage s from the
+            end of ``F(s, i)`` until the end of ``B(s, i)`` (half-open ``[F.end, B.end)``: its
+            saved tensors exist once the forward is done and are freed when its backward
+            finishes). Because a device runs one op at a time, this is the maximum over
+            prefixes of the stage's op order of (forwards done − backwards done); it depends
+            only on the schedule: GPipe ``m``, 1F1B ``min(m, p - s)``.
+        busy_ms: ``busy_ms[s]`` is the total compute time of stage s: ``m · (f_s + b_s)`` (ms).
+        bubble_fraction: idle share of the p devices over the step,
+            ``1 - Σ busy_ms / (p · step_ms)`` (0 when ``step_ms`` is 0).
+    """
+
+    schedule: str
+    step_ms: float
+    events: tuple[tuple[Event, ...], ...]
+    peak_in_flight: tuple[int, ...]
+    busy_ms: tuple[float, ...]
+    bubble_fraction: float
+
+    @property
+    def p(self) -> int:
+        """Number of stages."""
+        return len(self.events)
+
+
+def schedule_order(schedule: str, m: int, p: int, s: int) -> tuple[tuple[str, int], ...]:
+    """The order in which stage s runs its ops: ``(("F", 0), ("F", 1), …, ("B", 0))``.
+
+    Raises:
+        InvalidInputError: unknown schedule name.
+    """
+    if schedule == "gpipe":
+        return tuple(("F", i) for i in range(m)) + tuple(("B", i) for i in reversed(range(m)))
+    if schedule == "1f1b":
+        w = min(m, p - s)
+        order: list[tuple[str, int]] = [("F", i) for i in range(w)]
+        for j in range(m - w):
+            order += [("B", j), ("F", w + j)]
+        order += [("B", i) for i in range(m - w, m)]
+        return tuple(order)
+    raise InvalidInputError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
+
+
+def _times(
+    values: Sequence[float], what: str, length: int | None, per: str = "stage"
+) -> tuple[float, ...]:
+    if isinstance(values, (str, bytes)):
+        raise InvalidInputError(f"{what} must be a sequence of numbers (ms), got {values!r}")
+    try:
+        row = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        raise InvalidInputError(
+            f"{what} must be a sequence of numbers (ms), got {values!r}"
+        ) from None
+    if length is not None and len(row) != length:
+        raise InvalidInputError(
+            f"{what} must have {length} entries (one per {per}), got {len(row)}"
+        )
+    for k, v in enumerate(row):
+        if not math.isfinite(v) or v < 0:
+            raise InvalidInputError(f"{what}[{k}] must be a finite time ≥ 0 ms, got {v!r}")
+    return row
+
+
+def simulate(
+    fwd_ms: Sequence[float],
+    bwd_ms: Sequence[float],
+    m: int,
+    schedule: str = "gpipe",
+    comm_fwd_ms: Sequence[float] | None = None,
+    comm_bwd_ms: Sequence[float] | None = None,
+) -> SimResult:
+    """Simulate one training step of a p-stage pipeline over m micro-batches.
+
+    Args:
+        fwd_ms: forward time of one micro-batch on each stage (ms), length p ≥ 1.
+        bwd_ms: backward time of one micro-batch on each stage (ms), length p.
+        m: number of micro-batches, ≥ 1.
+        schedule: ``"gpipe"`` or ``"1f1b"`` (see the module docstring for the op orders).
+        comm_fwd_ms: ``comm_fwd_ms[c]`` is the time to send one micro-batch's activations over
+            cut c (from stage c to c+1), length p - 1; default no delay.
+        comm_bwd_ms: ``comm_bwd_ms[c]`` is the time to send the gradients back over cut c
+            (from stage c+1 to c), length p - 1; default no delay.
+
+    Returns:
+        The timeline, step time, per-stage busy time, bubble fraction and peak in-flight count.
+
+    Raises:
+        InvalidInputError: a negative or non-finite time, mismatched lengths, m < 1 or an
+            unknown schedule.
+    """
+    fwd = _times(fwd_ms, "fwd_ms", None)
+    p = len(fwd)
+    if p < 1:
+        raise InvalidInputError("fwd_ms is empty: give one forward time per stage (0 < 1)")
+    bwd = _times(bwd_ms, "bwd_ms", p)
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise InvalidInputError(f"m (micro-batches) must be a positive integer, got {m!r}")
+    if schedule not in SCHEDULES:
+        raise InvalidInputError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
+    none = (0.0,) * (p - 1)
+    cf = none if comm_fwd_ms is None else _times(comm_fwd_ms, "comm_fwd_ms", p - 1, "cut")
+    cb = none if comm_bwd_ms is None else _times(comm_bwd_ms, "comm_bwd_ms", p - 1, "cut")
+
+    orders = [schedule_order(schedule, m, p, s) for s in range(p)]
+    end: dict[tuple[str, int, int], float] = {}  # (kind, s, i) -> end time (ms)
+    events: list[list[Event]] = [[] for _ in range(p)]
+    cursor = [0] * p  # next op index per device
+    free = [0.0] * p  # when each device is next free (ms)
+    remaining = p * 2 * m
+    while remaining:
+        progressed = False
+        for s in range(p):
+            while cursor[s] < len(orders[s]):
+                kind, i = orders[s][cursor[s]]
+                if kind == "F":
+                    if s == 0:
+                        ready = 0.0
+                    elif ("F", s - 1, i) in end:
+                        ready = end["F", s - 1, i] + cf[s - 1]
+                    else:
+                        break
+                    duration = fwd[s]
+                else:
+                    if ("F", s, i) not in end:
+                        break
+                    ready = end["F", s, i]
+                    if s < p - 1:
+                        if ("B", s + 1, i) not in end:
+                            break
+                        ready = max(ready, end["B", s + 1, i] + cb[s])
+                    duration = bwd[s]
+                start = max(free[s], ready)
+                finish = start + duration
+                end[kind, s, i] = finish
+                free[s] = finish
+                events[s].append(Event(s, kind, i, start, finish))  # type: ignore[arg-type]
+                cursor[s] += 1
+                remaining -= 1
+                progressed = True
+        assert progressed, f"schedule {schedule!r} deadlocked at {cursor}"  # internal invariant
+
+    step = max(free)
+    busy = tuple(math.fsum(e.duration_ms for e in row) for row in events)
+    peaks = []
+    for row in events:
+        held = peak = 0
+        for e in row:
+            held += 1 if e.kind == "F" else -1
+            peak = max(peak, held)
+        peaks.append(peak)
+    bubble = 1.0 - math.fsum(busy) / (p * step) if step > 0 else 0.0
+    return SimResult(
+        schedule=schedule,
+        step_ms=step,
+        events=tuple(tuple(row) for row in events),
+        peak_in_flight=tuple(peaks),
+        busy_ms=busy,
+        bubble_fraction=bubble,
+    )

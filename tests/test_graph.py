@@ -1,0 +1,104 @@
+"""Tracing into blocks, crossing tensors, and the fallback for untraceable models."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torchvision
+from conftest import partition_and_check
+from models import Branching, DataDependent, InOrder, TwoInOut
+from torch import nn
+
+import autosplit
+from autosplit.errors import InvalidInputError, TraceError
+
+
+def test_resnet50_blocks_are_stem_bottlenecks_and_head() -> None:
+    graph = autosplit.trace(torchvision.models.resnet50())
+    names = graph.block_names
+    assert names[:2] == ("conv1", "bn1")
+    assert names[-1] == "fc"
+    bottlenecks = [n for n in names if n.startswith("layer")]
+    assert len(bottlenecks) == 16 and len(names) == 19
+    assert len(graph.cuts) == 18
+    # the finer granularity gives one block per leaf module
+    assert len(autosplit.trace(torchvision.models.resnet50(), granularity="layer").blocks) > 100
+
+
+def test_every_parameter_is_owned_by_exactly_one_block() -> None:
+    model = torchvision.models.resnet18()
+    graph = autosplit.trace(model)
+    owned = [name for block in graph.blocks for name, _ in block.params]
+    assert sorted(owned) == sorted(name for name, _ in model.named_parameters())
+
+
+def test_cut_tensors_include_model_inputs_and_early_outputs() -> None:
+    graph = autosplit.trace(TwoInOut())
+    # y (second input) is read by the last block, so it crosses every cut; ha is returned
+    assert all("y" in cut.tensors for cut in graph.cuts)
+    assert all("a" in cut.tensors for cut in graph.cuts)
+
+
+def test_networkx_view_has_block_indices() -> None:
+    graph = autosplit.trace(TwoInOut())
+    g = graph.to_networkx()
+    assert g.nodes["x"]["block"] == -1
+    assert g.nodes["output"]["block"] == len(graph.blocks)
+    assert g.has_edge("a", "add")
+
+
+def test_segments_share_modules() -> None:
+    model = torchvision.models.resnet18()
+    seg = autosplit.trace(model).extract(0, 3)
+    assert seg.module.conv1 is model.conv1
+    assert seg.inputs == ("x",)
+
+
+def test_trace_does_not_change_the_model() -> None:
+    model = torchvision.models.resnet18()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    autosplit.trace(model)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])
+
+
+def test_sequential_with_untraceable_child_falls_back_with_a_warning() -> None:
+    model = nn.Sequential(nn.Linear(6, 6), DataDependent(), nn.Linear(6, 2))
+    with pytest.warns(UserWarning, match="top-level children"):
+        graph = autosplit.trace(model)
+    assert graph.block_names == ("0", "1", "2") and not graph.traced
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        partition_and_check(model, (torch.randn(6, 6),), 3, 2)
+
+
+def test_children_called_in_order_fall_back() -> None:
+    x = torch.randn(4, 6)
+    with pytest.warns(UserWarning, match="top-level children"):
+        graph = autosplit.trace(InOrder(), example_inputs=(x,))
+    assert graph.block_names == ("first", "middle", "last")
+
+
+def test_untraceable_branching_model_raises_trace_error_with_a_fix() -> None:
+    with pytest.raises(TraceError, match="leaf_modules") as info:
+        autosplit.trace(Branching(), example_inputs=(torch.randn(4, 6),))
+    assert "Branching" in str(info.value)
+
+
+def test_leaf_modules_make_an_untraceable_model_traceable() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        graph = autosplit.trace(Branching(), leaf_modules=[DataDependent])
+    assert graph.traced and graph.block_names == ("left", "right")
+
+
+def test_empty_model_is_rejected() -> None:
+    with pytest.raises(InvalidInputError, match="empty model"):
+        autosplit.trace(nn.Sequential())
+
+
+def test_non_module_is_rejected() -> None:
+    with pytest.raises(InvalidInputError, match="torch.nn.Module"):
+        autosplit.trace(lambda x: x)  # type: ignore[arg-type]

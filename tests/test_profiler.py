@@ -1,0 +1,133 @@
+"""The profiler measures without changing the model, and its Profile round-trips exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+from models import LongSkip, TokenModel, ToyModel
+from torch import nn
+
+import autosplit
+from autosplit.errors import InvalidInputError, PlanFileError
+from autosplit.profiler import default_microbatch_sizes
+
+
+class WithDropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.drop = nn.Dropout(0.5)
+        self.out = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.drop(self.bn(self.lin(x))))
+
+
+def _snapshot(model: nn.Module) -> dict[str, object]:
+    return {
+        "params": {k: v.detach().clone() for k, v in model.named_parameters()},
+        "buffers": {k: v.clone() for k, v in model.named_buffers()},
+        "grads": {k: None if v.grad is None else v.grad.clone() for k, v in model.named_parameters()},
+        "training": {k: m.training for k, m in model.named_modules()},
+    }
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    assert a["training"] == b["training"]
+    for kind in ("params", "buffers", "grads"):
+        assert a[kind].keys() == b[kind].keys()
+        for k in a[kind]:
+            x, y = a[kind][k], b[kind][k]
+            assert (x is None and y is None) or torch.equal(x, y), f"{kind} {k} changed"
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_profiling_leaves_the_model_bit_identical(training: bool) -> None:
+    model = WithDropout()
+    model(torch.randn(4, 6)).sum().backward()  # existing .grad must survive
+    model.lin.weight.grad = None  # and a missing one must stay missing
+    model.train(training)
+    x = torch.randn(8, 6)
+    before = _snapshot(model)
+    rng = torch.get_rng_state()
+    threads = torch.get_num_threads()
+    autosplit.profile(model, x, microbatch_sizes=[2, 4], warmup=1, repeats=2)
+    _assert_same(before, _snapshot(model))
+    assert torch.equal(rng, torch.get_rng_state())
+    assert torch.get_num_threads() == threads
+
+
+def test_profiling_resnet_keeps_batchnorm_statistics() -> None:
+    model = torchvision.models.resnet18(num_classes=10)
+    before = _snapshot(model)
+    autosplit.profile(model, torch.randn(4, 3, 32, 32), microbatch_sizes=[2], warmup=0, repeats=1)
+    _assert_same(before, _snapshot(model))
+
+
+def test_profile_fields() -> None:
+    model = LongSkip()
+    prof = autosplit.profile(model, torch.randn(8, 6), microbatch_sizes=[4, 2], warmup=0, repeats=1)
+    assert prof.microbatch_sizes == (2, 4)
+    assert prof.batch_size == 8 and prof.input_shapes == ((8, 6),)
+    assert prof.device.kind == "cpu" and prof.device.threads == 1
+    assert "1 thread" in prof.describe()
+    assert prof.block_names == autosplit.trace(model).block_names
+    inp = prof.blocks[0]
+    assert inp.param_bytes == (8 * 6 + 8) * 4
+    assert all(t >= 0 for b in prof.blocks for t in b.fwd_ms + b.bwd_ms)
+    # outputs and crossing bytes are exact: the skip (8 floats/sample) crosses cuts 0–3
+    assert inp.output_bytes == (2 * 8 * 4, 4 * 8 * 4)
+    assert prof.cuts[0].bytes == (2 * 8 * 4, 4 * 8 * 4)
+    assert prof.cuts[1].bytes == (2 * 2 * 8 * 4, 2 * 4 * 8 * 4)  # skip + current activation
+    # saved-for-backward bytes grow with the micro-batch
+    assert prof.blocks[1].saved_bytes[1] > prof.blocks[1].saved_bytes[0] > 0
+
+
+def test_profile_json_round_trip_is_exact(tmp_path) -> None:
+    prof = autosplit.profile(TokenModel(), torch.randint(0, 17, (4, 5)), microbatch_sizes=[2],
+                             warmup=0, repeats=1)
+    path = tmp_path / "profile.json"
+    prof.save(path)
+    assert autosplit.Profile.load(path) == prof
+
+
+def test_profile_load_errors(tmp_path) -> None:
+    with pytest.raises(PlanFileError, match="does not exist"):
+        autosplit.Profile.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(PlanFileError, match="not valid JSON"):
+        autosplit.Profile.load(bad)
+
+
+def test_default_sizes_give_whole_micro_batches() -> None:
+    sizes = default_microbatch_sizes(120, stages=2)
+    assert all(120 % b == 0 for b in sizes)
+    assert sizes[0] == 20  # m = 3·p first
+    assert set(sizes) == {120, 60, 40, 30, 24, 20, 15}
+
+
+def test_budget_stops_after_the_first_size() -> None:
+    prof = autosplit.profile(ToyModel(), torch.randn(24, 10), budget_s=0.0, warmup=0, repeats=1)
+    assert len(prof.microbatch_sizes) == 1
+
+
+@pytest.mark.parametrize(
+    "inputs, match",
+    [
+        (("not a tensor",), "not a tensor"),
+        ((torch.randn(4, 7),), r"\(4, 7\)"),
+        ((torch.tensor(1.0),), "0-dimensional"),
+        ((torch.randn(4, 10), torch.randn(3, 10)), r"\[4, 3\]"),
+    ],
+)
+def test_bad_example_inputs(inputs: tuple, match: str) -> None:
+    with pytest.raises(InvalidInputError, match=match):
+        autosplit.profile(ToyModel(), inputs, microbatch_sizes=[2], warmup=0, repeats=1)
+
+
+def test_bad_microbatch_size() -> None:
+    with pytest.raises(InvalidInputError, match="between 1 and the batch size 4"):
+        autosplit.profile(ToyModel(), torch.randn(4, 10), microbatch_sizes=[8])
