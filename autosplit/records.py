@@ -301,18 +301,31 @@ class Plan:
             )
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+        return "\n".join(lines + self.summary_lines())
+
+    def summary_lines(self) -> list[str]:
+        """The lines shown under the stage table: batch split, step time, bubble, speed-up."""
         p = len(self.stages)
-        lines.append(
-            f"batch {self.batch_size} → {self.microbatches} micro-batches of {self.split_size} "
-            f"(chosen from {', '.join(map(str, self.candidates))}) · schedule {self.schedule}"
-        )
-        lines.append(
+        lines = [
+            f"batch {self.batch_size} → {self.microbatches} micro-batch"
+            f"{'es' if self.microbatches != 1 else ''} of {self.split_size} "
+            f"(chosen from {', '.join(map(str, self.candidates))}) · schedule {self.schedule}",
             f"predicted step {format_ms(self.predicted_step_ms)} · bubble "
             f"{self.bubble_fraction:.0%} · speed-up over one device ×{self.speedup:.2f} "
-            f"(ideal ×{p:.2f})"
-        )
-        lines.append(f"profile: {self.profile} · solver {self.solver}")
-        return "\n".join(lines)
+            f"(ideal ×{p:.2f})",
+        ]
+        if self.speedup < 1:
+            lines.append(
+                "pipelining does not pay off here: one device is predicted faster (transfers and "
+                "the bubble cost more than the split saves); try fewer devices or a larger batch"
+            )
+        if self.memory_limit_bytes is not None:
+            lines.append(
+                f"memory limit {format_bytes(self.memory_limit_bytes)} per device · optimizer "
+                f"{self.optimizer}"
+            )
+        lines.append(f"profile {self.profile} · solver {self.solver}")
+        return lines
 
     def save(self, path: str | Path) -> None:
         """Write the plan as JSON."""

@@ -1,0 +1,302 @@
+"""The ``autosplit`` command line: ``main(argv) -> int``.
+
+Every bad input ends in one line on stderr (``error: …``) and exit code 2, with no traceback
+and no file written: files are written only once everything they depend on has succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from rich.console import Console
+
+from autosplit.errors import AutosplitError, InvalidInputError
+from autosplit.records import Plan, Profile
+
+__all__ = ["main", "build_parser"]
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must list positive integers, e.g. 4,8,20")
+    return values
+
+
+def _add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL.py", help="model file defining build_model() (or model) and example_inputs(batch_size)")
+    p.add_argument("--entry", metavar="FILE_OR_MODULE:CALLABLE", help="another model factory than build_model/model")
+    p.add_argument("--batch-size", type=_positive_int, metavar="B", help="batch size B (default: the model file's)")
+    p.add_argument("--input-shape", type=_int_list, metavar="C,H,W", help="one float input of this shape per sample, instead of example_inputs()")
+
+
+def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", help="where to profile: cpu or cuda:N (default: cuda:0 if present, else cpu)")
+    p.add_argument("--microbatch-sizes", type=_int_list, metavar="B1,B2,…", help="micro-batch sizes to measure (default: chosen from the batch)")
+    p.add_argument("--threads", type=_positive_int, default=1, help="threads of a CPU worker while profiling (default 1)")
+    p.add_argument("--repeats", type=_positive_int, default=3, help="timed runs per block and size; the median is kept (default 3)")
+    p.add_argument("--budget", type=float, default=40.0, metavar="SECONDS", help="stop starting new default sizes after this long (default 40)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every command."""
+    from autosplit import __version__
+
+    parser = _Parser(
+        prog="autosplit",
+        description="Split a PyTorch model across several devices: profile it, plan the cut "
+        "points and micro-batch size, emit the pipelined code.",
+        epilog="Example: autosplit plan examples/resnet50.py --gpus 2",
+    )
+    parser.add_argument("--version", action="version", version=f"autosplit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser("profile", help="measure every block of a model; write profile.json",
+                       description="Measure forward/backward time, memory and crossing bytes of every block.")
+    _add_model_arguments(p)
+    _add_profile_arguments(p)
+    p.add_argument("--gpus", type=_positive_int, default=2, help="stages planned for (chooses default sizes; default 2)")
+    p.add_argument("-o", "--output", default="profile.json", help="where to write the profile (default profile.json)")
+    p.set_defaults(run=_cmd_profile)
+
+    p = sub.add_parser("plan", help="choose cut points and micro-batch size; print and save the plan",
+                       description="Profile the model (or read --profile), plan it for N devices, print the stage table and write plan.json.")
+    _add_model_arguments(p)
+    _add_profile_arguments(p)
+    p.add_argument("--gpus", type=_positive_int, required=True, metavar="N", help="number of devices (pipeline stages)")
+    p.add_argument("--profile", metavar="profile.json", help="plan from this profile instead of measuring")
+    p.add_argument("--memory", metavar="SIZE", help="memory per device, e.g. 16GiB")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe", help="pipeline schedule (default gpipe)")
+    p.add_argument("--optimizer", default="sgd", help="optimizer assumed by the memory model: sgd, sgd-momentum, adam … (default sgd)")
+    p.add_argument("--split-size", type=_positive_int, metavar="K", help="fix the micro-batch size instead of choosing it")
+    p.add_argument("-o", "--output", default="plan.json", help="where to write the plan (default plan.json)")
+    p.add_argument("--emit", metavar="FILE.py", help="also write the pipelined model as readable Python")
+    p.set_defaults(run=_cmd_plan)
+
+    p = sub.add_parser("show", help="print a saved plan", description="Print the stage table of a plan file.")
+    p.add_argument("plan", metavar="plan.json")
+    p.set_defaults(run=_cmd_show)
+    return parser
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def _console() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+def _err_console() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _write_atomic(path: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
+    """Write through a temporary file in the same folder, then rename: all or nothing."""
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise InvalidInputError(f"cannot write {str(target)!r}: folder {str(folder)!r} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=target.suffix)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """(ModelFile, model, example inputs) from the model arguments."""
+    import torch
+
+    from autosplit.modelfile import load_model_file
+
+    source = load_model_file(args.model, args.entry)
+    model = source.build()
+    if args.input_shape:
+        batch = args.batch_size or source.default_batch_size or 32
+        inputs: Any = (torch.randn(batch, *args.input_shape),)
+    else:
+        inputs = source.example_inputs(args.batch_size)
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    return source, model, inputs
+
+
+def _device_note(console: Console, gpus: int, device: str | None) -> None:
+    import torch
+
+    if (device is None or device.startswith("cpu")) and torch.cuda.device_count() < gpus:
+        console.print(
+            f"no CUDA device{'s' if gpus > 1 else ''} for {gpus} stages: profiling on CPU, one "
+            f"worker per device; planning for {gpus} such devices"
+        )
+
+
+def _measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, console: Console) -> Profile:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from autosplit.profiler import check_inputs, profile_graph
+    from autosplit.graph import trace
+
+    inputs = check_inputs(inputs)
+    graph = trace(model, example_inputs=inputs)
+    with Progress(
+        TextColumn("profiling {task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as bar:
+        task = bar.add_task(f"{graph.model_name} · {len(graph.blocks)} blocks", total=None)
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total)
+
+        prof = profile_graph(
+            graph,
+            inputs,
+            device=args.device,
+            microbatch_sizes=args.microbatch_sizes,
+            stages=stages,
+            repeats=args.repeats,
+            threads=args.threads,
+            budget_s=args.budget,
+            progress=progress,
+        )
+        bar.update(task, completed=1, total=1)
+    console.print(
+        f"measured micro-batch sizes {', '.join(map(str, prof.microbatch_sizes))} in {prof.seconds:.1f} s"
+    )
+    return prof
+
+
+# ----------------------------------------------------------------------------------- commands
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    console = _console()
+    _, model, inputs = _load(args)
+    _device_note(console, args.gpus, args.device)
+    prof = _measure(args, model, inputs, args.gpus, console)
+    _write_atomic(args.output, prof.save)
+    console.print(f"wrote {args.output}")
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from autosplit.graph import trace
+    from autosplit.planner import plan as make_plan
+    from autosplit.report import print_plan
+    from autosplit.units import parse_bytes
+
+    console = _console()
+    memory = parse_bytes(args.memory) if args.memory is not None else None  # fail fast
+    source, model, inputs = _load(args)
+    if args.profile:
+        prof = Profile.load(args.profile)
+        fingerprint = trace(model).fingerprint
+        if prof.fingerprint != fingerprint:
+            raise InvalidInputError(
+                f"profile {args.profile!r} was made for another model ({prof.model}, fingerprint "
+                f"{prof.fingerprint}); {args.model} has fingerprint {fingerprint}: profile it again"
+            )
+    else:
+        _device_note(console, args.gpus, args.device)
+        prof = _measure(args, model, inputs, args.gpus, console)
+    batch = args.batch_size or prof.batch_size
+    plan = make_plan(
+        prof,
+        args.gpus,
+        batch_size=batch,
+        memory_per_gpu=memory,
+        schedule=args.schedule,
+        optimizer=args.optimizer,
+        split_size=args.split_size,
+    )
+    code = None
+    if args.emit:
+        from autosplit.codegen import emit
+
+        code = emit(plan, source.ref, model=model)
+    console.print()
+    print_plan(console, plan)
+    _write_atomic(args.output, plan.save)
+    written = [args.output]
+    if code is not None:
+        _write_atomic(args.emit, lambda path: path.write_text(code))
+        written.append(args.emit)
+    console.print()
+    hint = "" if args.emit else " · emit code with --emit pipelined_model.py"
+    console.print(f" wrote {', '.join(written)}{hint}")
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from autosplit.report import print_plan
+
+    plan = Plan.load(args.plan)
+    print_plan(_console(), plan)
+    return 0
+
+
+# --------------------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (0 success, 2 bad input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", UserWarning)
+            code = int(args.run(args))
+        for w in caught:
+            if issubclass(w.category, UserWarning) and "CPU stand-ins" not in str(w.message):
+                print(f"note: {' '.join(str(w.message).split())}", file=sys.stderr)
+        return code
+    except AutosplitError as exc:
+        message = " ".join(str(exc).split())
+        print(f"error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Load a model file: a Python file (or module) that says how to build a model and its inputs.
+
+A model file defines ``build_model()`` (or a module-level ``model``) and, optionally,
+``example_inputs(batch_size)`` returning a tensor or a tuple of tensors. ``--entry
+FILE_OR_MODULE:CALLABLE`` names another factory. Every failure is a :class:`ModelFileError`
+whose message fits on one line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from autosplit.errors import InvalidInputError
+
+__all__ = ["ModelFile", "ModelFileError", "load_model_file", "MODEL_NAMES", "INPUT_NAMES"]
+
+MODEL_NAMES = ("build_model", "model")
+INPUT_NAMES = ("example_inputs",)
+
+
+class ModelFileError(InvalidInputError):
+    """The model file is missing, fails on import, or defines no model."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFile:
+    """What a model file provides.
+
+    Attributes:
+        path: the file (or ``None`` when given as an importable module name).
+        module_name: the name it was imported under.
+        ref: how generated code should find the factory again, ``"path/to/file.py:build_model"``.
+        factory: builds a fresh model (for a module-level ``model``, returns that object).
+        inputs: ``example_inputs(batch_size)`` when the file defines it, else ``None``.
+        default_batch_size: ``example_inputs``' default batch size, when it has one.
+    """
+
+    path: Path | None
+    module_name: str
+    ref: str
+    factory: Callable[[], Any]
+    inputs: Callable[..., Any] | None
+    default_batch_size: int | None
+
+    def build(self) -> Any:
+        """Build the model, turning its errors into one-line :class:`ModelFileError`."""
+        try:
+            model = self.factory()
+        except Exception as exc:
+            raise ModelFileError(f"building the model from {self.ref} failed: {_one_line(exc)}") from exc
+        import torch
+
+        if not isinstance(model, torch.nn.Module):
+            raise ModelFileError(
+                f"{self.ref} returned a {type(model).__name__}, not a torch.nn.Module"
+            )
+        return model
+
+    def example_inputs(self, batch_size: int | None) -> Any:
+        """Call ``example_inputs(batch_size)`` (its default when ``None``)."""
+        if self.inputs is None:
+            raise ModelFileError(
+                f"{self.ref.split(':')[0]} defines no example_inputs(batch_size): add it, or give "
+                "--input-shape C,H,W and --batch-size N"
+            )
+        try:
+            return self.inputs() if batch_size is None else self.inputs(batch_size)
+        except Exception as exc:
+            raise ModelFileError(f"example_inputs({batch_size or ''}) failed: {_one_line(exc)}") from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _import_file(path: Path) -> ModuleType:
+    name = f"autosplit_model_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ModelFileError(f"cannot import {str(path)!r}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    parent = str(path.parent)
+    added = parent not in sys.path
+    if added:
+        sys.path.insert(0, parent)  # let the file import its neighbours
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:
+        sys.modules.pop(name, None)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise ModelFileError(f"importing {str(path)!r} failed: {_one_line(exc)}") from exc
+    finally:
+        if added:
+            sys.path.remove(parent)
+    return module
+
+
+def load_model_file(target: str, entry: str | None = None) -> ModelFile:
+    """Load a model file.
+
+    Args:
+        target: a path to a ``.py`` file, or an importable module name.
+        entry: ``"FILE_OR_MODULE:CALLABLE"`` or ``"CALLABLE"`` (in ``target``) naming the
+            model factory; default: ``build_model`` or ``model`` in ``target``.
+
+    Raises:
+        ModelFileError: the file is missing, raises on import, or defines no model.
+    """
+    source, attr = target, None
+    if entry:
+        source, _, attr = entry.rpartition(":") if ":" in entry else (target, "", entry)
+        source = source or target
+    path = Path(source)
+    if source.endswith(".py") or path.exists():
+        if not path.is_file():
+            raise ModelFileError(f"model file {source!r} does not exist")
+        path = path.resolve()
+        module = _import_file(path)
+        shown = str(Path(source))
+    else:
+        try:
+            module = importlib.import_module(source)
+        except Exception as exc:
+            raise ModelFileError(f"cannot import module {source!r}: {_one_line(exc)}") from exc
+        path = None
+        shown = source
+    names = (attr,) if attr else MODEL_NAMES
+    found = next((n for n in names if hasattr(module, n)), None)
+    if found is None:
+        raise ModelFileError(
+            f"{shown} defines no model: looked for {' or '.join(names)}; define build_model() "
+            "returning an nn.Module, or name the factory with --entry FILE:CALLABLE"
+        )
+    value = getattr(module, found)
+    factory: Callable[[], Any] = value if callable(value) and not _is_module(value) else (lambda: value)
+    inputs = getattr(module, INPUT_NAMES[0], None)
+    default = None
+    if callable(inputs):
+        try:
+            param = next(iter(inspect.signature(inputs).parameters.values()), None)
+        except (TypeError, ValueError):
+            param = None
+        if param is not None and isinstance(param.default, int):
+            default = param.default
+    else:
+        inputs = None
+    return ModelFile(
+        path=path,
+        module_name=module.__name__,
+        ref=f"{shown}:{found}",
+        factory=factory,
+        inputs=inputs,
+        default_batch_size=default,
+    )
+
+
+def _is_module(value: Any) -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    return isinstance(value, torch.nn.Module)

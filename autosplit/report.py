@@ -1,0 +1,90 @@
+"""Show plans to people: rich tables for the terminal (figures live in ``figures.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from autosplit.records import Plan
+from autosplit.units import format_bytes, format_ms
+
+__all__ = ["stage_table", "print_plan", "comparison_table"]
+
+
+def _span(blocks: Sequence[str]) -> str:
+    return blocks[0] if len(blocks) == 1 else f"{blocks[0]} … {blocks[-1]}"
+
+
+def stage_table(plan: Plan) -> Table:
+    """One row per stage: device, blocks, compute per micro-batch, memory, bytes sent."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name, justify in (
+        ("stage", "right"),
+        ("device", "left"),
+        ("blocks", "left"),
+        ("compute/mb", "right"),
+        ("memory", "right"),
+        ("sends/mb", "right"),
+    ):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    last = len(plan.stages) - 1
+    for s in plan.stages:
+        table.add_row(
+            str(s.index),
+            s.device,
+            f"{_span(s.blocks)} ({len(s.blocks)})",
+            format_ms(s.compute_ms),
+            format_bytes(s.memory_bytes),
+            "–" if s.index == last else format_bytes(s.send_bytes),
+        )
+    return table
+
+
+def print_plan(console: Console, plan: Plan, reference: tuple[str, Plan] | None = None) -> None:
+    """The stage table and the summary, as the CLI shows them."""
+    console.print(stage_table(plan))
+    console.print()
+    lines = plan.summary_lines()
+    if reference is not None:
+        label, other = reference
+        ratio = other.predicted_step_ms / plan.predicted_step_ms
+        word = "faster" if ratio >= 1 else "slower"
+        lines.insert(
+            2, f"vs {label}: predicted ×{ratio:.2f} {word} ({format_ms(other.predicted_step_ms)})"
+        )
+    for line in lines:
+        console.print(" " + line, highlight=False)
+
+
+def comparison_table(rows: Sequence[tuple[str, Plan, float | None]]) -> Table:
+    """One row per plan: cut points, split, predicted (and measured) step time, memory."""
+    best = min(plan.predicted_step_ms for _, plan, _ in rows)
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name, justify in (
+        ("plan", "left"),
+        ("cut before", "left"),
+        ("split", "right"),
+        ("predicted step", "right"),
+        ("vs best", "right"),
+        ("bottleneck", "right"),
+        ("bubble", "right"),
+        ("max memory", "right"),
+        ("measured step", "right"),
+    ):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for label, plan, measured in rows:
+        bottleneck = max(s.compute_ms + s.send_ms for s in plan.stages)
+        table.add_row(
+            label,
+            ", ".join(plan.split_points) or "–",
+            f"{plan.microbatches}×{plan.split_size}",
+            format_ms(plan.predicted_step_ms),
+            f"×{plan.predicted_step_ms / best:.2f}",
+            format_ms(bottleneck),
+            f"{plan.bubble_fraction:.0%}",
+            format_bytes(max(s.memory_bytes for s in plan.stages)),
+            "–" if measured is None else format_ms(measured),
+        )
+    return table
