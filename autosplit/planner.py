@@ -1,15 +1,20 @@
 """From a Profile to a Plan: choose the cut points and the micro-batch size together.
 
-For every micro-batch size b that was measured (or the one the user fixed), the exact solver
-finds the cut points that minimise the bottleneck stage time at that b, within each device's
-memory; the plan is the (b, cuts) pair with the smallest predicted step time. Only measured sizes
-are candidates: per-sample cost has cliffs, so nothing is interpolated.
+For every micro-batch size b that was measured (or the one the user fixed), an exact solver
+finds the cut points that minimise the bottleneck stage time at that b within each device's
+memory; the plan is the (b, cuts) pair with the smallest predicted step time
+(m + p − 1) · t_max (see :mod:`autosplit.cost`). Only measured sizes are candidates: per-sample
+cost has cliffs, so nothing is interpolated.
+
+Devices may differ: each has a speed factor (its block times are the profile's divided by it)
+or its own profile of the same model, and its own memory. Stage s runs on device s.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from autosplit.cost import (
     block_memory_bytes,
@@ -21,42 +26,151 @@ from autosplit.cost import (
     transfer_ms,
 )
 from autosplit.devices import DEFAULT_LINK_BYTES_PER_S
-from autosplit.errors import InfeasiblePlanError, InvalidInputError
+from autosplit.errors import InfeasiblePlanError, InvalidInputError, PlanMismatchError
 from autosplit.records import Plan, Profile, Stage
-from autosplit.solve import Partition, PartitionProblem, min_capacity, solve_dp
+from autosplit.solve import PartitionProblem, evaluate, min_capacity, solve_dp
 from autosplit.units import format_bytes, parse_bytes
 
-__all__ = ["plan", "build_problem"]
+__all__ = ["plan", "plan_with_balance", "PlanSettings", "SOLVERS"]
+
+SOLVERS = ("dp", "milp", "auto")
 
 
-def build_problem(
-    profile: Profile,
-    k: int,
-    p: int,
-    m: int,
-    *,
-    schedule: str,
-    optimizer: str,
-    bandwidth_bytes_per_s: float,
-    capacity_bytes: float | None,
-) -> PartitionProblem:
-    """The partition problem at micro-batch size index ``k`` with m micro-batches on p stages."""
-    factor = optimizer_factor(optimizer)
-    costs = tuple(block_time_ms(blk, k) for blk in profile.blocks)
-    comm = tuple(transfer_ms(cut.bytes[k], bandwidth_bytes_per_s) for cut in profile.cuts)
-    memory = None
-    capacity = None
-    if capacity_bytes is not None:
-        transient = max(blk.output_bytes[k] for blk in profile.blocks)
-        memory = tuple(
-            tuple(
-                block_memory_bytes(blk, k, factor, in_flight(schedule, m, p, s))
-                for blk in profile.blocks
+@dataclass(frozen=True, slots=True)
+class PlanSettings:
+    """Everything besides the profile that a plan depends on, checked once.
+
+    Attributes:
+        gpus: number of stages p.
+        batch_size: B.
+        devices: device name of each stage.
+        capacity_bytes: memory of each device (bytes), or ``None`` for no limit.
+        schedule: ``"gpipe"`` or ``"1f1b"``.
+        optimizer: name in :data:`autosplit.cost.OPTIMIZER_STATE`.
+        bandwidth_bytes_per_s: link bandwidth between consecutive stages.
+        speeds: relative speed of each device (block time = profiled time / speed).
+        profiles: the profile each device's block times come from.
+    """
+
+    gpus: int
+    batch_size: int
+    devices: tuple[str, ...]
+    capacity_bytes: tuple[float, ...] | None
+    schedule: str
+    optimizer: str
+    bandwidth_bytes_per_s: float
+    speeds: tuple[float, ...]
+    profiles: tuple[Profile, ...]
+
+    @classmethod
+    def check(
+        cls,
+        profile: Profile,
+        gpus: int,
+        *,
+        batch_size: int | None = None,
+        devices: Sequence[str] | None = None,
+        memory_per_gpu: int | float | str | Sequence[int | float | str] | None = None,
+        schedule: str = "gpipe",
+        optimizer: str = "sgd",
+        bandwidth_bytes_per_s: float | None = None,
+        speeds: Sequence[float] | None = None,
+        device_profiles: Sequence[Profile] | None = None,
+    ) -> PlanSettings:
+        """Validate the planner's arguments (see :func:`plan`)."""
+        n = len(profile.blocks)
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+            raise InvalidInputError(f"gpus must be a positive integer (0 < 1), got {gpus!r}")
+        if gpus > n:
+            raise InvalidInputError(
+                f"gpus={gpus} is more than the model's {n} blocks: use at most {n} devices, "
+                "or trace with granularity='layer' for finer blocks"
             )
-            for s in range(p)
+        batch = profile.batch_size if batch_size is None else batch_size
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise InvalidInputError(f"batch_size must be a positive integer, got {batch!r}")
+        if devices is None:
+            kind = profile.device.kind
+            devices = [f"cuda:{s}" if kind == "cuda" else "cpu" for s in range(gpus)]
+        names = tuple(str(d) for d in devices)
+        if len(names) != gpus:
+            raise InvalidInputError(f"{len(names)} devices given for {gpus} stages: give one per stage")
+        capacity: tuple[float, ...] | None
+        if memory_per_gpu is None:
+            capacity = None
+        elif isinstance(memory_per_gpu, (str, int, float)):
+            capacity = (float(parse_bytes(memory_per_gpu)),) * gpus
+        else:
+            capacity = tuple(float(parse_bytes(v)) for v in memory_per_gpu)
+            if len(capacity) != gpus:
+                raise InvalidInputError(
+                    f"{len(capacity)} memory sizes given for {gpus} devices: give one or one per device"
+                )
+        optimizer_factor(optimizer)
+        in_flight(schedule, 1, 1, 0)  # validates the schedule name
+        bandwidth = bandwidth_bytes_per_s or DEFAULT_LINK_BYTES_PER_S.get(profile.device.kind, 5e9)
+        if not bandwidth > 0:
+            raise InvalidInputError(f"bandwidth must be positive bytes/s, got {bandwidth_bytes_per_s!r}")
+        speed = tuple(float(v) for v in speeds) if speeds is not None else (1.0,) * gpus
+        if len(speed) != gpus or any(not (v > 0 and math.isfinite(v)) for v in speed):
+            raise InvalidInputError(f"speeds must be {gpus} positive numbers, got {list(speed)}")
+        profs = tuple(device_profiles) if device_profiles is not None else (profile,) * gpus
+        if len(profs) != gpus:
+            raise InvalidInputError(f"{len(profs)} device profiles for {gpus} devices: give one per device")
+        for other in profs:
+            if other.fingerprint != profile.fingerprint:
+                raise PlanMismatchError(
+                    f"device profile of {other.model} (fingerprint {other.fingerprint}) is of "
+                    f"another model than {profile.model} ({profile.fingerprint})"
+                )
+        return cls(gpus, batch, names, capacity, schedule, optimizer, bandwidth, speed, profs)
+
+
+def _costs(settings: PlanSettings, profile: Profile, b: int) -> tuple[tuple[float, ...], ...]:
+    rows = []
+    for s in range(settings.gpus):
+        prof = settings.profiles[s]
+        k = prof.size_index(b)
+        rows.append(tuple(block_time_ms(blk, k) / settings.speeds[s] for blk in prof.blocks))
+    return tuple(rows)
+
+
+def _memory(settings: PlanSettings, profile: Profile, k: int, m: int) -> tuple[tuple[float, ...], ...]:
+    factor = optimizer_factor(settings.optimizer)
+    p = settings.gpus
+    return tuple(
+        tuple(
+            block_memory_bytes(blk, k, factor, in_flight(settings.schedule, m, p, s))
+            for blk in profile.blocks
         )
-        capacity = (max(capacity_bytes - transient, 0.0),) * p
-    return PartitionProblem((costs,) * p, comm, memory, capacity)
+        for s in range(p)
+    )
+
+
+def _transient(profile: Profile, k: int) -> float:
+    """The largest single block output at size index k: memory a stage needs briefly."""
+    return float(max(blk.output_bytes[k] for blk in profile.blocks))
+
+
+def _problem(settings: PlanSettings, profile: Profile, k: int, m: int) -> PartitionProblem:
+    b = profile.microbatch_sizes[k]
+    comm = tuple(transfer_ms(cut.bytes[k], settings.bandwidth_bytes_per_s) for cut in profile.cuts)
+    memory = capacity = None
+    if settings.capacity_bytes is not None:
+        memory = _memory(settings, profile, k, m)
+        transient = _transient(profile, k)
+        capacity = tuple(max(c - transient, 0.0) for c in settings.capacity_bytes)
+    return PartitionProblem(_costs(settings, profile, b), comm, memory, capacity)
+
+
+def _solve(problem: PartitionProblem, solver: str, time_limit_s: float | None) -> tuple[tuple[int, ...], str]:
+    if solver in ("dp", "auto"):
+        return solve_dp(problem).balance, "dp"
+    from autosplit.solve.milp import solve_milp
+
+    result = solve_milp(problem, time_limit_s=time_limit_s)
+    label = "milp" if result.status == "optimal" else f"milp ({result.status}, gap {result.gap})"
+    return result.partition.balance, label
 
 
 def plan(
@@ -65,11 +179,15 @@ def plan(
     *,
     batch_size: int | None = None,
     devices: Sequence[str] | None = None,
-    memory_per_gpu: int | float | str | None = None,
+    memory_per_gpu: int | float | str | Sequence[int | float | str] | None = None,
     schedule: str = "gpipe",
     optimizer: str = "sgd",
     split_size: int | None = None,
     bandwidth_bytes_per_s: float | None = None,
+    solver: str = "dp",
+    speeds: Sequence[float] | None = None,
+    device_profiles: Sequence[Profile] | None = None,
+    time_limit_s: float | None = None,
 ) -> Plan:
     """The fastest predicted pipeline plan for ``profile`` on ``gpus`` devices.
 
@@ -78,42 +196,35 @@ def plan(
         gpus: number of stages p (one device each).
         batch_size: B; default the profile's example batch size.
         devices: device names for the stages (default ``cuda:0…`` or ``cpu``, as measured).
-        memory_per_gpu: per-device memory limit, bytes or a string like ``"16GiB"``.
+        memory_per_gpu: per-device memory limit, bytes or a string like ``"16GiB"``, or one per
+            device.
         schedule: ``"gpipe"`` or ``"1f1b"`` (changes the activations held per stage).
         optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"`` … (state held per parameter).
         split_size: fix the micro-batch size b (must have been profiled); ``None`` chooses.
         bandwidth_bytes_per_s: link bandwidth between consecutive stages.
+        solver: ``"dp"`` (exact dynamic program), ``"milp"`` (PuLP/CBC, same optimum) or
+            ``"auto"`` (the DP).
+        speeds: relative speed of each device (default all 1.0).
+        device_profiles: one profile per device (same model, same sizes) for devices of
+            different kinds; block times then come from each device's own profile.
+        time_limit_s: time limit of the MILP solver.
 
     Raises:
         InvalidInputError: bad counts, sizes or names.
         InfeasiblePlanError: nothing fits in ``memory_per_gpu``; says what would.
     """
-    n = len(profile.blocks)
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise InvalidInputError(f"gpus must be a positive integer (0 < 1), got {gpus!r}")
-    if gpus > n:
-        raise InvalidInputError(
-            f"gpus={gpus} is more than the model's {n} blocks: use at most {n} devices, "
-            "or trace with granularity='layer' for finer blocks"
-        )
-    batch = profile.batch_size if batch_size is None else batch_size
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise InvalidInputError(f"batch_size must be a positive integer, got {batch!r}")
-    if devices is None:
-        kind = profile.device.kind
-        devices = [f"cuda:{s}" if kind == "cuda" else "cpu" for s in range(gpus)]
-    devices = [str(d) for d in devices]
-    if len(devices) != gpus:
-        raise InvalidInputError(f"{len(devices)} devices given for {gpus} stages: give one per stage")
-    capacity = None if memory_per_gpu is None else float(parse_bytes(memory_per_gpu))
-    optimizer_factor(optimizer)
-    in_flight(schedule, 1, 1, 0)  # validates the schedule name
-    bandwidth = bandwidth_bytes_per_s or DEFAULT_LINK_BYTES_PER_S.get(profile.device.kind, 5e9)
-
+    settings = PlanSettings.check(
+        profile, gpus, batch_size=batch_size, devices=devices, memory_per_gpu=memory_per_gpu,
+        schedule=schedule, optimizer=optimizer, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+        speeds=speeds, device_profiles=device_profiles,
+    )
+    if solver not in SOLVERS:
+        raise InvalidInputError(f"unknown solver {solver!r}: use one of {', '.join(SOLVERS)}")
+    batch = settings.batch_size
     if split_size is not None:
-        candidates = [profile.size_index(split_size)]
         if split_size > batch:
             raise InvalidInputError(f"split_size {split_size} is larger than the batch {batch}")
+        candidates = [profile.size_index(split_size)]
     else:
         candidates = [k for k, b in enumerate(profile.microbatch_sizes) if b <= batch]
         if not candidates:
@@ -122,87 +233,121 @@ def plan(
                 f"{list(profile.microbatch_sizes)}"
             )
 
-    best: tuple[float, int, int, Partition] | None = None
+    best: tuple[float, int, tuple[int, ...], str] | None = None
     failures: list[InfeasiblePlanError] = []
     for k in candidates:
-        b = profile.microbatch_sizes[k]
-        m = math.ceil(batch / b)
-        problem = build_problem(
-            profile, k, gpus, m, schedule=schedule, optimizer=optimizer,
-            bandwidth_bytes_per_s=bandwidth, capacity_bytes=capacity,
-        )
+        m = math.ceil(batch / profile.microbatch_sizes[k])
+        problem = _problem(settings, profile, k, m)
         try:
-            part = solve_dp(problem)
+            balance, label = _solve(problem, solver, time_limit_s)
         except InfeasiblePlanError:
-            failures.append(_explain(problem, profile, k, capacity or 0.0, gpus))
+            failures.append(_explain(settings, profile, k, m))
             continue
-        t = step_ms(part.bottleneck, m, gpus)
+        t = step_ms(evaluate(problem, balance).bottleneck, m, gpus)
         if best is None or t < best[0]:
-            best = (t, k, m, part)
+            best = (t, k, balance, label)
     if best is None:
         raise min(failures, key=lambda e: e.min_capacity_bytes or math.inf)
+    _, k, balance, label = best
+    return _assemble(settings, profile, balance, k, label, tuple(profile.microbatch_sizes[c] for c in candidates))
 
-    t, k, m, part = best
+
+def plan_with_balance(
+    profile: Profile,
+    balance: Sequence[int],
+    split_size: int,
+    *,
+    solver: str = "manual",
+    **kwargs: object,
+) -> Plan:
+    """Score a given split (blocks per stage) and micro-batch size with the same cost model.
+
+    Used for hand-written splits and the peers' heuristics, so that every plan is compared on
+    equal terms. ``kwargs`` are :func:`plan`'s device and memory arguments (``batch_size``,
+    ``devices``, ``memory_per_gpu``, ``schedule``, ``optimizer``, ``bandwidth_bytes_per_s``,
+    ``speeds``, ``device_profiles``); memory limits are reported, not enforced.
+    """
+    balance = tuple(int(c) for c in balance)
+    settings = PlanSettings.check(profile, len(balance), **kwargs)  # type: ignore[arg-type]
+    if sum(balance) != len(profile.blocks) or min(balance) < 1:
+        raise InvalidInputError(
+            f"balance {list(balance)} must be positive and sum to the {len(profile.blocks)} blocks"
+        )
+    k = profile.size_index(split_size)
+    return _assemble(settings, profile, balance, k, solver, (split_size,))
+
+
+def _assemble(
+    settings: PlanSettings,
+    profile: Profile,
+    balance: tuple[int, ...],
+    k: int,
+    solver: str,
+    candidates: tuple[int, ...],
+) -> Plan:
     b = profile.microbatch_sizes[k]
+    m = math.ceil(settings.batch_size / b)
+    p = settings.gpus
+    problem = _problem(settings, profile, k, m)
+    part = evaluate(problem, balance)
+    memory = _memory(settings, profile, k, m)
     names = profile.block_names
-    factor = optimizer_factor(optimizer)
     stages = []
     for s, (first, end) in enumerate(part.bounds):
-        blocks = profile.blocks[first:end]
-        last = s == gpus - 1
+        last = s == p - 1
         send = 0 if last else profile.cuts[end - 1].bytes[k]
-        memory = sum(
-            block_memory_bytes(blk, k, factor, in_flight(schedule, m, gpus, s)) for blk in blocks
-        ) + max(blk.output_bytes[k] for blk in blocks)
+        held = sum(memory[s][first:end]) + max(blk.output_bytes[k] for blk in profile.blocks[first:end])
         stages.append(
             Stage(
                 index=s,
-                device=devices[s],
+                device=settings.devices[s],
                 blocks=names[first:end],
-                compute_ms=sum(block_time_ms(blk, k) for blk in blocks),
+                compute_ms=math.fsum(problem.costs[s][first:end]),
                 send_bytes=int(send),
-                send_ms=0.0 if last else transfer_ms(send, bandwidth),
-                memory_bytes=int(memory),
+                send_ms=0.0 if last else problem.comm[end - 1],
+                memory_bytes=int(held),
             )
         )
-    single, _ = single_device_ms(profile, batch)
+    single, _ = single_device_ms(profile, settings.batch_size)
+    capacity = settings.capacity_bytes
     return Plan(
         model=profile.model,
         fingerprint=profile.fingerprint,
         stages=tuple(stages),
         split_size=b,
         microbatches=m,
-        batch_size=batch,
-        schedule=schedule,
-        predicted_step_ms=t,
-        single_device_ms=single,
-        solver="dp",
-        candidates=tuple(profile.microbatch_sizes[c] for c in candidates),
+        batch_size=settings.batch_size,
+        schedule=settings.schedule,
+        predicted_step_ms=step_ms(part.bottleneck, m, p),
+        single_device_ms=single / max(settings.speeds),
+        solver=solver,
+        candidates=candidates,
         profile=profile.describe(),
-        memory_limit_bytes=None if capacity is None else int(capacity),
-        optimizer=optimizer,
+        memory_limit_bytes=None if capacity is None else int(min(capacity)),
+        optimizer=settings.optimizer,
     )
 
 
-def _explain(
-    problem: PartitionProblem,
-    profile: Profile,
-    k: int,
-    capacity: float,
-    p: int,
-) -> InfeasiblePlanError:
-    """Restate a solver's infeasibility in bytes, block names and things to try."""
+def _explain(settings: PlanSettings, profile: Profile, k: int, m: int) -> InfeasiblePlanError:
+    """Say in bytes and block names what the smallest feasible plan at size index k needs."""
+    problem = PartitionProblem(
+        _costs(settings, profile, profile.microbatch_sizes[k]),
+        (0.0,) * (len(profile.blocks) - 1),
+        _memory(settings, profile, k, m),
+        None,
+    )
     smallest = min_capacity(problem)
-    transient = max(blk.output_bytes[k] for blk in profile.blocks)
-    need = smallest.bottleneck + transient
-    s = max(range(p), key=lambda i: smallest.stage_memory[i])
+    need = smallest.bottleneck + _transient(profile, k)
+    s = max(range(settings.gpus), key=lambda i: smallest.stage_memory[i])
     first, end = smallest.bounds[s]
     names = profile.block_names
+    p = settings.gpus
+    have = format_bytes(min(settings.capacity_bytes or (0.0,)))
     return InfeasiblePlanError(
-        f"the model does not fit on {p} devices of {format_bytes(capacity)}: the smallest "
-        f"feasible plan needs {format_bytes(need)} on stage {s} ({names[first]} … "
-        f"{names[end - 1]}). Try more devices, schedule='1f1b', a smaller split_size, or "
-        f"memory_per_gpu of at least {format_bytes(need)}",
+        f"the model does not fit on {p} devices of {have}: the smallest feasible plan needs "
+        f"{format_bytes(need)} on stage {s} ({names[first]} … {names[end - 1]}). Try more "
+        f"devices, schedule='1f1b', a smaller split_size, or memory_per_gpu of at least "
+        f"{format_bytes(need)}",
         min_capacity_bytes=need,
         stage=s,
         blocks=(names[first], names[end - 1]),

@@ -1,0 +1,138 @@
+"""Plans side by side: autosplit's optimum, a hand-written split and the peers' heuristics.
+
+Every plan is scored by the same cost model (:func:`autosplit.planner.plan_with_balance`), so the
+comparison is on equal terms. A heuristic that does not choose a micro-batch size is given the
+best measured one for its own cut points (the most favourable reading of it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from autosplit.cost import block_time_ms
+from autosplit.errors import InvalidInputError, PlanMismatchError
+from autosplit.planner import plan_with_balance
+from autosplit.records import Plan, Profile
+from autosplit.solve import block_partition, by_parameters, manual, uniform
+
+__all__ = ["BASELINES", "ComparisonRow", "baseline_plans", "manual_plan", "compare"]
+
+BASELINES = ("uniform", "parameters", "torchgpipe")
+"""uniform: equal block counts (DeepSpeed 'uniform'); parameters: balanced parameter bytes
+(DeepSpeed 'parameters'); torchgpipe: the block-partition heuristic on measured block times."""
+
+
+def _best_over_sizes(
+    profile: Profile, balance_at: callable, label: str, batch: int, kwargs: dict  # type: ignore[valid-type]
+) -> Plan:
+    plans = [
+        plan_with_balance(profile, balance_at(k), b, solver=label, **kwargs)
+        for k, b in enumerate(profile.microbatch_sizes)
+        if b <= batch
+    ]
+    if not plans:
+        raise InvalidInputError(
+            f"no profiled micro-batch size fits the batch {batch}: profiled sizes are "
+            f"{list(profile.microbatch_sizes)}"
+        )
+    return min(plans, key=lambda p: p.predicted_step_ms)
+
+
+def manual_plan(
+    profile: Profile,
+    split_points: Sequence[str],
+    split_size: int | None = None,
+    **kwargs: object,
+) -> Plan:
+    """A hand-written split (e.g. the tutorial's ``["layer3"]`` at split size 20), scored.
+
+    ``split_size=None`` gives it the best measured size for those cut points.
+    """
+    balance = manual(profile.block_names, split_points)
+    if split_size is not None:
+        return plan_with_balance(profile, balance, split_size, solver="manual", **kwargs)
+    batch = int(kwargs.get("batch_size") or profile.batch_size)  # type: ignore[call-overload]
+    return _best_over_sizes(profile, lambda k: balance, "manual", batch, dict(kwargs))
+
+
+def baseline_plans(profile: Profile, gpus: int, **kwargs: object) -> dict[str, Plan]:
+    """The peers' plans for ``gpus`` stages, by name (see :data:`BASELINES`)."""
+    n = len(profile.blocks)
+    batch = int(kwargs.get("batch_size") or profile.batch_size)  # type: ignore[call-overload]
+    params = [float(blk.param_bytes) for blk in profile.blocks]
+    fixed = {"uniform": uniform(n, gpus), "parameters": by_parameters(params, gpus)}
+    plans = {
+        name: _best_over_sizes(profile, lambda k, bal=bal: bal, name, batch, dict(kwargs))
+        for name, bal in fixed.items()
+    }
+    plans["torchgpipe"] = _best_over_sizes(
+        profile,
+        lambda k: block_partition([block_time_ms(blk, k) for blk in profile.blocks], gpus),
+        "torchgpipe",
+        batch,
+        dict(kwargs),
+    )
+    return plans
+
+
+@dataclass(frozen=True, slots=True)
+class ComparisonRow:
+    """One plan in a comparison.
+
+    Attributes:
+        name: the plan's label.
+        plan: the plan.
+        predicted_step_ms: its predicted step time.
+        vs_best: predicted step time divided by the best one in the comparison (≥ 1).
+        bottleneck_stage: index of the slowest stage (compute + transfer).
+        bottleneck_ms: that stage's time per micro-batch.
+        bubble_fraction: idle share of device time.
+        memory_bytes: predicted memory of each device.
+        measured_step_ms: a measured step time, when one was taken.
+    """
+
+    name: str
+    plan: Plan
+    predicted_step_ms: float
+    vs_best: float
+    bottleneck_stage: int
+    bottleneck_ms: float
+    bubble_fraction: float
+    memory_bytes: tuple[int, ...]
+    measured_step_ms: float | None = None
+
+
+def compare(
+    profile: Profile,
+    plans: Mapping[str, Plan],
+    measured_ms: Mapping[str, float] | None = None,
+) -> tuple[ComparisonRow, ...]:
+    """Rows comparing ``plans`` (all of ``profile``'s model), in the given order."""
+    if not plans:
+        raise InvalidInputError("nothing to compare: give at least one plan")
+    for name, plan in plans.items():
+        if plan.fingerprint != profile.fingerprint:
+            raise PlanMismatchError(
+                f"plan {name!r} is for another model ({plan.model}, fingerprint "
+                f"{plan.fingerprint}) than the profile ({profile.model}, {profile.fingerprint})"
+            )
+    best = min(p.predicted_step_ms for p in plans.values())
+    rows = []
+    for name, plan in plans.items():
+        times = [s.compute_ms + s.send_ms for s in plan.stages]
+        slowest = max(range(len(times)), key=lambda s: times[s])
+        rows.append(
+            ComparisonRow(
+                name=name,
+                plan=plan,
+                predicted_step_ms=plan.predicted_step_ms,
+                vs_best=plan.predicted_step_ms / best if best > 0 else 1.0,
+                bottleneck_stage=slowest,
+                bottleneck_ms=times[slowest],
+                bubble_fraction=plan.bubble_fraction,
+                memory_bytes=tuple(s.memory_bytes for s in plan.stages),
+                measured_step_ms=(measured_ms or {}).get(name),
+            )
+        )
+    return tuple(rows)
