@@ -17,6 +17,7 @@ __all__ = [
     "describe_device",
     "default_devices",
     "DEFAULT_LINK_BYTES_PER_S",
+    "measure_link_bandwidth",
 ]
 
 DEFAULT_LINK_BYTES_PER_S = {
@@ -75,3 +76,38 @@ def default_devices(gpus: int) -> tuple[list[torch.device], bool]:
     if torch.cuda.device_count() >= gpus:
         return [torch.device("cuda", i) for i in range(gpus)], False
     return [torch.device("cpu") for _ in range(gpus)], True
+
+
+def measure_link_bandwidth(
+    src: str | torch.device, dst: str | torch.device, nbytes: int = 64 * 2**20, repeats: int = 5
+) -> float:
+    """Measured copy bandwidth from ``src`` to ``dst`` in bytes/s (median of ``repeats``).
+
+    Between two GPUs this is a peer-to-peer (or staged) device copy timed with CUDA events;
+    between CPU workers in one process it is a memory copy, the cost of handing a tensor from
+    one worker to the other.
+    """
+    import statistics
+    import time
+
+    a, b = resolve_device(src), resolve_device(dst)
+    if nbytes < 1 or repeats < 1:
+        raise InvalidInputError(f"need nbytes ≥ 1 and repeats ≥ 1, got {nbytes} and {repeats}")
+    source = torch.empty(nbytes, dtype=torch.uint8, device=a)
+    target = torch.empty(nbytes, dtype=torch.uint8, device=b)
+    target.copy_(source)  # warm-up (and P2P enablement)
+    seconds = []
+    for _ in range(repeats):
+        if a.type == "cuda" or b.type == "cuda":
+            start_evt = torch.cuda.Event(enable_timing=True)
+            end_evt = torch.cuda.Event(enable_timing=True)
+            start_evt.record()
+            target.copy_(source, non_blocking=True)
+            end_evt.record()
+            end_evt.synchronize()
+            seconds.append(start_evt.elapsed_time(end_evt) / 1000.0)
+        else:
+            t0 = time.perf_counter()
+            target.copy_(source)
+            seconds.append(time.perf_counter() - t0)
+    return nbytes / max(statistics.median(seconds), 1e-9)

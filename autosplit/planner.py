@@ -303,6 +303,10 @@ def _assemble(
                 device=settings.devices[s],
                 blocks=names[first:end],
                 compute_ms=math.fsum(problem.costs[s][first:end]),
+                forward_ms=math.fsum(
+                    blk.fwd_ms[settings.profiles[s].size_index(b)] / settings.speeds[s]
+                    for blk in settings.profiles[s].blocks[first:end]
+                ),
                 send_bytes=int(send),
                 send_ms=0.0 if last else problem.comm[end - 1],
                 memory_bytes=int(held),

@@ -223,6 +223,7 @@ def profile_graph(
                 fwd_ms=tuple(measured[b].fwd_ms[i] for b in order),
                 bwd_ms=tuple(measured[b].bwd_ms[i] for b in order),
                 saved_bytes=tuple(measured[b].saved_bytes[i] for b in order),
+                saved_shared_bytes=tuple(measured[b].shared_bytes[i] for b in order),
                 output_bytes=tuple(measured[b].output_bytes[i] for b in order),
                 peak_bytes=tuple(measured[b].peak_bytes[i] for b in order)
                 if dev.type == "cuda" else None,
@@ -258,6 +259,7 @@ class _SizeResult:
         self.fwd_ms = [0.0] * n
         self.bwd_ms = [0.0] * n
         self.saved_bytes = [0] * n
+        self.shared_bytes = [0] * n
         self.output_bytes = [0] * n
         self.peak_bytes = [0] * n
         self.cut_bytes = [0] * cuts
@@ -319,36 +321,37 @@ def _measure_size(
     param_storages = {
         p.untyped_storage().data_ptr() for p in graph.module.parameters()
     }
+    saved_before: set[int] = set()  # storages saved by earlier blocks, recorded on run 0
     for i, seg in enumerate(segments):
         fwd, bwd = [], []
-        saved = 0
         peak = 0
-        outputs: tuple[Any, ...] = ()
+        storages: dict[int, int] = {}
+        kept: tuple[Any, ...] = ()
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in param_storages:
+                storages[ptr] = t.untyped_storage().nbytes()
+            return t
+
         for run in range(warmup + repeats):
             args = _leaf_inputs([env[name] for name in seg.inputs])
-            timed = run >= warmup
-            record = run == 0  # count saved tensors on the first (possibly untimed) run
             if cuda:
                 torch.cuda.synchronize(dev)
                 base = torch.cuda.memory_allocated(dev)
                 torch.cuda.reset_peak_memory_stats(dev)
-            storages: dict[int, int] = {}
-            if record:
-                def pack(t: torch.Tensor) -> torch.Tensor:
-                    ptr = t.untyped_storage().data_ptr()
-                    if ptr not in param_storages:
-                        storages[ptr] = t.untyped_storage().nbytes()
-                    return t
-
-                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                    t0 = _clock(dev)
-                    outputs = seg.module(*args)
-                    t1 = _clock(dev)
-                saved = sum(storages.values())
-            else:
+            # run 0 counts the tensors saved for backward; its outputs feed the next block, so
+            # storages shared across blocks are recognised by address while they are alive
+            hooks = (
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+                if run == 0 else contextlib.nullcontext()
+            )
+            with hooks:
                 t0 = _clock(dev)
                 outputs = seg.module(*args)
                 t1 = _clock(dev)
+            if run == 0:
+                kept = outputs
             grads_for = [t for t in _tensors(outputs) if t.requires_grad]
             t2 = _clock(dev)
             if grads_for:
@@ -356,15 +359,22 @@ def _measure_size(
             t3 = _clock(dev)
             if cuda:
                 peak = max(peak, torch.cuda.max_memory_allocated(dev) - base)
-            if timed:
+            if run >= warmup:
                 fwd.append(_elapsed_ms(t0, t1, dev))
                 bwd.append(_elapsed_ms(t2, t3, dev) if grads_for else 0.0)
+        inputs_here = {
+            v.untyped_storage().data_ptr()
+            for v in (env[name] for name in seg.inputs) if isinstance(v, torch.Tensor)
+        }
+        shared = sum(n for ptr, n in storages.items() if ptr in inputs_here and ptr in saved_before)
+        saved_before.update(storages)
         result.fwd_ms[i] = statistics.median(fwd)
         result.bwd_ms[i] = statistics.median(bwd)
-        result.saved_bytes[i] = saved
-        result.output_bytes[i] = _nbytes(outputs)
+        result.saved_bytes[i] = sum(storages.values()) - shared
+        result.shared_bytes[i] = shared
+        result.output_bytes[i] = _nbytes(kept)
         result.peak_bytes[i] = int(peak)
-        for name, value in zip(seg.outputs, outputs):
+        for name, value in zip(seg.outputs, kept):
             env[name] = value.detach() if isinstance(value, torch.Tensor) else value
         done(i)
     for cut in graph.cuts:

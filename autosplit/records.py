@@ -76,10 +76,14 @@ class BlockProfile:
         fwd_ms: forward time of one micro-batch, median of repeats.
         bwd_ms: backward time of one micro-batch, median of repeats.
         saved_bytes: bytes kept alive for backward per micro-batch (deduplicated by storage,
-            parameters excluded).
+            parameters excluded, and without inputs that the block producing them already
+            keeps: summed over consecutive blocks, it is what the whole run keeps).
         output_bytes: bytes of the block's outputs per micro-batch.
         peak_bytes: on CUDA, the measured peak allocation above the resting level during the
             block's forward and backward; ``None`` elsewhere.
+        saved_shared_bytes: bytes of this block's inputs that it keeps for backward and that
+            the block producing them keeps too; a stage whose first block this is holds them
+            again (its received copy). ``None`` means zero.
     """
 
     name: str
@@ -90,6 +94,7 @@ class BlockProfile:
     saved_bytes: tuple[int, ...]
     output_bytes: tuple[int, ...]
     peak_bytes: tuple[int, ...] | None = None
+    saved_shared_bytes: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +208,7 @@ class Stage:
         device: where it runs, e.g. ``"cuda:1"`` or ``"cpu"``.
         blocks: names of its blocks, in order.
         compute_ms: forward + backward time of one micro-batch on this stage.
+        forward_ms: the forward part of ``compute_ms``.
         send_bytes: bytes sent forward to the next stage per micro-batch (the same amount of
             gradient comes back); 0 for the last stage.
         send_ms: transfer time of one micro-batch across the outgoing cut, forward and backward.
@@ -213,6 +219,7 @@ class Stage:
     device: str
     blocks: tuple[str, ...]
     compute_ms: float
+    forward_ms: float
     send_bytes: int
     send_ms: float
     memory_bytes: int
