@@ -27,20 +27,21 @@ Schedules (device order of ops):
   stages, but stage s holds at most ``min(m, p - s)`` micro-batches' activations instead of m.
 
 Since every device's order is fixed, the simulation is exact: each op's start time is
-``max(device free, inputs ready)``, evaluated in dependency order (an event loop that always
-advances the op whose inputs are known). Ties are impossible to get wrong: times do not depend
-on the order in which independent devices are advanced.
+``max(device free, inputs ready)``, evaluated in dependency order (an event loop that advances
+each device while the inputs of its next op are known). The result does not depend on the order
+in which independent devices are advanced, so there are no ties to break.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 from autosplit.errors import InvalidInputError
 
-__all__ = ["Event", "SimResult", "simulate", "schedule_order", "SCHEDULES"]
+__all__ = ["SCHEDULES", "Event", "SimResult", "schedule_order", "simulate"]
 
 SCHEDULES = ("gpipe", "1f1b")
 """Schedule names :func:`simulate` understands."""

@@ -21,7 +21,7 @@ Constraints (each named, so ``prob.writeLP("partition.lp")`` reads like this lis
   i's stage unless a cut after block i moves it to the next stage. With the assignment rows this
   makes the stage index a staircase from 0 to p-1 that rises by one at each cut: stages are
   contiguous, in order and (because every stage but the last must be left once) non-empty.
-* ``cut_b{i}_s{s}_leaves_own_stage``: cut[i][s] ≤ on[i][s], only the stage holding block i can
+* ``cut_b{i}_s{s}_needs_b{i}_on_s{s}``: cut[i][s] ≤ on[i][s], only the stage holding block i can
   cut after it.
 * ``stage{s}_cuts_once``: Σ_i cut[i][s] = 1 for s < p-1 (implied, but tightens the relaxation).
 * ``time_stage{s}``: Σ_i costs[s][i]·on[i][s] + Σ_i comm[i]·cut[i][s] ≤ T.
@@ -33,11 +33,13 @@ without the time rows is integral and CBC closes small instances at the root.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -84,6 +86,17 @@ def _cut(i: int, s: int) -> str:
     return f"cut_b{i}_s{s}"
 
 
+def _variable(
+    prob: pulp.LpProblem, name: str, cat: str, low: float | None = None
+) -> pulp.LpVariable:
+    """A variable of ``prob``: PuLP ≥ 3.3 wants ``prob.add_variable``, older ones the class."""
+    import pulp
+
+    if hasattr(prob, "add_variable"):
+        return prob.add_variable(name, lowBound=low, cat=cat)
+    return pulp.LpVariable(name, lowBound=low, cat=cat)
+
+
 def build_milp(problem: PartitionProblem) -> pulp.LpProblem:
     """The MILP of ``problem`` (see the module docstring for its variables and constraints).
 
@@ -101,17 +114,17 @@ def build_milp(problem: PartitionProblem) -> pulp.LpProblem:
     slack = n - p  # how far past its own index a stage's first block may start
     prob = pulp.LpProblem("autosplit_partition", pulp.LpMinimize)
     on = {
-        (i, s): pulp.LpVariable(_on(i, s), cat=pulp.LpBinary)
+        (i, s): _variable(prob, _on(i, s), pulp.LpBinary)
         for s in range(p)
         for i in range(s, s + slack + 1)
     }
     # cut after block i from stage s to s+1: block i on s and block i+1 on s+1.
     cut = {
-        (i, s): pulp.LpVariable(_cut(i, s), cat=pulp.LpBinary)
+        (i, s): _variable(prob, _cut(i, s), pulp.LpBinary)
         for s in range(p - 1)
         for i in range(s, s + slack + 1)
     }
-    bottleneck = pulp.LpVariable("bottleneck", lowBound=0)
+    bottleneck = _variable(prob, "bottleneck", pulp.LpContinuous, low=0.0)
     prob += bottleneck, "max_stage_time"
 
     for i in range(n):
@@ -126,7 +139,7 @@ def build_milp(problem: PartitionProblem) -> pulp.LpProblem:
             if any(key in table for table, key, _ in terms):
                 prob += expr == 0, f"flow_b{i}_s{s}"
     for (i, s), var in cut.items():
-        prob += var <= on[i, s], f"cut_b{i}_s{s}_leaves_own_stage"
+        prob += var <= on[i, s], f"cut_b{i}_s{s}_needs_b{i}_on_s{s}"
     for s in range(p - 1):
         prob += (
             pulp.lpSum(var for (_, t), var in cut.items() if t == s) == 1,
@@ -148,7 +161,12 @@ def _solver(name: str, time_limit_s: float | None, log_path: str) -> pulp.LpSolv
 
     available = pulp.listSolvers(onlyAvailable=True)
     if name == "cbc":
-        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0, logPath=log_path)
+        with warnings.catch_warnings():
+            # PuLP 3.3 warns that PuLP 4 drops the bundled CBC; pyproject pins pulp < 4.
+            warnings.filterwarnings("ignore", "PULP_CBC_CMD is deprecated", DeprecationWarning)
+            return pulp.PULP_CBC_CMD(
+                msg=False, timeLimit=time_limit_s, gapRel=0.0, logPath=log_path
+            )
     if name == "highs":
         if "HiGHS" in available:
             return pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=0.0)
@@ -192,9 +210,11 @@ def _balance(prob: pulp.LpProblem, problem: PartitionProblem) -> tuple[int, ...]
         if len(held) != 1:
             raise AutosplitError(f"the MILP solver put block {i} on stages {held}: use solve_dp")
         stages.append(held[0])
-    steps = [b - a for a, b in zip(stages, stages[1:])]
+    steps = [b - a for a, b in itertools.pairwise(stages)]
     if stages[0] != 0 or stages[-1] != problem.p - 1 or any(d not in (0, 1) for d in steps):
-        raise AutosplitError(f"the MILP solver returned a non-contiguous split {stages}: use solve_dp")
+        raise AutosplitError(
+            f"the MILP solver returned a non-contiguous split {stages}: use solve_dp"
+        )
     return tuple(stages.count(s) for s in range(problem.p))
 
 
@@ -224,6 +244,10 @@ def solve_milp(
             (``status="feasible"`` with the remaining ``gap``); ``None`` runs to optimality.
         solver: ``"cbc"`` (PuLP's bundled CBC) or ``"highs"`` (needs ``highspy``).
 
+    Among several optimal balances the solver picks one (not necessarily the DP's
+    earliest-cut choice); the optimum value is the same. Much slower than the DP beyond a few
+    dozen blocks: a min-max objective has a weak LP relaxation.
+
     Raises:
         InvalidInputError: unknown or unavailable solver, or a bad time limit.
         InfeasiblePlanError: no partition fits the capacities; carries the smallest per-device
@@ -232,16 +256,15 @@ def solve_milp(
     """
     import pulp
 
-    if time_limit_s is not None:
-        if (
-            isinstance(time_limit_s, bool)
-            or not isinstance(time_limit_s, (int, float))
-            or not math.isfinite(time_limit_s)
-            or time_limit_s <= 0
-        ):
-            raise InvalidInputError(
-                f"time_limit_s must be a positive number of seconds or None, got {time_limit_s!r}"
-            )
+    if time_limit_s is not None and (
+        isinstance(time_limit_s, bool)
+        or not isinstance(time_limit_s, (int, float))
+        or not math.isfinite(time_limit_s)
+        or time_limit_s <= 0
+    ):
+        raise InvalidInputError(
+            f"time_limit_s must be a positive number of seconds or None, got {time_limit_s!r}"
+        )
     prob = build_milp(problem)
     with tempfile.TemporaryDirectory(prefix="autosplit-milp-") as tmp:
         log_path = os.path.join(tmp, "solver.log")
