@@ -98,9 +98,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe", help="pipeline schedule (default gpipe)")
     p.add_argument("--optimizer", default="sgd", help="optimizer assumed by the memory model: sgd, sgd-momentum, adam … (default sgd)")
     p.add_argument("--split-size", type=_positive_int, metavar="K", help="fix the micro-batch size instead of choosing it")
+    p.add_argument("--solver", choices=("dp", "milp"), default="dp", help="exact dynamic program (default) or the PuLP MILP (same optimum, slower)")
+    p.add_argument("--bandwidth", metavar="BYTES_PER_S", help="link bandwidth between stages, e.g. 16GB (per second); default measured-free figures: see autosplit.devices")
     p.add_argument("-o", "--output", default="plan.json", help="where to write the plan (default plan.json)")
     p.add_argument("--emit", metavar="FILE.py", help="also write the pipelined model as readable Python")
+    p.add_argument("--plot", metavar="FILE.png", help="also draw the schedule timeline, time per stage and memory per device")
     p.set_defaults(run=_cmd_plan)
+
+    p = sub.add_parser("compare", help="autosplit's plan beside a hand-written split and the peers' heuristics",
+                       description="Predicted step time and memory of autosplit's plan, a hand-written split (default: the model file's MANUAL_SPLIT, e.g. the tutorial's for examples/resnet50.py) and the baselines (uniform, by parameters, torchgpipe-style), all scored by the same cost model.")
+    _add_model_arguments(p)
+    _add_profile_arguments(p)
+    p.add_argument("--gpus", type=_positive_int, required=True, metavar="N", help="number of devices (pipeline stages)")
+    p.add_argument("--profile", metavar="profile.json", help="use this profile instead of measuring")
+    p.add_argument("--manual", action="append", metavar="BLOCK", help="first block (or module, e.g. layer3) of each stage after the first; repeat for more stages")
+    p.add_argument("--manual-split-size", type=_positive_int, metavar="K", help="micro-batch size of the hand-written split")
+    p.add_argument("--memory", metavar="SIZE", help="memory per device, e.g. 16GiB")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe", help="pipeline schedule (default gpipe)")
+    p.add_argument("--optimizer", default="sgd", help="optimizer assumed by the memory model (default sgd)")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the plans' predicted step times side by side")
+    p.set_defaults(run=_cmd_compare)
 
     p = sub.add_parser("show", help="print a saved plan", description="Print the stage table of a plan file.")
     p.add_argument("plan", metavar="plan.json")
@@ -112,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _console() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+    # a pipe or a file gets wide lines rather than a table wrapped at 80 columns
+    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 140)
 
 
 def _err_console() -> Console:
@@ -163,7 +181,8 @@ def _device_note(console: Console, gpus: int, device: str | None) -> None:
         )
 
 
-def _measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, console: Console) -> Profile:
+def _measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, console: Console,
+             include: int | None = None) -> Profile:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from autosplit.profiler import check_inputs, profile_graph
@@ -189,6 +208,7 @@ def _measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, con
             inputs,
             device=args.device,
             microbatch_sizes=args.microbatch_sizes,
+            include=[include] if include and include <= int(inputs[0].shape[0]) else [],
             stages=stages,
             repeats=args.repeats,
             threads=args.threads,
@@ -215,15 +235,14 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_plan(args: argparse.Namespace) -> int:
-    from autosplit.graph import trace
-    from autosplit.planner import plan as make_plan
-    from autosplit.report import print_plan
-    from autosplit.units import parse_bytes
+def _profile_for(args: argparse.Namespace, source: Any, model: Any, inputs: Any, console: Console,
+                 must_measure: int | None = None) -> Profile:
+    """The profile to plan from: ``--profile`` (checked against the model) or a measurement.
 
-    console = _console()
-    memory = parse_bytes(args.memory) if args.memory is not None else None  # fail fast
-    source, model, inputs = _load(args)
+    ``must_measure`` is a micro-batch size the measurement has to include (a hand split's).
+    """
+    from autosplit.graph import trace
+
     if args.profile:
         prof = Profile.load(args.profile)
         fingerprint = trace(model).fingerprint
@@ -232,34 +251,112 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                 f"profile {args.profile!r} was made for another model ({prof.model}, fingerprint "
                 f"{prof.fingerprint}); {args.model} has fingerprint {fingerprint}: profile it again"
             )
-    else:
-        _device_note(console, args.gpus, args.device)
-        prof = _measure(args, model, inputs, args.gpus, console)
-    batch = args.batch_size or prof.batch_size
-    plan = make_plan(
-        prof,
-        args.gpus,
-        batch_size=batch,
+        return prof
+    _device_note(console, args.gpus, args.device)
+    return _measure(args, model, inputs, args.gpus, console, must_measure)
+
+
+def _manual_reference(prof: Profile, source: Any, args: argparse.Namespace,
+                      kwargs: dict[str, Any]) -> tuple[str, Plan] | None:
+    """The hand-written split of ``--manual`` or the model file, scored; None if there is none."""
+    from autosplit.compare import manual_plan
+
+    points = getattr(args, "manual", None) or source.manual_split
+    if not points:
+        return None
+    if len(points) + 1 != args.gpus:
+        if getattr(args, "manual", None):
+            raise InvalidInputError(
+                f"--manual gives {len(points)} split point(s), i.e. {len(points) + 1} stages, "
+                f"but --gpus is {args.gpus}"
+            )
+        return None  # the model file's split is for another device count
+    size = getattr(args, "manual_split_size", None) or source.manual_split_size
+    if size is not None and size not in prof.microbatch_sizes:
+        size = None  # not measured: give the hand split its best measured size
+    plan = manual_plan(prof, points, size, **kwargs)
+    label = f"hand split (cut at {', '.join(points)}, split {plan.split_size})"
+    return label, plan
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from autosplit.planner import plan as make_plan
+    from autosplit.report import print_plan
+    from autosplit.units import parse_bytes
+
+    console = _console()
+    memory = parse_bytes(args.memory) if args.memory is not None else None  # fail fast
+    bandwidth = parse_bytes(args.bandwidth) if args.bandwidth is not None else None
+    source, model, inputs = _load(args)
+    prof = _profile_for(args, source, model, inputs, console, source.manual_split_size)
+    kwargs: dict[str, Any] = dict(
+        batch_size=args.batch_size or prof.batch_size,
         memory_per_gpu=memory,
         schedule=args.schedule,
         optimizer=args.optimizer,
-        split_size=args.split_size,
+        bandwidth_bytes_per_s=bandwidth,
     )
+    plan = make_plan(prof, args.gpus, split_size=args.split_size, solver=args.solver, **kwargs)
+    reference = _manual_reference(prof, source, args, kwargs)
     code = None
     if args.emit:
         from autosplit.codegen import emit
 
         code = emit(plan, source.ref, model=model)
     console.print()
-    print_plan(console, plan)
-    _write_atomic(args.output, plan.save)
-    written = [args.output]
+    print_plan(console, plan, reference)
+    writes: list[tuple[str, Callable[[Path], None]]] = [(args.output, plan.save)]
     if code is not None:
-        _write_atomic(args.emit, lambda path: path.write_text(code))
-        written.append(args.emit)
+        writes.append((args.emit, lambda path: path.write_text(code)))
+    if args.plot:
+        from autosplit.figures import plan_figure
+
+        writes.append((args.plot, lambda path: plan_figure(plan, path)))
+    for target, write in writes:
+        _write_atomic(target, write)
     console.print()
-    hint = "" if args.emit else " · emit code with --emit pipelined_model.py"
-    console.print(f" wrote {', '.join(written)}{hint}")
+    hints = []
+    if not args.emit:
+        hints.append("emit code with --emit pipelined_model.py")
+    if not args.plot:
+        hints.append("see it with --plot plan.png")
+    console.print(f" wrote {', '.join(t for t, _ in writes)}" + "".join(f" · {h}" for h in hints))
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from autosplit.compare import baseline_plans, compare
+    from autosplit.planner import plan as make_plan
+    from autosplit.report import comparison_table
+    from autosplit.units import parse_bytes
+
+    console = _console()
+    memory = parse_bytes(args.memory) if args.memory is not None else None
+    source, model, inputs = _load(args)
+    size = args.manual_split_size or source.manual_split_size
+    prof = _profile_for(args, source, model, inputs, console, size)
+    kwargs: dict[str, Any] = dict(
+        batch_size=args.batch_size or prof.batch_size,
+        memory_per_gpu=memory,
+        schedule=args.schedule,
+        optimizer=args.optimizer,
+    )
+    plans = {"autosplit": make_plan(prof, args.gpus, **kwargs)}
+    reference = _manual_reference(prof, source, args, kwargs)
+    if reference is not None:
+        plans["hand split"] = reference[1]
+    plans.update(baseline_plans(prof, args.gpus, **kwargs))
+    rows = compare(prof, plans)
+    console.print()
+    console.print(comparison_table([(r.name, r.plan, r.measured_step_ms) for r in rows]))
+    console.print()
+    console.print(f" all predicted by one cost model from the profile ({prof.describe()})")
+    if args.plot:
+        from autosplit.figures import comparison_figure
+
+        title = f"{prof.model} on {args.gpus} devices, batch {kwargs['batch_size']}: predicted step time"
+        _write_atomic(args.plot, lambda path: comparison_figure(rows, path, title))
+        console.print(f" wrote {args.plot}")
     return 0
 
 

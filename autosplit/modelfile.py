@@ -41,6 +41,9 @@ class ModelFile:
         factory: builds a fresh model (for a module-level ``model``, returns that object).
         inputs: ``example_inputs(batch_size)`` when the file defines it, else ``None``.
         default_batch_size: ``example_inputs``' default batch size, when it has one.
+        manual_split: the file's hand-written split, ``MANUAL_SPLIT`` (first block or module of
+            every stage after the first, e.g. ``["layer3"]``), or ``None``.
+        manual_split_size: ``MANUAL_SPLIT_SIZE``, the hand-written split's micro-batch size.
     """
 
     path: Path | None
@@ -49,6 +52,8 @@ class ModelFile:
     factory: Callable[[], Any]
     inputs: Callable[..., Any] | None
     default_batch_size: int | None
+    manual_split: tuple[str, ...] | None = None
+    manual_split_size: int | None = None
 
     def build(self) -> Any:
         """Build the model, turning its errors into one-line :class:`ModelFileError`."""
@@ -155,6 +160,14 @@ def load_model_file(target: str, entry: str | None = None) -> ModelFile:
             default = param.default
     else:
         inputs = None
+    split = getattr(module, "MANUAL_SPLIT", None)
+    split_size = getattr(module, "MANUAL_SPLIT_SIZE", None)
+    if split is not None and (
+        isinstance(split, str) or not all(isinstance(x, str) for x in split)
+    ):
+        raise ModelFileError(f"{shown}: MANUAL_SPLIT must be a list of block names, got {split!r}")
+    if split_size is not None and (not isinstance(split_size, int) or split_size < 1):
+        raise ModelFileError(f"{shown}: MANUAL_SPLIT_SIZE must be a positive integer, got {split_size!r}")
     return ModelFile(
         path=path,
         module_name=module.__name__,
@@ -162,6 +175,8 @@ def load_model_file(target: str, entry: str | None = None) -> ModelFile:
         factory=factory,
         inputs=inputs,
         default_batch_size=default,
+        manual_split=tuple(split) if split is not None else None,
+        manual_split_size=split_size,
     )
 
 

@@ -12,6 +12,7 @@ or its own profile of the same model, and its own memory. Stage s runs on device
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from autosplit.cost import (
 from autosplit.devices import DEFAULT_LINK_BYTES_PER_S
 from autosplit.errors import InfeasiblePlanError, InvalidInputError, PlanMismatchError
 from autosplit.records import Plan, Profile, Stage
+from autosplit.simulate import simulate_plan
 from autosplit.solve import PartitionProblem, evaluate, min_capacity, solve_dp
 from autosplit.units import format_bytes, parse_bytes
 
@@ -135,16 +137,22 @@ def _costs(settings: PlanSettings, profile: Profile, b: int) -> tuple[tuple[floa
     return tuple(rows)
 
 
-def _memory(settings: PlanSettings, profile: Profile, k: int, m: int) -> tuple[tuple[float, ...], ...]:
+def _memory(
+    settings: PlanSettings, profile: Profile, k: int, m: int
+) -> tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]]:
+    """Per-stage memory of each block, and the extra bytes when it is a stage's first block."""
     factor = optimizer_factor(settings.optimizer)
     p = settings.gpus
-    return tuple(
-        tuple(
-            block_memory_bytes(blk, k, factor, in_flight(settings.schedule, m, p, s))
-            for blk in profile.blocks
-        )
+    flights = [in_flight(settings.schedule, m, p, s) for s in range(p)]
+    held = tuple(
+        tuple(block_memory_bytes(blk, k, factor, flights[s]) for blk in profile.blocks)
         for s in range(p)
     )
+    first = tuple(
+        tuple((blk.saved_shared_bytes or (0,) * (k + 1))[k] * flights[s] for blk in profile.blocks)
+        for s in range(p)
+    )
+    return held, first
 
 
 def _transient(profile: Profile, k: int) -> float:
@@ -155,12 +163,12 @@ def _transient(profile: Profile, k: int) -> float:
 def _problem(settings: PlanSettings, profile: Profile, k: int, m: int) -> PartitionProblem:
     b = profile.microbatch_sizes[k]
     comm = tuple(transfer_ms(cut.bytes[k], settings.bandwidth_bytes_per_s) for cut in profile.cuts)
-    memory = capacity = None
+    memory, first = _memory(settings, profile, k, m)
+    capacity = None
     if settings.capacity_bytes is not None:
-        memory = _memory(settings, profile, k, m)
         transient = _transient(profile, k)
         capacity = tuple(max(c - transient, 0.0) for c in settings.capacity_bytes)
-    return PartitionProblem(_costs(settings, profile, b), comm, memory, capacity)
+    return PartitionProblem(_costs(settings, profile, b), comm, memory, capacity, first)
 
 
 def _solve(problem: PartitionProblem, solver: str, time_limit_s: float | None) -> tuple[tuple[int, ...], str]:
@@ -290,13 +298,12 @@ def _assemble(
     p = settings.gpus
     problem = _problem(settings, profile, k, m)
     part = evaluate(problem, balance)
-    memory = _memory(settings, profile, k, m)
     names = profile.block_names
     stages = []
     for s, (first, end) in enumerate(part.bounds):
         last = s == p - 1
         send = 0 if last else profile.cuts[end - 1].bytes[k]
-        held = sum(memory[s][first:end]) + max(blk.output_bytes[k] for blk in profile.blocks[first:end])
+        held = part.stage_memory[s] + max(blk.output_bytes[k] for blk in profile.blocks[first:end])
         stages.append(
             Stage(
                 index=s,
@@ -314,7 +321,7 @@ def _assemble(
         )
     single, _ = single_device_ms(profile, settings.batch_size)
     capacity = settings.capacity_bytes
-    return Plan(
+    plan = Plan(
         model=profile.model,
         fingerprint=profile.fingerprint,
         stages=tuple(stages),
@@ -330,17 +337,12 @@ def _assemble(
         memory_limit_bytes=None if capacity is None else int(min(capacity)),
         optimizer=settings.optimizer,
     )
+    return dataclasses.replace(plan, simulated_step_ms=simulate_plan(plan).step_ms)
 
 
 def _explain(settings: PlanSettings, profile: Profile, k: int, m: int) -> InfeasiblePlanError:
     """Say in bytes and block names what the smallest feasible plan at size index k needs."""
-    problem = PartitionProblem(
-        _costs(settings, profile, profile.microbatch_sizes[k]),
-        (0.0,) * (len(profile.blocks) - 1),
-        _memory(settings, profile, k, m),
-        None,
-    )
-    smallest = min_capacity(problem)
+    smallest = min_capacity(_problem(settings, profile, k, m))
     need = smallest.bottleneck + _transient(profile, k)
     s = max(range(settings.gpus), key=lambda i: smallest.stage_memory[i])
     first, end = smallest.bounds[s]

@@ -95,6 +95,7 @@ def profile(
     repeats: int = 3,
     threads: int = 1,
     budget_s: float | None = 40.0,
+    include: Sequence[int] = (),
     granularity: Granularity = "block",
     leaf_modules: Sequence[type[nn.Module] | str] = (),
     progress: Progress | None = None,
@@ -112,6 +113,7 @@ def profile(
         threads: intra-op threads of the CPU worker during measurement.
         budget_s: seconds after which no further default size is started (the first size is
             always measured; explicitly given sizes are all measured). ``None``: no limit.
+        include: sizes to measure first, whatever the budget (e.g. a hand-written split's).
         granularity: see :func:`autosplit.graph.trace`.
         leaf_modules: see :func:`autosplit.graph.trace`.
         progress: ``progress(done, total, what)`` after each measurement.
@@ -128,6 +130,7 @@ def profile(
         repeats=repeats,
         threads=threads,
         budget_s=budget_s,
+        include=include,
         progress=progress,
     )
 
@@ -143,6 +146,7 @@ def profile_graph(
     repeats: int = 3,
     threads: int = 1,
     budget_s: float | None = 40.0,
+    include: Sequence[int] = (),
     progress: Progress | None = None,
 ) -> Profile:
     """Profile an already traced model (see :func:`profile` for the arguments)."""
@@ -154,6 +158,8 @@ def profile_graph(
         raise InvalidInputError(f"threads must be at least 1, got {threads}")
     explicit = microbatch_sizes is not None
     sizes = list(microbatch_sizes) if explicit else default_microbatch_sizes(batch, stages)
+    first = list(include)
+    sizes = list(dict.fromkeys([*first, *sizes]))
     for b in sizes:
         if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= batch:
             raise InvalidInputError(
@@ -178,7 +184,7 @@ def profile_graph(
             total = len(sizes) * len(segments)
             for k, b in enumerate(sizes):
                 elapsed = time.perf_counter() - start
-                if not explicit and k > 0 and budget_s is not None and measured:
+                if not explicit and k >= max(len(first), 1) and budget_s is not None and measured:
                     per_sample = elapsed / sum(measured)  # seconds per sample measured so far
                     if elapsed + per_sample * b > budget_s:
                         break

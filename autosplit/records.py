@@ -244,6 +244,9 @@ class Plan:
         profile: one line on the profile the predictions come from.
         memory_limit_bytes: per-device memory limit the plan respects, ``None`` for none.
         optimizer: the optimizer assumed by the memory model.
+        simulated_step_ms: the step time of the event simulation of the schedule (forward and
+            backward placed op by op; transfers delay the receiver), beside the closed form
+            ``predicted_step_ms`` the solver minimises.
     """
 
     model: str
@@ -260,6 +263,7 @@ class Plan:
     profile: str
     memory_limit_bytes: int | None = None
     optimizer: str = "sgd"
+    simulated_step_ms: float = 0.0
 
     @property
     def balance(self) -> tuple[int, ...]:
@@ -317,7 +321,8 @@ class Plan:
             f"batch {self.batch_size} → {self.microbatches} micro-batch"
             f"{'es' if self.microbatches != 1 else ''} of {self.split_size} "
             f"(chosen from {', '.join(map(str, self.candidates))}) · schedule {self.schedule}",
-            f"predicted step {format_ms(self.predicted_step_ms)} · bubble "
+            f"predicted step {format_ms(self.predicted_step_ms)} (schedule simulation "
+            f"{format_ms(self.simulated_step_ms)}) · bubble "
             f"{self.bubble_fraction:.0%} · speed-up over one device ×{self.speedup:.2f} "
             f"(ideal ×{p:.2f})",
         ]

@@ -61,8 +61,9 @@ def print_plan(console: Console, plan: Plan, reference: tuple[str, Plan] | None 
 def comparison_table(rows: Sequence[tuple[str, Plan, float | None]]) -> Table:
     """One row per plan: cut points, split, predicted (and measured) step time, memory."""
     best = min(plan.predicted_step_ms for _, plan, _ in rows)
+    measured_any = any(m is not None for _, _, m in rows)
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for name, justify in (
+    columns = [
         ("plan", "left"),
         ("cut before", "left"),
         ("split", "right"),
@@ -71,12 +72,14 @@ def comparison_table(rows: Sequence[tuple[str, Plan, float | None]]) -> Table:
         ("bottleneck", "right"),
         ("bubble", "right"),
         ("max memory", "right"),
-        ("measured step", "right"),
-    ):
+    ]
+    if measured_any:
+        columns.append(("measured step", "right"))
+    for name, justify in columns:
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for label, plan, measured in rows:
         bottleneck = max(s.compute_ms + s.send_ms for s in plan.stages)
-        table.add_row(
+        cells = [
             label,
             ", ".join(plan.split_points) or "–",
             f"{plan.microbatches}×{plan.split_size}",
@@ -85,6 +88,8 @@ def comparison_table(rows: Sequence[tuple[str, Plan, float | None]]) -> Table:
             format_ms(bottleneck),
             f"{plan.bubble_fraction:.0%}",
             format_bytes(max(s.memory_bytes for s in plan.stages)),
-            "–" if measured is None else format_ms(measured),
-        )
+        ]
+        if measured_any:
+            cells.append("–" if measured is None else format_ms(measured))
+        table.add_row(*cells)
     return table

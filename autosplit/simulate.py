@@ -40,8 +40,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from autosplit.errors import InvalidInputError
+from autosplit.records import Plan
 
-__all__ = ["SCHEDULES", "Event", "SimResult", "schedule_order", "simulate"]
+__all__ = ["SCHEDULES", "Event", "SimResult", "schedule_order", "simulate", "simulate_plan"]
 
 SCHEDULES = ("gpipe", "1f1b")
 """Schedule names :func:`simulate` understands."""
@@ -238,4 +239,18 @@ def simulate(
         peak_in_flight=tuple(peaks),
         busy_ms=busy,
         bubble_fraction=bubble,
+    )
+
+
+def simulate_plan(plan: Plan) -> SimResult:
+    """Simulate one training step of a plan (each stage's transfer split evenly: half for the
+    activations going forward, half for the gradients coming back)."""
+    comm = [s.send_ms / 2 for s in plan.stages[:-1]]
+    return simulate(
+        [s.forward_ms for s in plan.stages],
+        [max(s.compute_ms - s.forward_ms, 0.0) for s in plan.stages],
+        plan.microbatches,
+        plan.schedule,
+        comm,
+        comm,
     )

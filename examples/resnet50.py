@@ -11,6 +11,11 @@ BATCH_SIZE = 120
 IMAGE_SIZE = 128
 NUM_CLASSES = 1000
 
+# The tutorial's hand-written split: seq1 = conv1 … layer2 on one GPU, layer3 … fc on the other,
+# micro-batches of 20. `autosplit plan` and `autosplit compare` show autosplit's plan beside it.
+MANUAL_SPLIT = ["layer3"]
+MANUAL_SPLIT_SIZE = 20
+
 
 def build_model() -> torch.nn.Module:
     """A freshly initialised ResNet50 (no weights are downloaded)."""

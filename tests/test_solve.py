@@ -141,3 +141,37 @@ def test_large_instance_is_fast_enough_to_use() -> None:
     bal = balance(costs, 8, comm=[0.5] * 399)
     assert sum(bal) == 400 and len(bal) == 8
     assert time.perf_counter() - start < 60
+
+
+@st.composite
+def problems_with_first_block_memory(draw):
+    from autosplit.solve import PartitionProblem
+
+    n = draw(st.integers(1, 7))
+    p = draw(st.integers(1, min(n, 3)))
+    rows = lambda: tuple(  # noqa: E731
+        tuple(draw(st.lists(st.integers(0, 20), min_size=n, max_size=n))) for _ in range(p)
+    )
+    costs, memory, first = rows(), rows(), rows()
+    comm = tuple(draw(st.lists(st.integers(0, 20), min_size=n - 1, max_size=n - 1)))
+    capacity = tuple(draw(st.lists(st.integers(0, 120), min_size=p, max_size=p)))
+    return PartitionProblem(costs, comm, memory, capacity, first)
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems_with_first_block_memory())
+def test_first_block_memory_dp_equals_brute_force_and_milp(problem) -> None:
+    from autosplit.solve import evaluate, min_capacity, solve_dp, solve_milp
+
+    scored = [evaluate(problem, b) for b in compositions(problem.n, problem.p)]
+    feasible = [s for s in scored
+                if all(m <= c for m, c in zip(s.stage_memory, problem.capacity))]
+    smallest = min(max(s.stage_memory) for s in scored)
+    assert min_capacity(problem).bottleneck == smallest
+    if not feasible:
+        with pytest.raises(InfeasiblePlanError):
+            solve_dp(problem)
+        return
+    best = min(s.bottleneck for s in feasible)
+    assert solve_dp(problem).bottleneck == best
+    assert solve_milp(problem).partition.bottleneck == best

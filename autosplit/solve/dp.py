@@ -12,7 +12,7 @@ stages takes a fraction of a second. Ties break towards the smallest i (determin
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -28,27 +28,27 @@ def _prefix(row: Sequence[float]) -> np.ndarray:
     return out
 
 
-def _solve(problem: PartitionProblem, use_memory: bool) -> tuple[int, ...] | None:
-    n, p = problem.n, problem.p
-    comm = np.append(np.asarray(problem.comm, dtype=np.float64), 0.0)  # comm[n-1] = 0: no cut
+StageValue = Callable[[int, int, np.ndarray], np.ndarray]
+"""``value(s, j, starts)``: a stage quantity of stage s ending before block j, per start."""
+
+
+def _minmax(p: int, n: int, value: StageValue, held: StageValue | None = None,
+            capacity: Sequence[float] | None = None) -> tuple[int, ...] | None:
+    """Balance minimising max over stages of ``value`` with ``held`` ≤ ``capacity`` per stage."""
     prev = np.full(n + 1, np.inf)
     prev[0] = 0.0
     choice = np.zeros((p + 1, n + 1), dtype=np.int64)
     for k in range(1, p + 1):
-        cost = _prefix(problem.costs[k - 1])
-        mem = _prefix(problem.memory[k - 1]) if use_memory and problem.memory else None
-        cap = problem.capacity[k - 1] if use_memory and problem.capacity else None
         cur = np.full(n + 1, np.inf)
-        last = k == p
-        ends = range(n, n + 1) if last else range(k, n - (p - k) + 1)
+        ends = range(n, n + 1) if k == p else range(k, n - (p - k) + 1)
         for j in ends:
             starts = np.arange(k - 1, j)
-            stage = cost[j] - cost[starts] + (0.0 if last else comm[j - 1])
-            value = np.maximum(prev[starts], stage)
-            if mem is not None and cap is not None:
-                value = np.where(mem[j] - mem[starts] <= cap * (1 + 1e-12), value, np.inf)
-            best = int(np.argmin(value))
-            cur[j] = value[best]
+            best_here = np.maximum(prev[starts], value(k - 1, j, starts))
+            if held is not None and capacity is not None:
+                fits = held(k - 1, j, starts) <= capacity[k - 1] * (1 + 1e-12)
+                best_here = np.where(fits, best_here, np.inf)
+            best = int(np.argmin(best_here))  # first minimum: ties break towards smaller i
+            cur[j] = best_here[best]
             choice[k, j] = starts[best]
         prev = cur
     if not np.isfinite(prev[n]):
@@ -61,17 +61,43 @@ def _solve(problem: PartitionProblem, use_memory: bool) -> tuple[int, ...] | Non
     return tuple(reversed(balance))
 
 
+def _stage_time(problem: PartitionProblem) -> StageValue:
+    cost = [_prefix(row) for row in problem.costs]
+    comm = np.append(np.asarray(problem.comm, dtype=np.float64), 0.0)  # comm[n-1] = 0: no cut
+    last = problem.p - 1
+    return lambda s, j, starts: cost[s][j] - cost[s][starts] + (0.0 if s == last else comm[j - 1])
+
+
+def _stage_memory(problem: PartitionProblem) -> StageValue:
+    assert problem.memory is not None
+    mem = [_prefix(row) for row in problem.memory]
+    if problem.memory_first is None:
+        return lambda s, j, starts: mem[s][j] - mem[s][starts]
+    first = [np.asarray(row, dtype=np.float64) for row in problem.memory_first]
+    return lambda s, j, starts: mem[s][j] - mem[s][starts] + first[s][starts]
+
+
+def _solve(problem: PartitionProblem, use_memory: bool) -> tuple[int, ...] | None:
+    limited = use_memory and problem.memory is not None and problem.capacity is not None
+    return _minmax(
+        problem.p, problem.n, _stage_time(problem),
+        _stage_memory(problem) if limited else None,
+        problem.capacity if limited else None,
+    )
+
+
 def min_capacity(problem: PartitionProblem) -> Partition:
     """The partition whose largest stage memory is smallest (ignoring time).
 
-    Its ``bottleneck`` is that smallest possible per-device memory, in bytes.
+    Its ``bottleneck`` and ``stage_times`` are stage memories (bytes): ``bottleneck`` is the
+    smallest per-device memory with which any partition exists.
     """
     if problem.memory is None:
         raise InvalidInputError("min_capacity needs a problem with memory")
-    mem_problem = PartitionProblem(problem.memory, (0.0,) * (problem.n - 1))
-    found = _solve(mem_problem, use_memory=False)
+    found = _minmax(problem.p, problem.n, _stage_memory(problem))
     assert found is not None
-    return evaluate(mem_problem, found)
+    part = evaluate(problem, found)
+    return Partition(part.balance, part.stage_memory, part.stage_memory, max(part.stage_memory))
 
 
 def solve_dp(problem: PartitionProblem) -> Partition:

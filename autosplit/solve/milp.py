@@ -25,7 +25,8 @@ Constraints (each named, so ``prob.writeLP("partition.lp")`` reads like this lis
   cut after it.
 * ``stage{s}_cuts_once``: Σ_i cut[i][s] = 1 for s < p-1 (implied, but tightens the relaxation).
 * ``time_stage{s}``: Σ_i costs[s][i]·on[i][s] + Σ_i comm[i]·cut[i][s] ≤ T.
-* ``memory_stage{s}``: Σ_i memory[s][i]·on[i][s] ≤ capacity[s] (only with memory limits).
+* ``memory_stage{s}``: Σ_i memory[s][i]·on[i][s] + the first block's ``memory_first[s][i]``
+  (through the cut variables) ≤ capacity[s] (only with memory limits).
 
 The flow rows form a shortest-path structure over a (block × stage) grid, so the LP relaxation
 without the time rows is integral and CBC closes small instances at the root.
@@ -152,6 +153,13 @@ def build_milp(problem: PartitionProblem) -> pulp.LpProblem:
     if problem.memory is not None and problem.capacity is not None:
         for s in range(p):
             held = pulp.lpSum(problem.memory[s][i] * var for (i, t), var in on.items() if t == s)
+            if problem.memory_first is not None:
+                # block i starts stage s > 0 exactly when the cut after block i-1 leaves s-1
+                starts = [problem.memory_first[s][i + 1] * var
+                          for (i, t), var in cut.items() if t == s - 1]
+                if s == 0:
+                    starts.append(problem.memory_first[0][0])
+                held = held + pulp.lpSum(starts)
             prob += held <= problem.capacity[s], f"memory_stage{s}"
     return prob
 

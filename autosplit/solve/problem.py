@@ -6,7 +6,9 @@ contiguous, non-empty range of blocks. A *balance* is the number of blocks per s
 
 Time of stage s = Σ costs[s][i] over its blocks + comm[j] where j is the last block of the stage
 (the cost of sending what crosses the cut after block j); the last stage sends nothing.
-Memory of stage s = Σ memory[s][i] over its blocks, which must not exceed capacity[s].
+Memory of stage s = Σ memory[s][i] over its blocks + memory_first[s][j] for its first block j
+(what a stage holds only because it starts there, e.g. its received copy of a tensor that the
+previous block also keeps), which must not exceed capacity[s].
 Costs are per-device so that heterogeneous devices and stage-dependent memory (1F1B keeps
 p − s micro-batches in flight on stage s) are the same problem.
 """
@@ -40,12 +42,15 @@ class PartitionProblem:
             (``len(comm) == n - 1``), same unit as ``costs``.
         memory: ``memory[s][i]`` bytes block i needs when on stage s, or ``None``.
         capacity: ``capacity[s]`` bytes available on stage s's device, or ``None`` (no limit).
+        memory_first: ``memory_first[s][i]`` extra bytes when block i is the first block of
+            stage s, or ``None`` (zero); only used together with ``memory``.
     """
 
     costs: tuple[tuple[float, ...], ...]
     comm: tuple[float, ...]
     memory: tuple[tuple[float, ...], ...] | None = None
     capacity: tuple[float, ...] | None = None
+    memory_first: tuple[tuple[float, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         p = len(self.costs)
@@ -67,6 +72,11 @@ class PartitionProblem:
         if self.memory is not None:
             if len(self.memory) != p or any(len(row) != n for row in self.memory):
                 raise InvalidInputError("memory must be a p × n table (one row per stage)")
+        if self.memory_first is not None:
+            if self.memory is None:
+                raise InvalidInputError("memory_first needs memory as well")
+            if len(self.memory_first) != p or any(len(row) != n for row in self.memory_first):
+                raise InvalidInputError("memory_first must be a p × n table (one row per stage)")
         if self.capacity is not None and len(self.capacity) != p:
             raise InvalidInputError(f"capacity must have one entry per stage ({p})")
 
@@ -162,6 +172,9 @@ def evaluate(problem: PartitionProblem, balance: Sequence[int]) -> Partition:
         if end < problem.n:
             t += problem.comm[end - 1]
         times.append(t)
-        mems.append(math.fsum(problem.memory[s][start:end]) if problem.memory else 0.0)
+        held = math.fsum(problem.memory[s][start:end]) if problem.memory else 0.0
+        if problem.memory_first is not None:
+            held += problem.memory_first[s][start]
+        mems.append(held)
         start = end
     return Partition(balance, tuple(times), tuple(mems), max(times))
