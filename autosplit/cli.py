@@ -121,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("show", help="print a saved plan", description="Print the stage table of a plan file.")
     p.add_argument("plan", metavar="plan.json")
+    p.add_argument("--model", metavar="MODEL.py", help="check that the plan was made for this model file")
+    p.add_argument("--entry", metavar="FILE_OR_MODULE:CALLABLE", help="another model factory than build_model/model")
+    p.add_argument("--plot", metavar="FILE.png", help="also draw the plan")
     p.set_defaults(run=_cmd_show)
     return parser
 
@@ -364,7 +367,19 @@ def _cmd_show(args: argparse.Namespace) -> int:
     from autosplit.report import print_plan
 
     plan = Plan.load(args.plan)
-    print_plan(_console(), plan)
+    if args.model:
+        from autosplit.graph import trace
+        from autosplit.modelfile import load_model_file
+
+        model = load_model_file(args.model, args.entry).build()
+        plan.check_model(trace(model).fingerprint, args.model)
+    console = _console()
+    print_plan(console, plan)
+    if args.plot:
+        from autosplit.figures import plan_figure
+
+        _write_atomic(args.plot, lambda path: plan_figure(plan, path))
+        console.print(f"\n wrote {args.plot}")
     return 0
 
 
@@ -374,7 +389,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 success, 2 bad input)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error already printed
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE

@@ -1,0 +1,158 @@
+"""The command line: happy paths of every command, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from autosplit import __version__
+from autosplit.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+TOY = str(ROOT / "examples" / "toy.py")
+FAST = ["--microbatch-sizes", "2,4", "--repeats", "1"]
+
+SKIP_MODEL = '''
+import torch
+from torch import nn
+
+class Skip(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+        self.c = nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.c(self.b(h) + h)
+
+def build_model():
+    return Skip()
+
+def example_inputs(batch_size=8):
+    return torch.randn(batch_size, 4)
+'''
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_version_and_help(capsys) -> None:
+    assert main(["--version"]) == 0
+    assert __version__ in capsys.readouterr().out
+    for command in ("profile", "plan", "compare", "show"):
+        assert main([command, "--help"]) == 0
+        assert "usage: autosplit " + command in capsys.readouterr().out
+
+
+def test_profile_then_plan_then_show(tmp_path, capsys) -> None:
+    prof = tmp_path / "profile.json"
+    code, out, err = run(capsys, "profile", TOY, *FAST, "-o", str(prof))
+    assert code == 0, err
+    assert json.loads(prof.read_text())["kind"] == "profile"
+    assert "measured micro-batch sizes 2, 4" in out
+
+    plan = tmp_path / "plan.json"
+    png = tmp_path / "plan.png"
+    code, out, err = run(capsys, "plan", TOY, "--gpus", "2", "--profile", str(prof), "-o", str(plan),
+                         "--plot", str(png), "--schedule", "1f1b", "--memory", "1GiB")
+    assert code == 0, err
+    assert "net1" in out and "net2" in out and "predicted step" in out
+    assert json.loads(plan.read_text())["schedule"] == "1f1b"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    code, out, err = run(capsys, "show", str(plan), "--model", TOY)
+    assert code == 0, err
+    assert "net1" in out and "1f1b" in out
+
+
+def test_plan_profiles_when_no_profile_is_given(tmp_path, capsys) -> None:
+    model = tmp_path / "skip.py"
+    model.write_text(SKIP_MODEL)
+    code, out, err = run(capsys, "plan", str(model), "--gpus", "3", *FAST, "--solver", "milp",
+                         "-o", str(tmp_path / "p.json"))
+    assert code == 0, err
+    assert "profiling on CPU" in out and "solver milp" in out
+    assert len(json.loads((tmp_path / "p.json").read_text())["stages"]) == 3
+
+
+def test_input_shape_instead_of_example_inputs(tmp_path, capsys) -> None:
+    model = tmp_path / "bare.py"
+    model.write_text("import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(5, 5), torch.nn.Linear(5, 1))\n")
+    code, out, err = run(capsys, "plan", str(model), "--gpus", "2", "--input-shape", "5",
+                         "--batch-size", "8", *FAST, "-o", str(tmp_path / "p.json"))
+    assert code == 0, err
+    assert "batch 8" in out
+
+
+def test_compare_shows_every_plan(tmp_path, capsys) -> None:
+    png = tmp_path / "cmp.png"
+    code, out, err = run(capsys, "compare", TOY, "--gpus", "2", "--manual", "net2",
+                         "--manual-split-size", "4", *FAST, "--plot", str(png))
+    assert code == 0, err
+    for name in ("autosplit", "hand split", "uniform", "parameters", "torchgpipe"):
+        assert name in out
+    assert png.stat().st_size > 5000
+
+
+def test_python_dash_m_works(tmp_path) -> None:
+    out = subprocess.run([sys.executable, "-m", "autosplit", "--version"], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == f"autosplit {__version__}"
+
+
+def _one_line_error(capsys, tmp_path, *argv: str, match: str) -> None:
+    before = set(tmp_path.iterdir())
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert match in lines[0], lines[0]
+    assert "Traceback" not in err
+    assert set(tmp_path.iterdir()) == before, "a file was written"
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path, capsys) -> None:
+    raising = tmp_path / "raising.py"
+    raising.write_text("raise RuntimeError('broken on purpose')\n")
+    empty = tmp_path / "empty.py"
+    empty.write_text("x = 1\n")
+    other = tmp_path / "other.py"
+    other.write_text(SKIP_MODEL)
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text("{ this is not json")
+    # a plan for the toy model, to be shown against another model
+    toy_plan = tmp_path / "toy_plan.json"
+    assert main(["plan", TOY, "--gpus", "2", *FAST, "-o", str(toy_plan)]) == 0
+    capsys.readouterr()
+    out = str(tmp_path / "never.json")
+    cases = [
+        (["plan", str(tmp_path / "missing.py"), "--gpus", "2", "-o", out], "does not exist"),
+        (["plan", str(raising), "--gpus", "2", "-o", out], "RuntimeError: broken on purpose"),
+        (["plan", str(empty), "--gpus", "2", "-o", out], "looked for build_model or model"),
+        (["plan", TOY, "--gpus", "2", "--memory", "lots", "-o", out], "cannot read 'lots'"),
+        (["plan", TOY, "--gpus", "0", "-o", out], "must be a positive integer, got 0"),
+        (["plan", TOY, "--gpus", "5", *FAST, "-o", out], "more than the model's 2 blocks"),
+        (["plan", TOY, "--gpus", "2", "--memory", "1KiB", *FAST, "-o", out], "does not fit"),
+        (["show", str(toy_plan), "--model", str(other)], "made for another model"),
+        (["show", str(corrupt)], "not valid JSON"),
+        (["show", str(tmp_path / "nope.json")], "does not exist"),
+        (["plan", TOY, "--gpus", "2", "--profile", str(corrupt), "-o", out], "not valid JSON"),
+        (["compare", TOY, "--gpus", "2", "--manual", "nowhere", *FAST], "unknown split point"),
+        (["plan", TOY, "--gpus", "2", "--entry", "nothing_here", "-o", out], "looked for nothing_here"),
+        (["plan", TOY, "--gpus", "2", "--microbatch-sizes", "0", "-o", out], "positive integers"),
+    ]
+    for argv, match in cases:
+        _one_line_error(capsys, tmp_path, *argv, match=match)
+
+
+def test_no_command_prints_help(capsys) -> None:
+    assert main([]) == 2
+    assert "usage: autosplit" in capsys.readouterr().out
