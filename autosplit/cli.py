@@ -262,7 +262,7 @@ def _profile_for(args: argparse.Namespace, source: Any, model: Any, inputs: Any,
 def _manual_reference(prof: Profile, source: Any, args: argparse.Namespace,
                       kwargs: dict[str, Any]) -> tuple[str, Plan] | None:
     """The hand-written split of ``--manual`` or the model file, scored; None if there is none."""
-    from autosplit.compare import manual_plan
+    from autosplit.comparison import manual_plan
 
     points = getattr(args, "manual", None) or source.manual_split
     if not points:
@@ -328,7 +328,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from autosplit.compare import baseline_plans, compare
+    from autosplit.comparison import baseline_plans, compare
     from autosplit.planner import plan as make_plan
     from autosplit.report import comparison_table
     from autosplit.units import parse_bytes

@@ -654,15 +654,16 @@ class _Writer:
         lines = []
         src = self.source
         if src.path is not None:
-            lines.append(f"MODEL_FILE = {_q(src.given)}  # as given, from the working directory")
-            lines.append(f"MODEL_PATH = {_q(str(src.path))}  # where it was when this was written")
+            lines.append("# The model file where it was when this was written, else as it was given")
+            lines.append(f"MODEL_PATH = {_q(str(src.path))}")
+            lines.append(f"MODEL_FILE = {_q(src.given)}  # from the working directory")
         else:
             lines.append(f"MODEL_MODULE = {_q(src.given)}")
         devices = ", ".join(_q(d) for d in self.devices)
         lines.append(f"DEVICES = ({devices}{',' if len(self.devices) == 1 else ''})")
         lines.append(f"SPLIT_SIZE = {self.plan.split_size}  # micro-batch size")
         count = self.split.parameter_count()
-        lines.append(f"PARAMETERS = {count:_}  # held by the stages: checks the model is the one planned")
+        lines.append(f"PARAMETERS = {count:_}  # held by the stages: a check of the model")
         return "\n".join(lines)
 
     def _loader(self) -> str:
@@ -1057,12 +1058,12 @@ class _Writer:
         per_mb = fmt(structure)
         single = isinstance(structure, fx.Node) and self._is_tensor(structure)
         lines = ["        last = self.devices[-1]"] if moved else []
-        if single:
-            lines += _call_lines(8, "return torch.cat", [f"[{per_mb} for v in micro]"])
-        else:
-            self.needs_concat = True
-            lines += _call_lines(8, "return concat", [f"[{per_mb} for v in micro]"])
-        return lines
+        join = "torch.cat" if single else "concat"
+        self.needs_concat |= not single
+        line = f"        return {join}([{per_mb} for v in micro])"
+        if len(line) <= LINE_LENGTH:
+            return [*lines, line]
+        return [*lines, f"        outputs = [{per_mb} for v in micro]", f"        return {join}(outputs)"]
 
     def _main(self) -> str:
         if not self.source.has_inputs:
@@ -1070,10 +1071,9 @@ class _Writer:
         structure = self.split.output()
         single = isinstance(structure, fx.Node) and self._is_tensor(structure)
         shape = (
-            '    print(f"{type(pipelined).__name__} output: {tuple(output.shape)}")'
+            ["    shape = tuple(output.shape)"]
             if single
-            else '    print(type(pipelined).__name__, "output leaves:", '
-            "[tuple(t.shape) for t in pytree.tree_leaves(output)])"
+            else ["    shape = [tuple(t.shape) for t in pytree.tree_leaves(output)]"]
         )
         return "\n".join([
             'if __name__ == "__main__":',
@@ -1083,5 +1083,6 @@ class _Writer:
             "    inputs = model_module().example_inputs()",
             "    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else inputs",
             "    output = pipelined(*(x.to(pipelined.devices[0]) for x in inputs))",
-            shape,
+            *shape,
+            '    print(f"{type(pipelined).__name__} output: {shape}")',
         ])

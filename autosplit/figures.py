@@ -18,9 +18,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from autosplit.compare import ComparisonRow  # noqa: E402
+from autosplit.comparison import ComparisonRow  # noqa: E402
 from autosplit.records import Plan  # noqa: E402
-from autosplit.simulate import SimResult, simulate_plan  # noqa: E402
+from autosplit.simulator import SimResult, simulate_plan  # noqa: E402
 from autosplit.units import format_bytes, format_ms  # noqa: E402
 
 __all__ = ["plan_figure", "comparison_figure"]

@@ -29,7 +29,7 @@ from autosplit.cost import (
 from autosplit.devices import DEFAULT_LINK_BYTES_PER_S
 from autosplit.errors import InfeasiblePlanError, InvalidInputError, PlanMismatchError
 from autosplit.records import Plan, Profile, Stage
-from autosplit.simulate import simulate_plan
+from autosplit.simulator import simulate_plan
 from autosplit.solve import PartitionProblem, evaluate, min_capacity, solve_dp
 from autosplit.units import format_bytes, parse_bytes
 

@@ -9,7 +9,7 @@ from synthetic import make_profile
 from torch import nn
 
 import autosplit
-from autosplit.compare import baseline_plans, compare, manual_plan
+from autosplit.comparison import baseline_plans, compare, manual_plan
 from autosplit.cost import in_flight, optimizer_factor, step_ms
 from autosplit.devices import measure_link_bandwidth
 from autosplit.errors import InfeasiblePlanError

@@ -1,4 +1,4 @@
-"""Tests of the pipeline schedule simulator (autosplit.simulate).
+"""Tests of the pipeline schedule simulator (autosplit.simulator).
 
 Hand-computed timelines are written as tables, one row per stage, each op as
 ``<kind><micro-batch> start–end`` in ms, in the device's execution order.
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autosplit.errors import InvalidInputError
-from autosplit.simulate import Event, SimResult, schedule_order, simulate
+from autosplit.simulator import Event, SimResult, schedule_order, simulate
 
 
 def timeline(result: SimResult) -> list[list[tuple[str, float, float]]]:
