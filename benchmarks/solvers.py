@@ -15,13 +15,15 @@ real networks), cut costs 0–20 % of a block, memory per block uniform, and a c
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import random
+import sys
 import time
 from pathlib import Path
 
-from autosplit.solve import (
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, describe, machine, write_results  # noqa: E402
+
+from autosplit.solve import (  # noqa: E402
     PartitionProblem,
     block_partition,
     by_parameters,
@@ -31,8 +33,6 @@ from autosplit.solve import (
     solve_milp,
     uniform,
 )
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def make_problem(n: int, p: int, seed: int) -> tuple[PartitionProblem, list[float]]:
@@ -92,7 +92,7 @@ def markdown(rows: list[dict], settings: dict) -> str:
     lines = [
         "# Solver benchmark",
         "",
-        f"Machine: {settings['machine']}; Python {settings['python']}. "
+        f"Machine: {describe(settings['machine'])}. "
         f"MILP: PuLP/CBC with a {settings['milp_limit_s']} s limit. Command: `{settings['command']}`.",
         "",
         "Heuristic columns give the bottleneck stage time relative to the optimum (1.00 = optimal), "
@@ -123,19 +123,16 @@ def main() -> None:
     else:
         sizes, stages, limit, milp_max_n = [20, 100, 1000], [2, 4, 8], args.milp_limit, 1000
     settings = {
-        "machine": f"{platform.machine()} · {platform.processor() or 'cpu'} · {platform.system()}",
-        "python": platform.python_version(),
+        "machine": machine(),
         "milp_limit_s": limit,
         "command": "python benchmarks/solvers.py" + (" --smoke" if args.smoke else ""),
         "sizes": sizes,
         "stages": stages,
     }
     rows = run(sizes, stages, limit, milp_max_n)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = "solvers_smoke" if args.smoke else "solvers"
-    (args.out / f"{stem}.json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=1))
     text = markdown(rows, settings)
-    (args.out / f"{stem}.md").write_text(text)
+    stem = "solvers_smoke" if args.smoke else "solvers"
+    write_results(args.out, stem, {"settings": settings, "rows": rows}, text)
     print(text)
 
 

@@ -1,0 +1,62 @@
+"""What every benchmark shares: a description of the machine, and writing results."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, core count, memory, Python and torch versions, CUDA devices."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory_gib = None
+    try:
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        memory_gib = round(pages / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        pass
+    info: dict[str, Any] = {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": memory_gib,
+        "system": platform.system(),
+        "python": platform.python_version(),
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["cuda_devices"] = [
+            torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())
+        ]
+    except ImportError:
+        pass
+    return info
+
+
+def describe(info: dict[str, Any]) -> str:
+    """One line for a results table's header."""
+    gpus = ", ".join(info.get("cuda_devices") or []) or "no GPU"
+    return (
+        f"{info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, {gpus}; "
+        f"Python {info['python']}, torch {info.get('torch', '–')}"
+    )
+
+
+def write_results(out: Path, stem: str, data: dict[str, Any], markdown: str) -> None:
+    """``out/stem.json`` and ``out/stem.md``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(markdown)
