@@ -23,3 +23,12 @@ def test_solver_benchmark_smoke(tmp_path) -> None:
     assert data["rows"] and all(abs(r["milp_vs_dp"] - 1.0) < 1e-9 for r in data["rows"])
     assert all(r["uniform_vs_optimum"] >= 1.0 for r in data["rows"])
     assert "| n | p |" in (tmp_path / "solvers_smoke.md").read_text()
+
+
+def test_planning_benchmark_smoke(tmp_path) -> None:
+    run_benchmark("planning.py", tmp_path)
+    data = json.loads((tmp_path / "planning_smoke.json").read_text())
+    (row,) = data["rows"]
+    assert row["model"] == "toy" and row["profile_seconds"] > 0
+    assert row["plans"][0]["dp_step_ms"] > 0
+    assert row["plans"][0]["milp_step_ms"] == row["plans"][0]["dp_step_ms"]
