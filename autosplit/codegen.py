@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import itertools
 import json
 import keyword
 import math
 import operator
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,16 +37,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.fx as fx
-from torch import nn
+from torch import fx, nn
 
-from autosplit.errors import AutosplitError, InvalidInputError, PlanMismatchError
+from autosplit.errors import CodegenError, InvalidInputError, PlanMismatchError, TraceError
 from autosplit.graph import BlockGraph, Granularity, trace
 from autosplit.modelfile import MODEL_NAMES, load_model_file
+from autosplit.profiler import check_inputs
 from autosplit.records import Plan
 from autosplit.units import format_bytes, format_ms
 
-__all__ = ["emit", "CodegenError", "LINE_LENGTH"]
+__all__ = ["LINE_LENGTH", "CodegenError", "emit"]
 
 LINE_LENGTH = 88
 """Longest line the generated code aims for (ruff's and black's default)."""
@@ -79,10 +81,6 @@ _NON_TENSOR_FUNCTIONS = {
     torch.split, torch.chunk, torch.unbind, torch.tensor_split, builtins.len, builtins.int,
     builtins.float, builtins.tuple, builtins.list,
 }
-
-
-class CodegenError(AutosplitError):
-    """The model's code cannot be written as the plan's stages; the message says why."""
 
 
 # ------------------------------------------------------------------------------------ public
@@ -132,7 +130,18 @@ def emit(
         model = source.build()
     elif not isinstance(model, nn.Module):
         raise InvalidInputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    graph = trace(model, granularity=granularity, leaf_modules=tuple(leaf_modules))
+    try:
+        graph = trace(model, granularity=granularity, leaf_modules=tuple(leaf_modules))
+    except TraceError:
+        if source.example_inputs is None:
+            raise
+        # torch.fx cannot trace it: the fallback to its children needs example inputs
+        graph = trace(
+            model,
+            granularity=granularity,
+            leaf_modules=tuple(leaf_modules),
+            example_inputs=check_inputs(source.example_inputs(None)),
+        )
     plan.check_model(graph.fingerprint, graph.model_name)
     planned = tuple(name for stage in plan.stages for name in stage.blocks)
     if planned != graph.block_names:
@@ -175,8 +184,8 @@ class _ModelSource:
         attr: the factory (or module-level model) in it.
         is_instance: ``attr`` is a module-level ``nn.Module`` rather than a factory.
         module_name: the name autosplit imported it under (to recognise its functions).
-        has_inputs: it defines ``example_inputs``.
         build: builds the model.
+        example_inputs: ``example_inputs(batch_size)`` when it defines one, else ``None``.
     """
 
     given: str
@@ -184,8 +193,8 @@ class _ModelSource:
     attr: str
     is_instance: bool
     module_name: str
-    has_inputs: bool
     build: Any
+    example_inputs: Any
 
     @classmethod
     def load(cls, model_ref: str) -> _ModelSource:
@@ -207,8 +216,8 @@ class _ModelSource:
             attr=attr,
             is_instance=isinstance(value, nn.Module),
             module_name=loaded.module_name,
-            has_inputs=loaded.inputs is not None,
             build=loaded.build,
+            example_inputs=loaded.example_inputs if loaded.inputs is not None else None,
         )
 
     def build_call(self) -> str:
@@ -229,6 +238,7 @@ class _StageSplit:
         stage: stage of every node; the model's inputs have stage -1.
         names: the variable name of every value in the generated code.
         blocks: the plan's block names per stage.
+        short: a short name for every module and weight the code uses, by path.
     """
 
     model: nn.Module
@@ -236,6 +246,7 @@ class _StageSplit:
     stage: dict[fx.Node, int]
     names: dict[fx.Node, str]
     blocks: list[tuple[str, ...]]
+    short: dict[str, str]
 
     @classmethod
     def build(
@@ -262,7 +273,7 @@ class _StageSplit:
                 raise CodegenError(
                     f"stage {s}'s code covers blocks {sorted(covered)}, but the plan gives it "
                     f"{list(names)}: the coarse trace of {graph.model_name} cannot be matched "
-                    "to its blocks; emit with granularity='layer'"
+                    "to its blocks; run the plan with autosplit.partition(model, plan=plan) instead"
                 )
         for node, s in stage.items():
             for arg in node.all_input_nodes:
@@ -272,11 +283,13 @@ class _StageSplit:
                         f"{stage[arg]}: the coarse graph cannot be matched to the plan's blocks"
                     )
         _fold_sequentials(model, coarse, stage)
-        split = cls(model, coarse, stage, {}, blocks)
+        targets = [str(n.target) for n in coarse.nodes if n.op in ("call_module", "get_attr")]
+        split = cls(model, coarse, stage, {}, blocks, _short_names(model, targets))
         split.names = split._choose_names()
         return split
 
     def _choose_names(self) -> dict[fx.Node, str]:
+        """Value names: a module call is named by its module (``layer3_1``, ``denselayer5``)."""
         taken = set(_GLOBALS) | {f"Stage{s}" for s in range(len(self.blocks))}
         taken |= set(dir(builtins)) - {"input", "filter", "format", "type", "id", "hash"}
         names: dict[fx.Node, str] = {}
@@ -284,7 +297,8 @@ class _StageSplit:
             if node.op == "output":
                 continue
             avoid = taken | _FORWARD_LOCALS if node.op == "placeholder" else taken
-            names[node] = _fresh(node.name, avoid)
+            name = self.short[str(node.target)] if node.op == "call_module" else node.name
+            names[node] = _fresh(name, avoid)
             taken.add(names[node])
         return names
 
@@ -374,7 +388,8 @@ def _coarse_trace(
     except Exception as exc:  # fx raises many kinds of errors from user code
         raise CodegenError(
             f"tracing {graph.model_name} with its blocks as leaves failed "
-            f"({type(exc).__name__}: {exc}); emit with granularity='layer'"
+            f"({type(exc).__name__}: {exc}); run the plan with autosplit.partition(model, "
+            "plan=plan) instead"
         ) from exc
 
     # The fine graph as units: consecutive nodes inside one call of a block module, or one
@@ -415,7 +430,8 @@ def _coarse_trace(
         else:
             fine = units[j][1] if j < len(units) else []
             if not (
-                units[j][0] is None
+                fine
+                and units[j][0] is None
                 and len(fine) == 1
                 and (fine[0].op, fine[0].target) == (node.op, node.target)
             ):
@@ -424,7 +440,10 @@ def _coarse_trace(
         found = {graph.node_block[f.name] for f in fine}
         if len(found) != 1:
             names = sorted(graph.block_names[b] for b in found)
-            raise CodegenError(f"{node.name} spans the blocks {names}; emit with granularity='layer'")
+            raise CodegenError(
+                f"{node.name} spans the blocks {names}; run the plan with "
+                "autosplit.partition(model, plan=plan) instead"
+            )
         block_of[node] = previous = found.pop()
     if j != len(units):
         raise _unmatched(None, units[j][1])
@@ -436,7 +455,7 @@ def _unmatched(node: fx.Node | None, fine: list[fx.Node] | None) -> CodegenError
     there = f"{fine[0].op} {fine[0].target}" if fine else "the end of the model's graph"
     return CodegenError(
         f"the coarse trace does not follow the model's graph ({here} where the blocks have "
-        f"{there}); emit with granularity='layer'"
+        f"{there}); run the plan with autosplit.partition(model, plan=plan) instead"
     )
 
 
@@ -491,12 +510,39 @@ def _is_chain(nodes: list[fx.Node], stage: dict[fx.Node, int]) -> bool:
     first = nodes[0]
     if len(first.args) != 1 or first.kwargs:
         return False
-    for prev, node in zip(nodes, nodes[1:]):
+    for prev, node in itertools.pairwise(nodes):
         if prev.next is not node or node.args != (prev,) or node.kwargs:
             return False
         if set(prev.users) != {node} or stage[prev] != stage[node]:
             return False
     return True
+
+
+def _short_names(model: nn.Module, paths: Sequence[str]) -> dict[str, str]:
+    """The shortest ``_``-joined tail of each path that no other path shares.
+
+    ``features.denseblock4.denselayer5`` → ``denseblock4_denselayer5`` when other dense blocks
+    have a ``denselayer5``; ``layer3.1`` → ``layer3_1``; ``fc`` → ``fc``; the child ``0`` of
+    an ``nn.Sequential`` model → ``linear_0`` (after its class).
+    """
+    distinct = sorted(set(paths))
+    short: dict[str, str] = {}
+    for path in distinct:
+        parts = path.split(".")
+        for k in range(1, len(parts) + 1):
+            name = "_".join(parts[-k:])
+            clash = any(o != path and "_".join(o.split(".")[-k:]) == name for o in distinct)
+            if name.isidentifier() and not keyword.iskeyword(name) and not clash:
+                break
+        else:
+            name = "_".join(parts)
+        if not name.isidentifier():
+            kind = re.sub(r"(?<!^)(?=[A-Z])", "_", type(_resolve(model, path)).__name__).lower()
+            name = f"{kind}_" + "".join(c if c.isalnum() else "_" for c in name)
+        if hasattr(nn.Module, name) or name in _GLOBALS:
+            name += "_"
+        short[path] = name
+    return short
 
 
 def _resolve(model: nn.Module, target: str) -> Any:
@@ -534,7 +580,21 @@ def _call_lines(indent: int, head: str, args: Sequence[str], tail: str = "") -> 
     one = f"{pad}{head}({', '.join(args)}){tail}"
     if len(one) <= LINE_LENGTH or not args:
         return [one]
-    return [f"{pad}{head}(", *(f"{pad}    {a}," for a in args), f"{pad}){tail}"]
+    lines = [f"{pad}{head}("]
+    for arg in args:
+        inner = arg[1:-1]
+        flat = not any(c in inner for c in "()[]{}\"'")
+        if len(arg) + indent + 5 > LINE_LENGTH and arg[:1] + arg[-1:] in ("[]", "()") and flat:
+            items = [i.strip() for i in inner.split(",") if i.strip()]  # a long list of names
+            lines += [f"{pad}    {arg[0]}", *(f"{pad}        {i}," for i in items)]
+            lines.append(f"{pad}    {arg[-1]},")
+        else:
+            lines.append(f"{pad}    {arg},")
+    return [*lines, f"{pad}){tail}"]
+
+
+def _join(*lines: str) -> str:
+    return "\n".join(lines)
 
 
 def _count(n: int, noun: str) -> str:
@@ -602,10 +662,14 @@ class _Writer:
             "",
             f"Plan for {plan.model} (fingerprint {plan.fingerprint}):",
             f"  cut points    {cuts} · balance {' + '.join(map(str, plan.balance))} blocks",
-            f"  split_size    {b}: batch {plan.batch_size} → {m} micro-batches · schedule "
-            f"{plan.schedule}",
-            f"  step          predicted {format_ms(plan.predicted_step_ms)} · one device "
-            f"{format_ms(plan.single_device_ms)} (×{plan.speedup:.2f})",
+            (
+                f"  split_size    {b}: batch {plan.batch_size} → {m} micro-batches · "
+                f"schedule {plan.schedule}"
+            ),
+            (
+                f"  step          predicted {format_ms(plan.predicted_step_ms)} · one device "
+                f"{format_ms(plan.single_device_ms)} (×{plan.speedup:.2f})"
+            ),
         ]
         for st in plan.stages:
             lines.append(
@@ -669,36 +733,40 @@ class _Writer:
     def _loader(self) -> str:
         src = self.source
         if src.path is None:
-            return "\n".join([
+            return _join(
                 "def model_module():",
                 '    """The module that builds the model."""',
                 "    return importlib.import_module(MODEL_MODULE)",
-            ])
-        return "\n".join([
+            )
+        return _join(
             "@functools.cache",
             "def model_module():",
             '    """Import the model file: from MODEL_PATH, or else MODEL_FILE."""',
             "    path = MODEL_PATH if os.path.isfile(MODEL_PATH) else os.path.abspath(MODEL_FILE)",
             "    if not os.path.isfile(path):",
             '        raise FileNotFoundError(f"model file not found: {MODEL_PATH} nor {path}")',
-            f"    spec = importlib.util.spec_from_file_location({_q('autosplit_model_' + src.path.stem)}, path)",
+            *_call_lines(
+                4,
+                "spec = importlib.util.spec_from_file_location",
+                [_q("autosplit_model_" + src.path.stem), "path"],
+            ),
             "    module = importlib.util.module_from_spec(spec)",
             "    sys.modules[spec.name] = module",
             "    sys.path.insert(0, os.path.dirname(path))  # so that it imports its neighbours",
             "    spec.loader.exec_module(module)",
             "    return module",
-        ])
+        )
 
     def _helpers(self) -> list[str]:
         out = []
         if self.needs_move:
-            out.append("\n".join([
+            out.append(_join(
                 "def move(value, device):",
                 '    """Move the tensors in value (a tensor, a tuple of them, a shape …) to device."""',
                 "    return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), value)",
-            ]))
+            ))
         if self.needs_concat:
-            out.append("\n".join([
+            out.append(_join(
                 "def concat(outputs):",
                 '    """Join the micro-batches\' outputs (tensors, tuples, dicts) along dim 0."""',
                 "    flat = [pytree.tree_flatten(out) for out in outputs]",
@@ -707,13 +775,17 @@ class _Writer:
                 "        for ls in zip(*(leaves for leaves, _ in flat))",
                 "    ]",
                 "    return pytree.tree_unflatten(leaves, flat[0][1])",
-            ]))
+            ))
         return out
 
     # ---------------------------------------------------------------------------- stages
 
-    def _stage(self, s: int) -> tuple[str, str]:
-        """(expression building stage s from ``model``, code of its class or '')."""
+    def _stage(self, s: int) -> tuple[list[str] | str, str]:
+        """How ``__init__`` builds stage s, and the code of its class ('' for none).
+
+        A plain chain is built from the list of its modules' expressions (``model.fc``);
+        any other stage by the expression ``StageN(model)`` of its generated class.
+        """
         split = self.split
         nodes = split.nodes_of(s)
         inputs, outputs = split.inputs_of(s), split.outputs_of(s)
@@ -726,31 +798,28 @@ class _Writer:
             and _is_chain(nodes, split.stage)
         )
         if chain:
-            paths = [self._path_expr(str(n.target)) for n in nodes]
-            if len(paths) == 1:
-                return paths[0], ""
-            return "nn.Sequential(" + ", ".join(paths) + ")", ""
+            return [self._path_expr(str(n.target)) for n in nodes], ""
         attrs: dict[str, str] = {}  # model path -> attribute of the stage module
-        body: list[str] = []
+        body: list[str] = []  # forward's statements, indented
         for node in nodes:
             body += self._statement(node, attrs)
         returned = [self.split.names[n] for n in outputs]
         if returned:
-            body.append("return " + ", ".join(returned))
+            line = "        return " + ", ".join(returned)
+            body += [line] if len(line) <= LINE_LENGTH else _call_lines(8, "return ", returned)
         blocks = split.blocks[s]
-        init = ["def __init__(self, model):", "    super().__init__()"]
-        for path, attr in attrs.items():
-            init.append("    " + self._attr_line(path, attr))
         params = ["self", *(self.split.names[n] for n in inputs)]
-        forward = _call_lines(0, "def forward", params, ":")
-        forward += ["    " + line for line in body]
+        summary = f"Stage {s}: {_doc(_span(blocks))} ({_count(len(blocks), 'block')})"
         lines = [
             f"class Stage{s}(nn.Module):",
-            f'    """Stage {s}: {_doc(_span(blocks))} ({_count(len(blocks), "block")}), the model\'s own modules."""',
+            f'    """{summary}, the model\'s own modules."""',
             "",
-            *("    " + line for line in init),
+            "    def __init__(self, model):",
+            "        super().__init__()",
+            *("        " + self._attr_line(path, attr) for path, attr in attrs.items()),
             "",
-            *("    " + line if line else "" for line in forward),
+            *_call_lines(4, "def forward", params, ":"),
+            *body,
         ]
         return f"Stage{s}(model)", "\n".join(lines)
 
@@ -771,10 +840,10 @@ class _Writer:
                 isinstance(obj, nn.ModuleList) or list(children).index(part) == int(part)
             ):
                 expr += f"[{part}]"
-            elif isinstance(obj, nn.ModuleDict):
-                expr += f"[{_q(part)}]"
             elif part.isidentifier() and not keyword.iskeyword(part):
                 expr += f".{part}"
+            elif isinstance(obj, nn.ModuleDict):
+                expr += f"[{_q(part)}]"
             else:
                 owner, _, leaf = path.rpartition(".")
                 if isinstance(_resolve(self.split.model, path), nn.Module):
@@ -785,21 +854,15 @@ class _Writer:
 
     def _attr(self, target: str, attrs: dict[str, str]) -> str:
         if target not in attrs:
-            taken = set(attrs.values()) | set(_GLOBALS)
-            name = target.replace(".", "_")
-            if not name.isidentifier():
-                name = "m_" + "".join(c if c.isalnum() else "_" for c in name)
-            if hasattr(nn.Module, name):
-                name += "_"
-            attrs[target] = _fresh(name, taken)
+            attrs[target] = _fresh(self.split.short[target], set(attrs.values()))
         return attrs[target]
 
     def _statement(self, node: fx.Node, attrs: dict[str, str]) -> list[str]:
         head, args = self._expression(node, attrs)
         target = "" if not node.users else f"{self.split.names[node]} = "
         if args is None:
-            return [target + head]
-        return _call_lines(0, target + head, args)
+            return [f"        {target}{head}"]
+        return _call_lines(8, target + head, args)
 
     def _expression(self, node: fx.Node, attrs: dict[str, str]) -> tuple[str, list[str] | None]:
         """(head, arguments) of a call, or (expression, None)."""
@@ -952,25 +1015,26 @@ class _Writer:
         self.needs_move = True
         return f"move({read}, {device})"
 
-    def _pipelined_class(self, stages: list[tuple[str, str]]) -> str:
+    def _pipelined_class(self, stages: list[tuple[list[str] | str, str]]) -> str:
         split = self.split
         p = len(stages)
         name = self.class_name
         inputs = [n for n in split.graph.nodes if n.op == "placeholder"]
         params = [split.names[n] for n in inputs]
+        need = _count(p, "device")
         lines = [
             f"class {name}(nn.Module):",
-            f'    """{self.model_name} on {p} devices as a pipeline of micro-batches (the plan above).',
+            f'    """{self.model_name} pipelined over {need} in micro-batches (the plan above).',
             "",
-            "    Built from the model's own modules, moved to the devices (no copies): load the",
-            "    weights into ``model`` before. An optimizer on ``parameters()`` trains it.",
+            "    The stages hold the model's own modules, moved to their devices (no copies): load",
+            "    weights into the model first; an optimizer on parameters() trains the model.",
             '    """',
             "",
             "    def __init__(self, model=None, devices=DEVICES, split_size=SPLIT_SIZE):",
             "        super().__init__()",
             f"        model = {self.source.build_call()} if model is None else model",
             f"        if len(devices) != {p}:",
-            f'            raise ValueError(f"{p} stages need {p} devices, got {{list(devices)}}")',
+            f'            raise ValueError(f"give {need}, one per stage: got {{devices}}")',
             "        self.devices = [torch.device(d) for d in devices]",
             "        self.split_size = split_size",
         ]
@@ -982,13 +1046,12 @@ class _Writer:
             "            )",
         ]
         for s, (build, _) in enumerate(stages):
-            line = f"        self.stage{s} = {build}.to(self.devices[{s}])"
-            if build.startswith("nn.Sequential(") and len(line) > LINE_LENGTH:
-                items = build[len("nn.Sequential(") : -1].split(", ")
-                tail = f".to(self.devices[{s}])"
-                lines += _call_lines(8, f"self.stage{s} = nn.Sequential", items, tail)
+            tail = f".to(self.devices[{s}])"
+            if isinstance(build, list) and len(build) > 1:  # a chain of the model's modules
+                lines += _call_lines(8, f"self.stage{s} = nn.Sequential", build, tail)
             else:
-                lines.append(line)
+                module = build[0] if isinstance(build, list) else build
+                lines.append(f"        self.stage{s} = {module}{tail}")
         lines += check + [""]
         lines += _call_lines(4, "def forward", ["self", *params], ":")
         lines += [
@@ -1028,7 +1091,11 @@ class _Writer:
             ]
             outs = [f"v[{_q(split.names[n])}]" for n in split.outputs_of(s)]
             lhs = ", ".join(outs) + " = " if outs else ""
-            lines += _call_lines(12, f"{lhs}self.stage{s}", args)
+            if len(f"            {lhs}self.stage{s}(") <= LINE_LENGTH:
+                lines += _call_lines(12, f"{lhs}self.stage{s}", args)
+            else:  # many values: the targets one per line, as ruff format writes them
+                lines += ["            (", *(f"                {o}," for o in outs)]
+                lines += _call_lines(12, f") = self.stage{s}", args)
         return "\n".join(lines)
 
     def _return_lines(self) -> list[str]:
@@ -1063,10 +1130,13 @@ class _Writer:
         line = f"        return {join}([{per_mb} for v in micro])"
         if len(line) <= LINE_LENGTH:
             return [*lines, line]
-        return [*lines, f"        outputs = [{per_mb} for v in micro]", f"        return {join}(outputs)"]
+        collect = f"        outputs = [{per_mb} for v in micro]"
+        if len(collect) > LINE_LENGTH:
+            collect = f"        outputs = [\n            {per_mb}\n            for v in micro\n        ]"
+        return [*lines, collect, f"        return {join}(outputs)"]
 
     def _main(self) -> str:
-        if not self.source.has_inputs:
+        if self.source.example_inputs is None:
             return ""
         structure = self.split.output()
         single = isinstance(structure, fx.Node) and self._is_tensor(structure)
@@ -1075,7 +1145,7 @@ class _Writer:
             if single
             else ["    shape = [tuple(t.shape) for t in pytree.tree_leaves(output)]"]
         )
-        return "\n".join([
+        return _join(
             'if __name__ == "__main__":',
             "    # One batch of the model file's example inputs (CPU stand-ins without GPUs).",
             "    enough = torch.cuda.device_count() >= len(DEVICES)",
@@ -1085,4 +1155,4 @@ class _Writer:
             "    output = pipelined(*(x.to(pipelined.devices[0]) for x in inputs))",
             *shape,
             '    print(f"{type(pipelined).__name__} output: {shape}")',
-        ])
+        )

@@ -14,6 +14,7 @@ __all__ = [
     "InfeasiblePlanError",
     "PlanMismatchError",
     "PlanFileError",
+    "CodegenError",
 ]
 
 
@@ -59,3 +60,7 @@ class PlanMismatchError(AutosplitError, ValueError):
 
 class PlanFileError(AutosplitError, ValueError):
     """A plan or profile file cannot be read: missing, not JSON, or missing fields."""
+
+
+class CodegenError(AutosplitError):
+    """The model's code cannot be written as the plan's stages; the message says why."""
