@@ -328,6 +328,7 @@ def _measure_size(
         p.untyped_storage().data_ptr() for p in graph.module.parameters()
     }
     saved_before: set[int] = set()  # storages saved by earlier blocks, recorded on run 0
+    alive: list[torch.Tensor] = []  # keeps those storages alive so no address is reused
     for i, seg in enumerate(segments):
         fwd, bwd = [], []
         peak = 0
@@ -338,6 +339,7 @@ def _measure_size(
             ptr = t.untyped_storage().data_ptr()
             if ptr not in param_storages:
                 storages[ptr] = t.untyped_storage().nbytes()
+                alive.append(t)
             return t
 
         for run in range(warmup + repeats):

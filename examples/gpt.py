@@ -15,8 +15,12 @@ SIZES = {
     "tiny": (2, 32, 2, 128, 16),
     "small": (6, 128, 4, 1024, 64),
     "medium": (12, 512, 8, 8192, 256),
+    # 7.50e9 parameters (untied embeddings, a Llama-3-sized vocabulary): plan it on the meta
+    # device (`autosplit plan examples/gpt.py --entry build_7b --device h100-80gb`); building it
+    # for real takes 30 GB
+    "7b": (32, 4096, 32, 128256, 2048),
 }
-SEQUENCE = 64
+SEQUENCE = 64  # tokens per sample for the small sizes; "7b" uses its full context
 
 
 class CausalSelfAttention(nn.Module):
@@ -72,6 +76,12 @@ def build_model(size: str = "small") -> nn.Module:
     return GPT(*SIZES[size])
 
 
+def build_7b() -> nn.Module:
+    """The 7.5e9-parameter configuration (see SIZES)."""
+    return build_model("7b")
+
+
 def example_inputs(batch_size: int = 16, size: str = "small") -> tuple[torch.Tensor, ...]:
     layers, width, heads, vocab, context = SIZES[size]
-    return (torch.randint(0, vocab, (batch_size, min(SEQUENCE, context))),)
+    tokens = context if size == "7b" else min(SEQUENCE, context)
+    return (torch.randint(0, vocab, (batch_size, tokens)),)

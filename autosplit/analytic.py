@@ -1,0 +1,634 @@
+"""Profiles from shapes alone: count each block's work on the meta device, time it with a roofline.
+
+The model is built (or copied) on ``torch.device("meta")``: tensors there have shapes, dtypes
+and strides but no storage, so a model of billions of parameters costs no memory and its
+blocks run in milliseconds. Each block runs at every micro-batch size b, exactly as the
+measured profiler runs it (:mod:`autosplit.profiler`: the same :class:`~autosplit.graph.Segment`
+per block, its inputs turned into fresh autograd leaves, a backward seeded with ones), while
+
+* ``torch.utils.flop_counter.FlopCounterMode`` counts the FLOPs of every ATen operator, forward
+  and backward (autograd runs on meta tensors; where a backward fails, it is taken as twice the
+  forward: 2× FLOPs and 2× bytes, and the block is marked ``estimated``);
+* a dispatch mode records each operator's bytes moved: the bytes of its tensor inputs and
+  outputs (views and aliases move nothing; broadcast dimensions are counted once);
+* saved-tensor hooks record the tensors kept for backward; meta tensors have no address
+  (``data_ptr()`` is 0), so a storage is known by its ``StorageImpl`` (``_cdata``).
+
+:class:`ModelCosts` holds those counts; they do not depend on the device. A
+:class:`~autosplit.specs.DeviceSpec` turns them into times, operator by operator:
+t = max(flops / (peak · efficiency), bytes / (bandwidth · bandwidth efficiency)), summed per
+block (:func:`autosplit.specs.op_time_s`), and :func:`profile_from_costs` packs everything into
+an ordinary :class:`~autosplit.records.Profile` with ``source="analytic"`` that the planner takes
+unchanged.
+
+Attention: on meta, ``scaled_dot_product_attention`` would take its unfused math path, which
+keeps the b·h·t² attention matrix for backward. GPUs (and PyTorch's CPU kernel) run a fused
+flash attention that keeps only the output and a log-sum-exp, so with ``attention="flash"``
+(the default) calls without a mask are routed to ``aten._scaled_dot_product_flash_attention``,
+whose meta kernel and FLOP formula mirror the fused kernel; calls with a mask keep the math path.
+
+What the counts leave out: kernel launch overheads (tiny operators are latency-bound on real
+devices), fusion (a fused kernel moves fewer bytes than the sum of its operators), and how a
+kernel's efficiency depends on its shapes (a skinny GEMM reaches less of the peak than a square
+one): one efficiency per device stands for all of them, which :func:`autosplit.specs.calibrate`
+fits to a measured profile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from autosplit.errors import InvalidInputError
+from autosplit.graph import BlockGraph, Granularity, trace
+from autosplit.profiler import check_inputs, default_microbatch_sizes
+from autosplit.records import BlockProfile, CutProfile, DeviceInfo, Profile
+from autosplit.specs import DeviceSpec, op_time_s
+
+__all__ = [
+    "build_on_meta",
+    "to_meta",
+    "BlockCost",
+    "ModelCosts",
+    "count_costs",
+    "profile_from_costs",
+    "analytic_profile",
+    "block_flops",
+]
+
+_META = torch.device("meta")
+
+# Operators that move no data: views and aliases (``OpOverload.is_view`` covers most), plus
+# the few that alias without being marked as views, and metadata queries.
+_NO_TRAFFIC = {
+    "aten::detach", "aten::_unsafe_view", "aten::alias", "aten::lift_fresh", "aten::_reshape_alias",
+    "aten::sym_size", "aten::sym_stride", "aten::sym_numel", "aten::sym_storage_offset",
+    "aten::is_same_size", "aten::is_contiguous", "prim::device", "prim::layout",
+    "aten::_local_scalar_dense", "aten::set_", "aten::resize_",
+}
+
+
+def build_on_meta(factory: Callable[..., Any], *args: Any, **kwargs: Any) -> nn.Module:
+    """Build a model with every parameter and buffer on the meta device, allocating nothing.
+
+    ``factory(*args, **kwargs)`` runs under ``with torch.device("meta"):``, so tensors it
+    creates without an explicit device land on meta. Parameters or buffers that the factory
+    puts on a device explicitly are replaced by meta tensors of the same shape and dtype
+    (their memory was allocated by the factory itself; nothing more is).
+
+    Raises:
+        InvalidInputError: the factory does not return an ``nn.Module`` or fails.
+    """
+    try:
+        with torch.device("meta"):
+            model = factory(*args, **kwargs)
+    except Exception as exc:  # the user's factory
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise InvalidInputError(
+            f"building the model on the meta device failed: {type(exc).__name__}: {first}. A "
+            "factory that reads weights or data cannot run on meta; build the bare architecture "
+            "instead"
+        ) from exc
+    if not isinstance(model, nn.Module):
+        raise InvalidInputError(
+            f"the factory returned a {type(model).__name__}, not a torch.nn.Module"
+        )
+    if any(t.device.type != "meta" for t in itertools.chain(model.parameters(), model.buffers())):
+        model = to_meta(model)
+    return model
+
+
+def to_meta(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers are meta tensors (``model`` is untouched).
+
+    Parameter and buffer data are never copied: the deep copy is given meta stand-ins for them
+    up front. With ``dtype``, floating-point parameters and buffers take that dtype.
+    """
+    memo: dict[int, Any] = {}
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if id(t) in memo:
+            continue
+        dt = dtype if dtype is not None and t.is_floating_point() else t.dtype
+        stand_in: torch.Tensor = torch.empty(tuple(t.shape), dtype=dt, device=_META)
+        if isinstance(t, nn.Parameter):
+            stand_in = nn.Parameter(stand_in, requires_grad=t.requires_grad)
+        memo[id(t)] = stand_in
+    return copy.deepcopy(model, memo)
+
+
+# ------------------------------------------------------------------------------ the counts
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCost:
+    """The work of one block on one micro-batch (device independent).
+
+    Attributes:
+        fwd_flops: FLOPs of the forward (a multiply-add is 2 FLOPs).
+        bwd_flops: FLOPs of the backward.
+        fwd_bytes: bytes the forward's operators read and write, summed over operators.
+        bwd_bytes: the same for the backward.
+        fwd_ops: ``(flops, bytes)`` of each forward operator with FLOPs, then one entry
+            ``(0, bytes)`` for all its operators without FLOPs.
+        bwd_ops: the same for the backward.
+        saved_bytes: bytes kept for backward (parameters excluded, storages counted once,
+            inputs already kept by the block that made them excluded; as the profiler).
+        saved_shared_bytes: bytes of this block's inputs that it and their producer both keep.
+        output_bytes: bytes of the block's outputs.
+        estimated: ``True`` when the backward could not run on meta and is 2× the forward.
+    """
+
+    fwd_flops: int
+    bwd_flops: int
+    fwd_bytes: int
+    bwd_bytes: int
+    fwd_ops: tuple[tuple[int, int], ...]
+    bwd_ops: tuple[tuple[int, int], ...]
+    saved_bytes: int
+    saved_shared_bytes: int
+    output_bytes: int
+    estimated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCosts:
+    """Counted work of every block at every micro-batch size: the device-independent half of an
+    analytic profile (:func:`profile_from_costs` adds a device).
+
+    Attributes:
+        model: the model's class name.
+        fingerprint: the traced model's fingerprint (equal to a measured profile's).
+        block_names: the blocks, in order.
+        param_bytes: bytes of the parameters each block owns (in ``dtype``).
+        buffer_bytes: bytes of the buffers each block owns.
+        param_count: parameters of the whole model.
+        microbatch_sizes: the sizes b counted, ascending.
+        blocks: ``blocks[k][i]``: block i at size ``microbatch_sizes[k]``.
+        cut_tensors: names of the tensors crossing each cut.
+        cut_bytes: ``cut_bytes[c][k]``: bytes crossing cut c at size index k.
+        batch_size: B of the example inputs.
+        input_shapes: shapes of the example inputs (full batch).
+        input_dtypes: their dtypes as counted (floating inputs take ``dtype`` when given).
+        dtype: the floating dtype the model was counted in, e.g. ``"torch.float32"``; it picks
+            the peak FLOP/s of a device spec.
+        seconds: wall time the counting took (s).
+    """
+
+    model: str
+    fingerprint: str
+    block_names: tuple[str, ...]
+    param_bytes: tuple[int, ...]
+    buffer_bytes: tuple[int, ...]
+    param_count: int
+    microbatch_sizes: tuple[int, ...]
+    blocks: tuple[tuple[BlockCost, ...], ...]
+    cut_tensors: tuple[tuple[str, ...], ...]
+    cut_bytes: tuple[tuple[int, ...], ...]
+    batch_size: int
+    input_shapes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
+    dtype: str
+    seconds: float = 0.0
+
+    def at(self, size: int) -> tuple[BlockCost, ...]:
+        """The block costs at micro-batch size ``size``.
+
+        Raises:
+            InvalidInputError: ``size`` was not counted; the message lists what was.
+        """
+        if size not in self.microbatch_sizes:
+            raise InvalidInputError(
+                f"micro-batch size {size} was not counted; counted sizes are "
+                f"{list(self.microbatch_sizes)}"
+            )
+        return self.blocks[self.microbatch_sizes.index(size)]
+
+    def ops(self, size: int, block: int) -> tuple[tuple[int, int], ...]:
+        """``(flops, bytes)`` of every operator of block ``block``'s forward and backward."""
+        cost = self.at(size)[block]
+        return cost.fwd_ops + cost.bwd_ops
+
+    def flops(self, size: int) -> tuple[tuple[int, int], ...]:
+        """``(forward, backward)`` FLOPs of each block at micro-batch size ``size``."""
+        return tuple((c.fwd_flops, c.bwd_flops) for c in self.at(size))
+
+
+class _Traffic(TorchDispatchMode):
+    """Records ``(flops, bytes)`` per ATen operator into ``self.sink`` (when not ``None``).
+
+    It must be entered *inside* a FlopCounterMode: it sees every operator first and reads the
+    counter's total before and after passing the operator on, so decompositions that the
+    counter performs are charged to the operator that was called.
+    """
+
+    def __init__(self, counter: FlopCounterMode) -> None:
+        super().__init__()
+        self.counter = counter
+        self.sink: list[tuple[int, int]] | None = None
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self.sink is None:
+            return func(*args, **kwargs)
+        before = self.counter.get_total_flops()
+        out = func(*args, **kwargs)
+        flops = self.counter.get_total_flops() - before
+        name = func._schema.name if hasattr(func, "_schema") else str(func)
+        moved = 0
+        if not (getattr(func, "is_view", False) or name in _NO_TRAFFIC):
+            moved = sum(_distinct_bytes(t) for t in _tensors((args, kwargs)))
+            moved += sum(_distinct_bytes(t) for t in _tensors(out))
+        if flops or moved:
+            self.sink.append((int(flops), int(moved)))
+        return out
+
+
+class _FusedAttention(TorchFunctionMode):
+    """Routes mask-free ``F.scaled_dot_product_attention`` calls to the fused flash kernel."""
+
+    _NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            bound = dict(zip(self._NAMES, args), **kwargs)
+            q, k, v = bound.get("query"), bound.get("key"), bound.get("value")
+            if (
+                bound.get("attn_mask") is None
+                and not bound.get("enable_gqa", False)
+                and all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v))
+                and q.shape[:2] == k.shape[:2] == v.shape[:2]  # type: ignore[union-attr]
+                and q.shape[-1] == k.shape[-1] == v.shape[-1]  # type: ignore[union-attr]
+            ):
+                return torch.ops.aten._scaled_dot_product_flash_attention(
+                    q, k, v,
+                    float(bound.get("dropout_p", 0.0)),
+                    bool(bound.get("is_causal", False)),
+                    False,
+                    scale=bound.get("scale"),
+                )[0]
+        return func(*args, **kwargs)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [x for x in pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
+
+
+def _nbytes(value: Any) -> int:
+    return sum(x.numel() * x.element_size() for x in _tensors(value))
+
+
+def _distinct_bytes(t: torch.Tensor) -> int:
+    """Bytes of the elements a kernel touches: broadcast (stride-0) dimensions count once."""
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            n *= size
+    return n * t.element_size()
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    """Identity of a tensor's storage that works on meta (where ``data_ptr()`` is 0)."""
+    return int(t.untyped_storage()._cdata)
+
+
+def _compress(ops: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Operators with FLOPs as they are, operators without FLOPs summed into one entry."""
+    with_flops = tuple(op for op in ops if op[0] > 0)
+    memory = sum(n for f, n in ops if f == 0)
+    return with_flops + (((0, memory),) if memory else ())
+
+
+def _leaf_inputs(values: Sequence[Any]) -> list[Any]:
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            v = v.detach()
+            if v.is_floating_point() or v.is_complex():
+                v.requires_grad_(True)
+        out.append(v)
+    return out
+
+
+def _model_dtype(module: nn.Module) -> torch.dtype:
+    counts: dict[torch.dtype, int] = {}
+    for p in module.parameters():
+        if p.is_floating_point():
+            counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
+    return max(counts, key=lambda d: counts[d]) if counts else torch.float32
+
+
+def count_costs(
+    model: nn.Module,
+    example_inputs: Any,
+    *,
+    microbatch_sizes: Sequence[int] | None = None,
+    stages: int = 2,
+    granularity: Granularity = "block",
+    leaf_modules: Sequence[type[nn.Module] | str] = (),
+    dtype: torch.dtype | None = None,
+    attention: str = "flash",
+) -> ModelCosts:
+    """Count FLOPs, bytes moved, bytes saved and crossing bytes of each block, on meta.
+
+    Args:
+        model: the model, on any device; it is neither run nor changed (a meta copy is used,
+            made without copying parameter data). Build big models with :func:`build_on_meta`.
+        example_inputs: a tensor or tuple of tensors (any device, meta included); dimension 0
+            is the batch B. Only shapes and dtypes are used.
+        microbatch_sizes: sizes b to count; default
+            :func:`autosplit.profiler.default_microbatch_sizes` for B and ``stages``.
+        stages: the number of stages planned for (only used for the default sizes).
+        granularity: see :func:`autosplit.graph.trace`.
+        leaf_modules: see :func:`autosplit.graph.trace`.
+        dtype: count the model with its floating parameters, buffers and inputs in this dtype
+            (e.g. ``torch.bfloat16``); default: as they are.
+        attention: ``"flash"`` (mask-free ``scaled_dot_product_attention`` counted as the fused
+            kernel that GPUs and PyTorch's CPU backend run) or ``"math"`` (the unfused path).
+
+    Raises:
+        InvalidInputError: bad inputs or sizes, or a block that cannot run on meta (an
+            operator without a meta kernel, or data-dependent shapes).
+        TraceError: the model cannot be traced.
+    """
+    start = time.perf_counter()
+    if not isinstance(model, nn.Module):
+        raise InvalidInputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise InvalidInputError(
+            f"dtype must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}"
+        )
+    inputs = check_inputs(example_inputs)
+    batch = int(inputs[0].shape[0])
+    if microbatch_sizes is None:
+        sizes = default_microbatch_sizes(batch, stages)
+    else:
+        sizes = list(microbatch_sizes)
+    for b in sizes:
+        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= batch:
+            raise InvalidInputError(
+                f"micro-batch size {b!r} must be an integer between 1 and the batch size {batch}"
+            )
+    if len(set(sizes)) != len(sizes):
+        raise InvalidInputError(f"micro-batch sizes repeat: {sizes}")
+    sizes = sorted(sizes)
+    if attention not in ("flash", "math"):
+        raise InvalidInputError(f"attention must be 'flash' or 'math', got {attention!r}")
+
+    meta_inputs = tuple(
+        torch.empty(
+            tuple(x.shape),
+            dtype=dtype if dtype is not None and x.is_floating_point() else x.dtype,
+            device=_META,
+        )
+        for x in inputs
+    )
+    work = to_meta(model, dtype)
+    work.train(model.training)
+    graph = trace(
+        work, granularity=granularity, leaf_modules=leaf_modules, example_inputs=meta_inputs
+    )
+    counted_dtype = dtype if dtype is not None else _model_dtype(work)
+
+    params = dict(graph.module.named_parameters())
+    param_bytes = tuple(
+        sum(params[p].numel() * params[p].element_size() for p, _ in block.params if p in params)
+        for block in graph.blocks
+    )
+    param_count = sum(p.numel() for p in graph.module.parameters())
+    buffer_bytes = tuple(_block_buffer_bytes(graph, i) for i in range(len(graph.blocks)))
+
+    per_size: list[tuple[BlockCost, ...]] = []
+    cut_bytes: list[list[int]] = [[] for _ in graph.cuts]
+    segments = [graph.extract(i, i + 1) for i in range(len(graph.blocks))]
+    for b in sizes:
+        mb = tuple(x[:b].clone() for x in meta_inputs)  # meta: no data, own storage
+        costs, env = _count_size(graph, segments, mb, b, fused=attention == "flash")
+        per_size.append(costs)
+        for cut in graph.cuts:
+            cut_bytes[cut.index].append(sum(_nbytes(env[name]) for name in cut.tensors))
+    return ModelCosts(
+        model=graph.model_name,
+        fingerprint=graph.fingerprint,
+        block_names=graph.block_names,
+        param_bytes=param_bytes,
+        buffer_bytes=buffer_bytes,
+        param_count=int(param_count),
+        microbatch_sizes=tuple(sizes),
+        blocks=tuple(per_size),
+        cut_tensors=tuple(cut.tensors for cut in graph.cuts),
+        cut_bytes=tuple(tuple(row) for row in cut_bytes),
+        batch_size=batch,
+        input_shapes=tuple(tuple(x.shape) for x in inputs),
+        input_dtypes=tuple(str(x.dtype) for x in meta_inputs),
+        dtype=str(counted_dtype),
+        seconds=round(time.perf_counter() - start, 3),
+    )
+
+
+def _block_buffer_bytes(graph: BlockGraph, i: int) -> int:
+    names = set(graph.blocks[i].nodes)
+    total, seen = 0, set()
+    for node in graph.module.graph.nodes:
+        if node.name in names and node.op == "call_module":
+            for buf in graph.module.get_submodule(str(node.target)).buffers():
+                if id(buf) not in seen:
+                    seen.add(id(buf))
+                    total += buf.numel() * buf.element_size()
+    return total
+
+
+def _count_size(
+    graph: BlockGraph, segments: Sequence[Any], inputs: Sequence[torch.Tensor], b: int, fused: bool
+) -> tuple[tuple[BlockCost, ...], dict[str, Any]]:
+    """Run every block once at micro-batch size b on meta; see the module docstring."""
+    env: dict[str, Any] = dict(zip(graph.inputs, inputs))
+    param_storages = {_storage_key(p) for p in graph.module.parameters()}
+    saved_before: set[int] = set()
+    alive: list[torch.Tensor] = []  # keeps saved storages alive so that their keys stay unique
+    results = []
+    counter = FlopCounterMode(display=False)
+    traffic = _Traffic(counter)
+    routing = _FusedAttention() if fused else contextlib.nullcontext()
+    with torch.device("meta"), counter, traffic, routing:
+        for seg in segments:
+            name = graph.blocks[seg.first].name
+            storages: dict[int, int] = {}
+
+            def pack(t: torch.Tensor, storages: dict[int, int] = storages) -> torch.Tensor:
+                key = _storage_key(t)
+                if key not in param_storages:
+                    storages[key] = t.untyped_storage().nbytes()
+                    alive.append(t)
+                return t
+
+            args = _leaf_inputs([env[n] for n in seg.inputs])
+            fwd: list[tuple[int, int]] = []
+            bwd: list[tuple[int, int]] = []
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    traffic.sink = fwd
+                    outputs = seg.module(*args)
+            except Exception as exc:  # the user's model on meta
+                raise _meta_error(graph, name, b, exc) from exc
+            finally:
+                traffic.sink = None
+            grads_for = [t for t in _tensors(outputs) if t.requires_grad]
+            seeds = [torch.ones_like(t) for t in grads_for]
+            estimated = False
+            if grads_for:
+                try:
+                    traffic.sink = bwd
+                    torch.autograd.backward(grads_for, seeds)
+                except Exception:  # noqa: BLE001  an operator without a meta backward: 2× forward
+                    bwd = [(2 * f, 2 * n) for f, n in fwd]
+                    estimated = True
+                finally:
+                    traffic.sink = None
+            inputs_here = {
+                _storage_key(v) for v in (env[n] for n in seg.inputs) if isinstance(v, torch.Tensor)
+            }
+            shared = sum(n for k, n in storages.items() if k in inputs_here and k in saved_before)
+            saved_before.update(storages)
+            results.append(
+                BlockCost(
+                    fwd_flops=sum(f for f, _ in fwd),
+                    bwd_flops=sum(f for f, _ in bwd),
+                    fwd_bytes=sum(n for _, n in fwd),
+                    bwd_bytes=sum(n for _, n in bwd),
+                    fwd_ops=_compress(fwd),
+                    bwd_ops=_compress(bwd),
+                    saved_bytes=sum(storages.values()) - shared,
+                    saved_shared_bytes=shared,
+                    output_bytes=_nbytes(outputs),
+                    estimated=estimated,
+                )
+            )
+            for out_name, value in zip(seg.outputs, outputs):
+                env[out_name] = value.detach() if isinstance(value, torch.Tensor) else value
+    return tuple(results), env
+
+
+def _meta_error(graph: BlockGraph, block: str, b: int, exc: Exception) -> InvalidInputError:
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return InvalidInputError(
+        f"{graph.model_name}: block {block!r} cannot run on the meta device at micro-batch {b} "
+        f"({type(exc).__name__}: {message}). Operators with data-dependent shapes (nonzero, "
+        "masked_select, .item()) or without a meta kernel cannot be counted; mark the module as "
+        "a leaf or measure it with autosplit.profile instead"
+    )
+
+
+# ----------------------------------------------------------------------------- to a Profile
+
+
+def profile_from_costs(costs: ModelCosts, spec: DeviceSpec) -> Profile:
+    """An analytic :class:`~autosplit.records.Profile` of ``costs`` on the device ``spec``.
+
+    Block times are the roofline times of their operators (:func:`autosplit.specs.op_time_s`,
+    ms); memory figures are the counted bytes; ``source`` is ``"analytic"`` and the device's
+    name says which spec and efficiencies made the times.
+    """
+    blocks = []
+    for i, name in enumerate(costs.block_names):
+        row = [costs.blocks[k][i] for k in range(len(costs.microbatch_sizes))]
+        blocks.append(
+            BlockProfile(
+                name=name,
+                param_bytes=costs.param_bytes[i],
+                buffer_bytes=costs.buffer_bytes[i],
+                fwd_ms=tuple(_ops_ms(c.fwd_ops, spec, costs.dtype) for c in row),
+                bwd_ms=tuple(_ops_ms(c.bwd_ops, spec, costs.dtype) for c in row),
+                saved_bytes=tuple(c.saved_bytes for c in row),
+                output_bytes=tuple(c.output_bytes for c in row),
+                peak_bytes=None,
+                saved_shared_bytes=tuple(c.saved_shared_bytes for c in row),
+            )
+        )
+    cuts = tuple(
+        CutProfile(c, tensors, costs.cut_bytes[c]) for c, tensors in enumerate(costs.cut_tensors)
+    )
+    return Profile(
+        model=costs.model,
+        fingerprint=costs.fingerprint,
+        blocks=tuple(blocks),
+        cuts=cuts,
+        microbatch_sizes=costs.microbatch_sizes,
+        batch_size=costs.batch_size,
+        input_shapes=costs.input_shapes,
+        input_dtypes=costs.input_dtypes,
+        device=DeviceInfo(
+            spec.kind, spec.label(), 1 if spec.kind == "cpu" else None, int(spec.memory_bytes)
+        ),
+        torch_version=torch.__version__,
+        source="analytic",
+        warmup=0,
+        repeats=0,
+        seconds=costs.seconds,
+    )
+
+
+def _ops_ms(ops: Sequence[tuple[int, int]], spec: DeviceSpec, dtype: str) -> float:
+    return 1000.0 * math.fsum(op_time_s(f, n, spec, dtype) for f, n in ops)
+
+
+def analytic_profile(
+    model: nn.Module,
+    example_inputs: Any,
+    spec: DeviceSpec,
+    *,
+    microbatch_sizes: Sequence[int] | None = None,
+    stages: int = 2,
+    granularity: Granularity = "block",
+    leaf_modules: Sequence[type[nn.Module] | str] = (),
+    dtype: torch.dtype | None = None,
+    attention: str = "flash",
+) -> Profile:
+    """A Profile of ``model`` on the device ``spec``, from shapes alone (nothing is allocated).
+
+    ``count_costs`` followed by ``profile_from_costs``; see those for the arguments. The
+    result's ``describe()`` reads e.g. "analytic on h100-80gb (efficiency 0.50, bandwidth
+    efficiency 0.80), torch …".
+    """
+    if not isinstance(spec, DeviceSpec):
+        raise InvalidInputError(
+            "spec must be a DeviceSpec (autosplit.specs.get_spec('h100-80gb')), got "
+            f"{type(spec).__name__}"
+        )
+    costs = count_costs(
+        model, example_inputs, microbatch_sizes=microbatch_sizes, stages=stages,
+        granularity=granularity, leaf_modules=leaf_modules, dtype=dtype, attention=attention,
+    )
+    return profile_from_costs(costs, spec)
+
+
+def block_flops(
+    model: nn.Module,
+    example_inputs: Any,
+    *,
+    granularity: Granularity = "block",
+    leaf_modules: Sequence[type[nn.Module] | str] = (),
+    backward: bool = False,
+) -> tuple[int, ...]:
+    """Forward (or, with ``backward=True``, backward) FLOPs of each block on the whole example
+    batch, counted on meta (a multiply-add is 2 FLOPs)."""
+    inputs = check_inputs(example_inputs)
+    costs = count_costs(
+        model, inputs, microbatch_sizes=[int(inputs[0].shape[0])], granularity=granularity,
+        leaf_modules=leaf_modules,
+    )
+    return tuple(c.bwd_flops if backward else c.fwd_flops for c in costs.blocks[0])
