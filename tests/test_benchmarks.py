@@ -32,3 +32,12 @@ def test_planning_benchmark_smoke(tmp_path) -> None:
     assert row["model"] == "toy" and row["profile_seconds"] > 0
     assert row["plans"][0]["dp_step_ms"] > 0
     assert abs(row["plans"][0]["milp_step_ms"] - row["plans"][0]["dp_step_ms"]) <= 1e-9 * row["plans"][0]["dp_step_ms"]
+
+
+def test_analytic_benchmark_smoke(tmp_path) -> None:
+    run_benchmark("analytic.py", tmp_path)
+    data = json.loads((tmp_path / "analytic_smoke.json").read_text())
+    assert [r["b"] for r in data["rows"]] == [16, 32]
+    for r in data["rows"]:
+        assert len(r["predicted_stage_ms"]) == 2 and all(v > 0 for v in r["measured_A_stage_ms"])
+        assert 0 < r["efficiency"] <= 1.5
