@@ -12,7 +12,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -20,7 +20,14 @@ from typing import Any
 
 from autosplit.errors import InvalidInputError
 
-__all__ = ["ModelFile", "ModelFileError", "load_model_file", "MODEL_NAMES", "INPUT_NAMES"]
+__all__ = [
+    "ModelFile",
+    "ModelFileError",
+    "load_model_file",
+    "parse_model_args",
+    "MODEL_NAMES",
+    "INPUT_NAMES",
+]
 
 MODEL_NAMES = ("build_model", "model")
 INPUT_NAMES = ("example_inputs",)
@@ -55,10 +62,12 @@ class ModelFile:
     manual_split: tuple[str, ...] | None = None
     manual_split_size: int | None = None
 
-    def build(self) -> Any:
-        """Build the model, turning its errors into one-line :class:`ModelFileError`."""
+    def build(self, **kwargs: Any) -> Any:
+        """Build the model (``kwargs`` go to the factory, see :func:`parse_model_args`), turning
+        its errors into one-line :class:`ModelFileError`."""
+        accepted = _accepted(self.factory, kwargs, "the model factory", self.ref)
         try:
-            model = self.factory()
+            model = self.factory(**accepted)
         except Exception as exc:
             raise ModelFileError(f"building the model from {self.ref} failed: {_one_line(exc)}") from exc
         import torch
@@ -69,17 +78,62 @@ class ModelFile:
             )
         return model
 
-    def example_inputs(self, batch_size: int | None) -> Any:
-        """Call ``example_inputs(batch_size)`` (its default when ``None``)."""
+    def example_inputs(self, batch_size: int | None, **kwargs: Any) -> Any:
+        """Call ``example_inputs(batch_size)`` (its default when ``None``), passing on those of
+        ``kwargs`` it accepts."""
         if self.inputs is None:
             raise ModelFileError(
                 f"{self.ref.split(':')[0]} defines no example_inputs(batch_size): add it, or give "
                 "--input-shape C,H,W and --batch-size N"
             )
+        extra = _accepted(self.inputs, kwargs, None, self.ref)
         try:
-            return self.inputs() if batch_size is None else self.inputs(batch_size)
+            return self.inputs(**extra) if batch_size is None else self.inputs(batch_size, **extra)
         except Exception as exc:
             raise ModelFileError(f"example_inputs({batch_size or ''}) failed: {_one_line(exc)}") from exc
+
+
+def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
+    """``["size=7b", "layers=4"]`` → ``{"size": "7b", "layers": 4}`` (ints, floats, booleans
+    and ``None`` are recognised; anything else stays a string).
+
+    Raises:
+        ModelFileError: an item is not ``KEY=VALUE``.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise ModelFileError(f"model argument {item!r} is not KEY=VALUE, e.g. size=7b")
+        value: Any = text
+        for convert in (int, float):
+            try:
+                value = convert(text)
+                break
+            except ValueError:
+                continue
+        value = {"true": True, "false": False, "none": None}.get(text.lower(), value)
+        out[key] = value
+    return out
+
+
+def _accepted(fn: Callable[..., Any], kwargs: dict[str, Any], strict: str | None, ref: str) -> dict[str, Any]:
+    """The keyword arguments ``fn`` takes; with ``strict``, an unknown one is an error."""
+    if not kwargs:
+        return {}
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return dict(kwargs)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(kwargs)
+    unknown = sorted(set(kwargs) - set(params))
+    if unknown and strict:
+        raise ModelFileError(
+            f"{strict} of {ref} takes no argument {', '.join(unknown)}: it takes "
+            f"{', '.join(params) or 'no arguments'}"
+        )
+    return {k: v for k, v in kwargs.items() if k in params}
 
 
 def _one_line(exc: BaseException) -> str:

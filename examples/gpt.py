@@ -16,8 +16,8 @@ SIZES = {
     "small": (6, 128, 4, 1024, 64),
     "medium": (12, 512, 8, 8192, 256),
     # 7.50e9 parameters (untied embeddings, a Llama-3-sized vocabulary): plan it on the meta
-    # device (`autosplit plan examples/gpt.py --entry build_7b --device h100-80gb`); building it
-    # for real takes 30 GB
+    # device (`autosplit plan examples/gpt.py --model-arg size=7b --gpus 8 --device h100-80gb`);
+    # building it for real takes 30 GB
     "7b": (32, 4096, 32, 128256, 2048),
 }
 SEQUENCE = 64  # tokens per sample for the small sizes; "7b" uses its full context
@@ -74,11 +74,6 @@ def build_model(size: str = "small") -> nn.Module:
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}: choose one of {', '.join(SIZES)}")
     return GPT(*SIZES[size])
-
-
-def build_7b() -> nn.Module:
-    """The 7.5e9-parameter configuration (see SIZES)."""
-    return build_model("7b")
 
 
 def example_inputs(batch_size: int = 16, size: str = "small") -> tuple[torch.Tensor, ...]:
