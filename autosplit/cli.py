@@ -125,6 +125,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--entry", metavar="FILE_OR_MODULE:CALLABLE", help="another model factory than build_model/model")
     p.add_argument("--plot", metavar="FILE.png", help="also draw the plan")
     p.set_defaults(run=_cmd_show)
+
+    p = sub.add_parser("run", help="train a plan with one process per stage (torch.distributed.pipelining)",
+                       description="Start one process per stage on this machine (gloo on CPUs, NCCL on GPUs), run N training steps on the model file's example inputs and print the step times. Under torchrun it runs as one of the ranks (several machines: see the README).")
+    p.add_argument("model", metavar="MODEL.py", help="model file defining build_model() (or model) and example_inputs(batch_size)")
+    p.add_argument("--entry", metavar="FILE_OR_MODULE:CALLABLE", help="another model factory than build_model/model")
+    p.add_argument("--plan", required=True, metavar="plan.json", help="the plan to run (autosplit plan … -o plan.json)")
+    p.add_argument("--steps", type=_positive_int, default=3, help="training steps to run (default 3)")
+    p.add_argument("--backend", choices=("gloo", "nccl"), help="gloo (CPUs) or nccl (one GPU per rank); default nccl when there is a GPU per rank, else gloo")
+    p.add_argument("--batch-size", type=_positive_int, metavar="B", help="batch size; must be the plan's micro-batches × split size (the default)")
+    p.add_argument("--input-shape", type=_int_list, metavar="C,H,W", help="one float input of this shape per sample, instead of example_inputs()")
+    p.add_argument("--nproc", type=_positive_int, metavar="N", help="processes on this machine (default one per stage; a divisor of the stage count interleaves stages)")
+    p.add_argument("--threads", type=_positive_int, default=1, help="intra-op threads per rank on CPUs (default 1)")
+    p.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS", help="how long a rank waits for a peer before the run fails (default 120)")
+    p.add_argument("--lr", type=float, default=0.001, help="SGD learning rate (default 0.001, the tutorial's)")
+    p.set_defaults(run=_cmd_run)
     return parser
 
 
@@ -380,6 +395,74 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
         _write_atomic(args.plot, lambda path: plan_figure(plan, path))
         console.print(f"\n wrote {args.plot}")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import torch
+
+    from autosplit import distributed as dist_run
+
+    plan = Plan.load(args.plan)
+    p, b, m = len(plan.stages), plan.split_size, plan.microbatches
+    if args.batch_size is not None and args.batch_size != m * b:
+        raise InvalidInputError(
+            f"--batch-size {args.batch_size}: the plan runs {m} micro-batches of {b} = {m * b} rows; "
+            "give that batch size or make a plan for yours"
+        )
+    if plan.batch_size != m * b:
+        raise InvalidInputError(
+            f"the plan splits its batch of {plan.batch_size} into {m} micro-batches of {b} (the last "
+            f"smaller); torch.distributed.pipelining needs equal micro-batches: make a plan with a "
+            f"--split-size that divides {plan.batch_size}"
+        )
+    if not args.timeout > 0:
+        raise InvalidInputError(f"--timeout must be positive, got {args.timeout}")
+    spec = dist_run.RunSpec(args.model, args.entry, plan, args.steps,
+                            tuple(args.input_shape) if args.input_shape else None, args.lr)
+    console = _console()
+    stages = " | ".join(s.blocks[0] if len(s.blocks) == 1 else f"{s.blocks[0]} … {s.blocks[-1]}"
+                        for s in plan.stages)
+    header = (f"{plan.model} · {p} stages ({stages}) · batch {m * b} = {m} × {b} · "
+              f"schedule {plan.schedule}")
+    torchrun = "TORCHELASTIC_RUN_ID" in os.environ or all(
+        k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+    if torchrun:  # one rank of a torchrun job: rank 0 prints
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        result = dist_run.run_rank(dist_run.train_model_file, (spec,), backend, args.timeout,
+                                   args.threads if backend == "gloo" else None)
+        if int(os.environ.get("RANK", "0")) != 0:
+            return 0
+        where = f"{world} ranks (torchrun)"
+    else:
+        from autosplit.modelfile import load_model_file
+
+        # the model and the plan are checked here, so that mistakes end before any process starts
+        dist_run.graph_for_plan(load_model_file(args.model, args.entry).build(), plan)
+        nproc = args.nproc or p
+        dist_run.stage_indices(p, 0, nproc)
+        backend = args.backend or ("nccl" if torch.cuda.device_count() >= nproc else "gloo")
+        threads = args.threads if backend == "gloo" else None
+        console.print(header)
+        console.print(f"starting {nproc} rank{'s' if nproc != 1 else ''} on 127.0.0.1 · {backend}"
+                      + (f" · {threads} thread{'s' if threads != 1 else ''} each" if threads else ""))
+        try:
+            results = dist_run.launch(dist_run.train_model_file, nproc, spec, backend=backend,
+                                      timeout_s=args.timeout, threads=threads)
+        except dist_run.RankFailedError as exc:
+            print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+            return 1
+        result = results[0]
+        where = f"{nproc} rank{'s' if nproc != 1 else ''}"
+    if torchrun:
+        console.print(header)
+    for i, (seconds, loss) in enumerate(zip(result.step_s, result.losses), start=1):
+        note = "  (first step: warm-up)" if i == 1 and len(result.step_s) > 1 else ""
+        console.print(f"step {i}  {seconds:7.2f} s  loss {loss:.6g}{note}")
+    predicted = plan.simulated_step_ms or plan.predicted_step_ms
+    console.print(f"median step {result.steady_step_s:.2f} s on {where} ({result.device}) · the plan "
+                  f"predicted {predicted / 1000:.2f} s")
     return 0
 
 

@@ -275,6 +275,42 @@ class Plan:
         """The first block name of every stage after the first."""
         return tuple(s.blocks[0] for s in self.stages[1:])
 
+    def to_split_spec(self, model: Any = None) -> dict[str, Any]:
+        """The cuts as ``torch.distributed.pipelining``'s ``{fqn: SplitPoint.BEGINNING}``.
+
+        For ``pipeline(model, mb_args, split_spec=plan.to_split_spec(model))``. Every stage
+        after the first must begin where a submodule's forward begins (the block's name is that
+        submodule's qualified name). Without ``model`` only the block names are checked; with
+        it (recommended) each cut is checked against the traced model: the stage must begin
+        with the submodule's first operation, and the submodule must be called once.
+
+        Raises:
+            InvalidInputError: a cut does not fall on a module boundary; the message names the
+                stage and the block. Such plans run with ``autosplit.distributed`` (Trainer,
+                ``autosplit run``), which splits between any two blocks.
+            PlanMismatchError: ``model`` is not the model this plan was made for.
+        """
+        from torch.distributed.pipelining import SplitPoint
+
+        fix = (
+            "make a plan whose stages start at submodules (e.g. granularity='block' or a "
+            "manual split), or run this plan with autosplit.distributed / `autosplit run`, "
+            "which split between any two blocks"
+        )
+        for index, name in enumerate(self.split_points, start=1):
+            if not name or name == "ops" or "#" in name:
+                raise InvalidInputError(
+                    f"stage {index} begins with block {name!r}, which is not a module boundary "
+                    f"(a repeated call or loose operations): {fix}"
+                )
+        if model is not None:
+            from autosplit.distributed import split_spec_problems
+
+            problems = split_spec_problems(model, self)
+            if problems:
+                raise InvalidInputError(f"{'; '.join(problems)}: {fix}")
+        return {name: SplitPoint.BEGINNING for name in self.split_points}
+
     @property
     def bubble_fraction(self) -> float:
         """Share of device time spent idle during a step: 1 − Σ busy / (p · step)."""
