@@ -57,10 +57,13 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--entry", metavar="FILE_OR_MODULE:CALLABLE", help="another model factory than build_model/model")
     p.add_argument("--batch-size", type=_positive_int, metavar="B", help="batch size B (default: the model file's)")
     p.add_argument("--input-shape", type=_int_list, metavar="C,H,W", help="one float input of this shape per sample, instead of example_inputs()")
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="keyword argument for the model file's factory and example_inputs, e.g. size=7b (repeatable)")
 
 
 def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", help="where to profile: cpu or cuda:N (default: cuda:0 if present, else cpu)")
+    p.add_argument("--device", help="cpu or cuda:N: measure there (default: cuda:0 if present, else cpu); a device name such as h100-80gb (see `autosplit devices`): estimate from FLOPs and bytes on the meta device, for hardware you do not have")
+    p.add_argument("--device-spec", metavar="SPEC.json", help="estimate for the device described in this file (see `autosplit calibrate`)")
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), help="with an estimated device: count the model in this precision (default: as built)")
     p.add_argument("--microbatch-sizes", type=_int_list, metavar="B1,B2,…", help="micro-batch sizes to measure (default: chosen from the batch)")
     p.add_argument("--threads", type=_positive_int, default=1, help="threads of a CPU worker while profiling (default 1)")
     p.add_argument("--repeats", type=_positive_int, default=3, help="timed runs per block and size; the median is kept (default 3)")
@@ -126,6 +129,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", help="also draw the plan")
     p.set_defaults(run=_cmd_show)
 
+    p = sub.add_parser("calibrate", help="fit a device spec's efficiency to a measured profile",
+                       description="Count the model's FLOPs and bytes at the measured profile's batch and sizes, fit the spec's compute and bandwidth efficiency so that its estimated block times match the measured ones, and write the calibrated spec (use it with --device-spec).")
+    _add_model_arguments(p)
+    p.add_argument("--profile", required=True, metavar="profile.json", help="a measured profile of this model (autosplit profile …)")
+    p.add_argument("--device", required=True, metavar="NAME", help="the spec to start from (see `autosplit devices`), e.g. cpu-core")
+    p.add_argument("--device-spec", metavar="SPEC.json", help="start from this spec file instead of a named one")
+    p.add_argument("--split-size", type=_positive_int, metavar="K", help="fit only at this micro-batch size (the one you will plan with)")
+    p.add_argument("-o", "--output", default="device.json", help="where to write the calibrated spec (default device.json)")
+    p.set_defaults(run=_cmd_calibrate)
+
+    p = sub.add_parser("devices", help="list the named devices analytic plans can target",
+                       description="The device specs autosplit knows (published figures, with their sources).")
+    p.set_defaults(run=_cmd_devices)
+
     p = sub.add_parser("run", help="train a plan with one process per stage (torch.distributed.pipelining)",
                        description="Start one process per stage on this machine (gloo on CPUs, NCCL on GPUs), run N training steps on the model file's example inputs and print the step times. Under torchrun it runs as one of the ranks (several machines: see the README).")
     p.add_argument("model", metavar="MODEL.py", help="model file defining build_model() (or model) and example_inputs(batch_size)")
@@ -171,22 +188,64 @@ def _write_atomic(path: str | os.PathLike[str], write: Callable[[Path], None]) -
             os.unlink(tmp)
 
 
-def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    """(ModelFile, model, example inputs) from the model arguments."""
+def _spec(args: argparse.Namespace) -> Any:
+    """The DeviceSpec to estimate for (``--device NAME`` or ``--device-spec``), or None."""
+    from autosplit.specs import get_spec, load_spec
+
+    if getattr(args, "device_spec", None):
+        return load_spec(args.device_spec)
+    device = getattr(args, "device", None)
+    if device is None or device.split(":")[0] in ("cpu", "cuda"):
+        return None
+    return get_spec(device)
+
+
+def _load(args: argparse.Namespace, on_meta: bool = False) -> tuple[Any, Any, Any]:
+    """(ModelFile, model, example inputs) from the model arguments; ``on_meta`` builds the
+    model on the meta device (no memory is allocated for its weights)."""
     import torch
 
-    from autosplit.modelfile import load_model_file
+    from autosplit.modelfile import load_model_file, parse_model_args
 
     source = load_model_file(args.model, args.entry)
-    model = source.build()
-    if args.input_shape:
+    kwargs = parse_model_args(getattr(args, "model_arg", None) or [])
+    if on_meta:
+        from autosplit.analytic import build_on_meta
+
+        model = build_on_meta(lambda: source.build(**kwargs))
+    else:
+        model = source.build(**kwargs)
+    if getattr(args, "input_shape", None):
         batch = args.batch_size or source.default_batch_size or 32
         inputs: Any = (torch.randn(batch, *args.input_shape),)
     else:
-        inputs = source.example_inputs(args.batch_size)
+        inputs = source.example_inputs(getattr(args, "batch_size", None), **kwargs)
     if isinstance(inputs, torch.Tensor):
         inputs = (inputs,)
     return source, model, inputs
+
+
+def _estimate(args: argparse.Namespace, spec: Any, model: Any, inputs: Any, stages: int,
+              console: Console) -> Profile:
+    """An analytic profile of ``model`` on ``spec`` (FLOPs and bytes counted on meta)."""
+    import time
+
+    import torch
+
+    from autosplit.analytic import analytic_profile
+
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    start = time.perf_counter()
+    prof = analytic_profile(
+        model, inputs, spec, microbatch_sizes=getattr(args, "microbatch_sizes", None),
+        stages=stages, dtype=dtypes.get(getattr(args, "dtype", None) or ""),
+    )
+    console.print(
+        f"estimated {prof.model} on {spec.label()} from its FLOPs and bytes (an estimate, not a "
+        f"measurement) · micro-batch sizes {', '.join(map(str, prof.microbatch_sizes))} · "
+        f"{time.perf_counter() - start:.1f} s"
+    )
+    return prof
 
 
 def _device_note(console: Console, gpus: int, device: str | None) -> None:
@@ -245,9 +304,13 @@ def _measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, con
 
 def _cmd_profile(args: argparse.Namespace) -> int:
     console = _console()
-    _, model, inputs = _load(args)
-    _device_note(console, args.gpus, args.device)
-    prof = _measure(args, model, inputs, args.gpus, console)
+    spec = _spec(args)
+    _, model, inputs = _load(args, on_meta=spec is not None)
+    if spec is not None:
+        prof = _estimate(args, spec, model, inputs, args.gpus, console)
+    else:
+        _device_note(console, args.gpus, args.device)
+        prof = _measure(args, model, inputs, args.gpus, console)
     _write_atomic(args.output, prof.save)
     console.print(f"wrote {args.output}")
     return 0
@@ -270,6 +333,9 @@ def _profile_for(args: argparse.Namespace, source: Any, model: Any, inputs: Any,
                 f"{prof.fingerprint}); {args.model} has fingerprint {fingerprint}: profile it again"
             )
         return prof
+    spec = _spec(args)
+    if spec is not None:
+        return _estimate(args, spec, model, inputs, args.gpus, console)
     _device_note(console, args.gpus, args.device)
     return _measure(args, model, inputs, args.gpus, console, must_measure)
 
@@ -305,7 +371,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     console = _console()
     memory = parse_bytes(args.memory) if args.memory is not None else None  # fail fast
     bandwidth = parse_bytes(args.bandwidth) if args.bandwidth is not None else None
-    source, model, inputs = _load(args)
+    spec = None if args.profile else _spec(args)
+    if spec is not None:
+        memory = memory or spec.memory_bytes
+        bandwidth = bandwidth or spec.link_bandwidth_bytes_per_s
+    source, model, inputs = _load(args, on_meta=spec is not None)
     prof = _profile_for(args, source, model, inputs, console, source.manual_split_size)
     kwargs: dict[str, Any] = dict(
         batch_size=args.batch_size or prof.batch_size,
@@ -323,6 +393,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         code = emit(plan, source.ref, model=model)
     console.print()
     print_plan(console, plan, reference)
+    if memory is not None and args.gpus > 1:
+        _one_device_note(console, prof, memory, kwargs)
     writes: list[tuple[str, Callable[[Path], None]]] = [(args.output, plan.save)]
     if code is not None:
         writes.append((args.emit, lambda path: path.write_text(code)))
@@ -342,6 +414,24 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_device_note(console: Console, prof: Profile, memory: float, kwargs: dict[str, Any]) -> None:
+    """Say whether one device of ``memory`` bytes could hold the model, and what it needs."""
+    from autosplit.errors import InfeasiblePlanError
+    from autosplit.planner import plan as make_plan
+    from autosplit.units import format_bytes
+
+    try:
+        make_plan(prof, 1, **{**kwargs, "memory_per_gpu": memory})
+    except InfeasiblePlanError as exc:
+        console.print(
+            f" one device of {format_bytes(memory)} cannot hold it: it needs "
+            f"{format_bytes(exc.min_capacity_bytes)} ({kwargs.get('optimizer', 'sgd')} state "
+            "included)"
+        )
+    else:
+        console.print(f" one device of {format_bytes(memory)} could hold it too")
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     from autosplit.comparison import baseline_plans, compare
     from autosplit.planner import plan as make_plan
@@ -350,7 +440,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     console = _console()
     memory = parse_bytes(args.memory) if args.memory is not None else None
-    source, model, inputs = _load(args)
+    spec = None if args.profile else _spec(args)
+    if spec is not None:
+        memory = memory or spec.memory_bytes
+    source, model, inputs = _load(args, on_meta=spec is not None)
     size = args.manual_split_size or source.manual_split_size
     prof = _profile_for(args, source, model, inputs, console, size)
     kwargs: dict[str, Any] = dict(
@@ -395,6 +488,62 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
         _write_atomic(args.plot, lambda path: plan_figure(plan, path))
         console.print(f"\n wrote {args.plot}")
+    return 0
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from autosplit.analytic import count_costs
+    from autosplit.specs import calibrate, get_spec, load_spec
+
+    console = _console()
+    spec = load_spec(args.device_spec) if args.device_spec else get_spec(args.device)
+    measured = Profile.load(args.profile)
+    if measured.source != "measured":
+        raise InvalidInputError(f"{args.profile!r} is an {measured.source} profile: calibrate on a measured one")
+    _, model, _ = _load(args)
+    import torch
+
+    shapes = measured.input_shapes
+    dtypes = [getattr(torch, d.replace("torch.", "")) for d in measured.input_dtypes]
+    inputs = tuple(torch.zeros(shape, dtype=dt, device="meta") for shape, dt in zip(shapes, dtypes))
+    costs = count_costs(model, inputs, microbatch_sizes=list(measured.microbatch_sizes))
+    if tuple(costs.block_names) != measured.block_names:
+        raise InvalidInputError(
+            f"profile {args.profile!r} was made for another model ({measured.model}): profile "
+            f"{args.model} and calibrate on that"
+        )
+    fitted = calibrate(spec, measured, costs, sizes=[args.split_size] if args.split_size else None)
+    _write_atomic(args.output, fitted.save)
+    console.print(f"{spec.name}: efficiency {spec.efficiency:.3f} → {fitted.efficiency:.3f}, "
+                  f"bandwidth efficiency {spec.bandwidth_efficiency:.3f} → "
+                  f"{fitted.bandwidth_efficiency:.3f}")
+    console.print(f"calibrated on {measured.describe()}")
+    console.print(fitted.source.rsplit("; ", 1)[-1])
+    console.print(f"wrote {args.output} · plan with --device-spec {args.output}")
+    return 0
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from autosplit.specs import KNOWN_DEVICES
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name in ("name", "bf16 TFLOP/s", "fp32 TFLOP/s", "memory", "bandwidth", "link"):
+        table.add_column(name, justify="left" if name in ("name", "link") else "right")
+    for spec in KNOWN_DEVICES.values():
+        table.add_row(
+            spec.name,
+            f"{spec.peak_flops_per_s('bf16') / 1e12:.3g}",
+            f"{spec.peak_flops_per_s('fp32') / 1e12:.3g}",
+            f"{spec.memory_bytes / 1e9:.0f} GB",
+            f"{spec.memory_bandwidth_bytes_per_s / 1e9:.0f} GB/s",
+            f"{spec.link} {spec.link_bandwidth_bytes_per_s / 1e9:.0f} GB/s",
+        )
+    console = _console()
+    console.print(table)
+    console.print("\n dense peaks from the vendors' datasheets (sources: autosplit.specs); "
+                  "plan with --device NAME, calibrate with `autosplit calibrate`")
     return 0
 
 

@@ -156,3 +156,50 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys) -> None:
 def test_no_command_prints_help(capsys) -> None:
     assert main([]) == 2
     assert "usage: autosplit" in capsys.readouterr().out
+
+
+def test_analytic_plan_for_a_named_device(tmp_path, capsys) -> None:
+    gpt = str(ROOT / "examples" / "gpt.py")
+    code, out, err = run(capsys, "plan", gpt, "--model-arg", "size=tiny", "--gpus", "2",
+                         "--device", "h100-80gb", "--optimizer", "adam", "--batch-size", "8",
+                         "-o", str(tmp_path / "p.json"))
+    assert code == 0, err
+    assert "estimated GPT on h100-80gb" in out and "analytic on h100-80gb" in out
+    assert "one device of 74.5 GiB could hold it too" in out
+    assert json.loads((tmp_path / "p.json").read_text())["profile"].startswith("analytic")
+
+
+def test_calibrate_then_plan_with_the_spec(tmp_path, capsys) -> None:
+    gpt = str(ROOT / "examples" / "gpt.py")
+    prof, spec = tmp_path / "measured.json", tmp_path / "spec.json"
+    assert main(["profile", gpt, "--model-arg", "size=tiny", "--batch-size", "8",
+                 "--microbatch-sizes", "4,8", "--repeats", "1", "-o", str(prof)]) == 0
+    code, out, err = run(capsys, "calibrate", gpt, "--model-arg", "size=tiny", "--profile", str(prof),
+                         "--device", "cpu-core", "-o", str(spec))
+    assert code == 0, err
+    assert "cpu-core: efficiency 0.500 →" in out
+    fitted = json.loads(spec.read_text())
+    assert fitted["efficiency"] != 0.5 and "calibrated on GPT" in fitted["source"]
+    code, out, err = run(capsys, "plan", gpt, "--model-arg", "size=tiny", "--gpus", "2",
+                         "--device-spec", str(spec), "--batch-size", "8", "-o", str(tmp_path / "p.json"))
+    assert code == 0, err
+    assert f"efficiency {fitted['efficiency']:.2f}" in out
+
+
+def test_devices_lists_the_known_specs(capsys) -> None:
+    code, out, _ = run(capsys, "devices")
+    assert code == 0
+    for name in ("a100-40gb", "a100-80gb", "h100-80gb", "h200", "l4", "rtx-4090"):
+        assert name in out
+
+
+def test_bad_device_names_and_spec_files(tmp_path, capsys) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"name": "mine", "peak_bf16_flops_per_s": 1e12}))
+    out = str(tmp_path / "never.json")
+    _one_line_error(capsys, tmp_path, "plan", TOY, "--gpus", "2", "--device", "h100", "-o", out,
+                    match="known devices are a100-40gb")
+    _one_line_error(capsys, tmp_path, "plan", TOY, "--gpus", "2", "--device-spec", str(spec), "-o", out,
+                    match="missing the field")
+    _one_line_error(capsys, tmp_path, "plan", TOY, "--gpus", "2", "--model-arg", "nonsense", "-o", out,
+                    match="not KEY=VALUE")
