@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import tempfile
 import warnings
@@ -119,7 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory", metavar="SIZE", help="memory per device, e.g. 16GiB")
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe", help="pipeline schedule (default gpipe)")
     p.add_argument("--optimizer", default="sgd", help="optimizer assumed by the memory model (default sgd)")
-    p.add_argument("--plot", metavar="FILE.png", help="draw the plans' predicted step times side by side")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the plans' predicted (and measured) step times side by side")
+    p.add_argument("--measure", action="store_true", help="also train each plan, one process per stage (gloo on CPUs, NCCL on GPUs), side by side, and show the measured step time")
+    p.add_argument("--rounds", type=_positive_int, default=2, help="with --measure: timed steps per plan, taken in turn A B A B (default 2)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="with --measure: how long a rank waits for a peer (default 300)")
     p.set_defaults(run=_cmd_compare)
 
     p = sub.add_parser("show", help="print a saved plan", description="Print the stage table of a plan file.")
@@ -148,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL.py", help="model file defining build_model() (or model) and example_inputs(batch_size)")
     p.add_argument("--entry", metavar="FILE_OR_MODULE:CALLABLE", help="another model factory than build_model/model")
     p.add_argument("--plan", required=True, metavar="plan.json", help="the plan to run (autosplit plan … -o plan.json)")
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="keyword argument for the model file's factory and example_inputs (repeatable)")
     p.add_argument("--steps", type=_positive_int, default=3, help="training steps to run (default 3)")
     p.add_argument("--backend", choices=("gloo", "nccl"), help="gloo (CPUs) or nccl (one GPU per rank); default nccl when there is a GPU per rank, else gloo")
     p.add_argument("--batch-size", type=_positive_int, metavar="B", help="batch size; must be the plan's micro-batches × split size (the default)")
@@ -205,10 +210,10 @@ def _load(args: argparse.Namespace, on_meta: bool = False) -> tuple[Any, Any, An
     model on the meta device (no memory is allocated for its weights)."""
     import torch
 
-    from autosplit.modelfile import load_model_file, parse_model_args
+    from autosplit.modelfile import load_model_file
 
     source = load_model_file(args.model, args.entry)
-    kwargs = parse_model_args(getattr(args, "model_arg", None) or [])
+    kwargs = _model_args(args)
     if on_meta:
         from autosplit.analytic import build_on_meta
 
@@ -390,7 +395,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.emit:
         from autosplit.codegen import emit
 
-        code = emit(plan, source.ref, model=model)
+        code = emit(plan, source.ref, model=model, command=shlex.join(["autosplit", *sys.argv[1:]]))
     console.print()
     print_plan(console, plan, reference)
     if memory is not None and args.gpus > 1:
@@ -412,6 +417,38 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         hints.append("see it with --plot plan.png")
     console.print(f" wrote {', '.join(t for t, _ in writes)}" + "".join(f" · {h}" for h in hints))
     return 0
+
+
+def _measure_plans(args: argparse.Namespace, plans: dict[str, Plan], console: Console) -> dict[str, float]:
+    """Train every plan side by side on the multi-process runtime: median step time (ms)."""
+    import statistics
+
+    import torch
+
+    from autosplit import distributed as dist_run
+
+    runnable = {k: p for k, p in plans.items() if p.batch_size == p.microbatches * p.split_size}
+    for name in plans.keys() - runnable.keys():
+        console.print(f" {name}: not measured (its micro-batches are not all of one size)")
+    if not runnable:
+        return {}
+    first = next(iter(runnable.values()))
+    backend = "nccl" if torch.cuda.device_count() >= args.gpus else "gloo"
+    spec = dist_run.RunSpec(args.model, args.entry, first, input_shape=tuple(args.input_shape)
+                            if args.input_shape else None, model_args=tuple(_model_args(args).items()))
+    console.print(f"measuring {len(runnable)} plans on {args.gpus} ranks ({backend}), "
+                  f"{args.rounds} timed step(s) each, taken in turn …")
+    results = dist_run.launch(dist_run.measure_plans, args.gpus, spec, list(runnable.values()),
+                              args.rounds, backend=backend, timeout_s=args.timeout,
+                              threads=1 if backend == "gloo" else None)
+    times = results[0]
+    return {name: 1000.0 * statistics.median(t) for name, t in zip(runnable, times)}
+
+
+def _model_args(args: argparse.Namespace) -> dict[str, Any]:
+    from autosplit.modelfile import parse_model_args
+
+    return parse_model_args(getattr(args, "model_arg", None) or [])
 
 
 def _one_device_note(console: Console, prof: Profile, memory: float, kwargs: dict[str, Any]) -> None:
@@ -457,7 +494,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if reference is not None:
         plans["hand split"] = reference[1]
     plans.update(baseline_plans(prof, args.gpus, **kwargs))
-    rows = compare(prof, plans)
+    measured = _measure_plans(args, plans, console) if args.measure else None
+    rows = compare(prof, plans, measured)
     console.print()
     console.print(comparison_table([(r.name, r.plan, r.measured_step_ms) for r in rows]))
     console.print()
@@ -568,7 +606,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise InvalidInputError(f"--timeout must be positive, got {args.timeout}")
     spec = dist_run.RunSpec(args.model, args.entry, plan, args.steps,
-                            tuple(args.input_shape) if args.input_shape else None, args.lr)
+                            tuple(args.input_shape) if args.input_shape else None, args.lr,
+                            model_args=tuple(_model_args(args).items()))
     console = _console()
     stages = " | ".join(s.blocks[0] if len(s.blocks) == 1 else f"{s.blocks[0]} … {s.blocks[-1]}"
                         for s in plan.stages)
@@ -588,7 +627,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from autosplit.modelfile import load_model_file
 
         # the model and the plan are checked here, so that mistakes end before any process starts
-        dist_run.graph_for_plan(load_model_file(args.model, args.entry).build(), plan)
+        dist_run.graph_for_plan(load_model_file(args.model, args.entry).build(**_model_args(args)), plan)
         nproc = args.nproc or p
         dist_run.stage_indices(p, 0, nproc)
         backend = args.backend or ("nccl" if torch.cuda.device_count() >= nproc else "gloo")

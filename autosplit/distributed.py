@@ -68,6 +68,7 @@ __all__ = [
     "plan_digest",
     "free_port",
     "train_model_file",
+    "measure_plans",
     "tutorial_loss",
     "tutorial_targets",
     "split_spec_problems",
@@ -1008,6 +1009,7 @@ class RunSpec:
         input_shape: one float input of this per-sample shape instead of ``example_inputs``.
         lr: SGD learning rate (the tutorial's 0.001).
         seed: seeds the model's initial weights, the inputs and the targets on every rank.
+        model_args: keyword arguments for the model file's factory and example inputs.
     """
 
     model: str
@@ -1017,6 +1019,7 @@ class RunSpec:
     input_shape: tuple[int, ...] | None = None
     lr: float = 0.001
     seed: int = 0
+    model_args: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -1055,26 +1058,13 @@ def train_model_file(spec: RunSpec) -> RunResult:
     from autosplit.modelfile import load_model_file
 
     plan = spec.plan
-    source = load_model_file(spec.model, spec.entry)
-    torch.manual_seed(spec.seed)
-    model = source.build()
-    batch = plan.microbatches * plan.split_size
-    torch.manual_seed(spec.seed + 1)
-    if spec.input_shape:
-        inputs: Any = (torch.randn(batch, *spec.input_shape),)
-    else:
-        inputs = source.example_inputs(batch)
-    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
-    lr = spec.lr
-    trainer = Trainer(model, plan, tutorial_loss, lambda params: torch.optim.SGD(params, lr=lr))
-    targets = tutorial_targets(model, inputs, spec.seed + 2) if trainer.holds_last else None
+    model, inputs = _model_and_batch(spec, plan.microbatches * plan.split_size)
+    trainer, targets = _trainer(spec, model, inputs, plan)
     times, losses = [], []
     for _ in range(spec.steps):
-        dist.barrier()
-        start = time.perf_counter()
-        loss = trainer.step(inputs if trainer.holds_first else None, targets)
-        times.append(time.perf_counter() - start)
-        losses.append(float(loss) if loss is not None else math.nan)
+        seconds, loss = _timed_step(trainer, inputs, targets)
+        times.append(seconds)
+        losses.append(loss)
     gathered: list[Any] = [None] * trainer.world_size
     dist.all_gather_object(gathered, (trainer.rank, str(trainer.device), times, losses,
                                       trainer.holds_last, torch.get_num_threads()))
@@ -1090,6 +1080,63 @@ def train_model_file(spec: RunSpec) -> RunResult:
         device=", ".join(devices),
         threads=int(gathered[0][5]),
     )
+
+
+def _model_and_batch(spec: RunSpec, batch: int) -> tuple[nn.Module, tuple[Any, ...]]:
+    """The model file's model (seeded) and a batch of ``batch`` rows of its inputs."""
+    from autosplit.modelfile import load_model_file
+
+    source = load_model_file(spec.model, spec.entry)
+    kwargs = dict(spec.model_args)
+    torch.manual_seed(spec.seed)
+    model = source.build(**kwargs)
+    torch.manual_seed(spec.seed + 1)
+    if spec.input_shape:
+        inputs: Any = (torch.randn(batch, *spec.input_shape),)
+    else:
+        inputs = source.example_inputs(batch, **kwargs)
+    return model, (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+
+
+def _trainer(spec: RunSpec, model: nn.Module, inputs: tuple[Any, ...], plan: Plan) -> tuple[Trainer, Any]:
+    lr = spec.lr
+    trainer = Trainer(model, plan, tutorial_loss, lambda params: torch.optim.SGD(params, lr=lr))
+    targets = tutorial_targets(model, inputs, spec.seed + 2) if trainer.holds_last else None
+    return trainer, targets
+
+
+def _timed_step(trainer: Trainer, inputs: tuple[Any, ...], targets: Any) -> tuple[float, float]:
+    """One training step on every rank, started together: (seconds on this rank, loss)."""
+    dist.barrier()
+    start = time.perf_counter()
+    loss = trainer.step(inputs if trainer.holds_first else None, targets)
+    return time.perf_counter() - start, float(loss) if loss is not None else math.nan
+
+
+def measure_plans(spec: RunSpec, plans: Sequence[Plan], rounds: int = 2) -> list[list[float]]:
+    """One rank of a side-by-side measurement: every plan trained in turn, A B A B ….
+
+    All plans must have the same number of stages (one rank each here) and batch. Each plan
+    first runs one untimed step (the stages' shapes are settled then); then ``rounds`` rounds
+    time one step of each plan in turn, so drift in the machine's speed hits all alike.
+
+    Returns:
+        ``times[i]``: plan i's step times (s), the slowest rank's each, on every rank.
+    """
+    batch = {p.microbatches * p.split_size for p in plans}
+    if len(batch) != 1 or len({len(p.stages) for p in plans}) != 1:
+        raise InvalidInputError("measure_plans needs plans of one batch size and stage count")
+    model, inputs = _model_and_batch(spec, batch.pop())
+    runs = [_trainer(spec, model, inputs, plan) for plan in plans]
+    for trainer, targets in runs:
+        _timed_step(trainer, inputs, targets)
+    mine: list[list[float]] = [[] for _ in plans]
+    for _ in range(rounds):
+        for i, (trainer, targets) in enumerate(runs):
+            mine[i].append(_timed_step(trainer, inputs, targets)[0])
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return [[max(rank[i][r] for rank in gathered) for r in range(rounds)] for i in range(len(plans))]
 
 
 # ------------------------------------------------------------------------- split_spec checks

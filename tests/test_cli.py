@@ -203,3 +203,28 @@ def test_bad_device_names_and_spec_files(tmp_path, capsys) -> None:
                     match="missing the field")
     _one_line_error(capsys, tmp_path, "plan", TOY, "--gpus", "2", "--model-arg", "nonsense", "-o", out,
                     match="not KEY=VALUE")
+
+
+def test_compare_measure_trains_each_plan(tmp_path, capsys) -> None:
+    code, out, err = run(capsys, "compare", TOY, "--gpus", "2", *FAST, "--measure", "--rounds", "1",
+                         "--timeout", "60")
+    assert code == 0, err
+    assert "measured step" in out
+    header, *rows = [line for line in out.splitlines() if line.startswith(("plan ", "autosplit ", "uniform "))]
+    assert "measured step" in header
+    assert all(not row.rstrip().endswith("–") for row in rows)
+
+
+def test_plan_emit_writes_an_importable_module(tmp_path, capsys) -> None:
+    target = tmp_path / "pipelined_toy.py"
+    code, out, err = run(capsys, "plan", TOY, "--gpus", "2", *FAST, "-o", str(tmp_path / "p.json"),
+                         "--emit", str(target))
+    assert code == 0, err
+    text = target.read_text()
+    assert "class PipelinedToyModel" in text and "autosplit plan" in text
+    namespace: dict = {}
+    exec(compile(text, str(target), "exec"), namespace)
+    import torch
+
+    pipelined = namespace["PipelinedToyModel"](devices=["cpu", "cpu"])
+    assert tuple(pipelined(torch.randn(8, 10)).shape) == (8, 5)
