@@ -395,7 +395,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.emit:
         from autosplit.codegen import emit
 
-        code = emit(plan, source.ref, model=model, command=shlex.join(["autosplit", *sys.argv[1:]]))
+        code = emit(plan, source.ref, model=model, command=shlex.join(["autosplit", *args.argv]))
     console.print()
     print_plan(console, plan, reference)
     if memory is not None and args.gpus > 1:
@@ -667,6 +667,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UserWarning)
