@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -65,7 +66,10 @@ def test_profile_then_plan_then_show(tmp_path, capsys) -> None:
     assert code == 0, err
     assert "net1" in out and "net2" in out and "predicted step" in out
     assert json.loads(plan.read_text())["schedule"] == "1f1b"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])  # the IHDR chunk
+    assert width >= 800 and height >= 400 and len(data) > 20_000
 
     code, out, err = run(capsys, "show", str(plan), "--model", TOY)
     assert code == 0, err
