@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from autosplit.errors import (
     AutosplitError,
+    CodegenError,
     InfeasiblePlanError,
     InvalidInputError,
     PlanFileError,
@@ -45,6 +46,12 @@ _LAZY = {
     "simulate": "autosplit.simulator",
     "simulate_plan": "autosplit.simulator",
     "emit": "autosplit.codegen",
+    "analytic_profile": "autosplit.analytic",
+    "build_on_meta": "autosplit.analytic",
+    "DeviceSpec": "autosplit.specs",
+    "get_spec": "autosplit.specs",
+    "load_spec": "autosplit.specs",
+    "calibrate": "autosplit.specs",
 }
 
 __all__ = [
@@ -59,6 +66,12 @@ __all__ = [
     "simulate",
     "simulate_plan",
     "emit",
+    "analytic_profile",
+    "build_on_meta",
+    "DeviceSpec",
+    "get_spec",
+    "load_spec",
+    "calibrate",
     "PipelinedModule",
     "BlockGraph",
     "Profile",
@@ -73,6 +86,7 @@ __all__ = [
     "InfeasiblePlanError",
     "PlanMismatchError",
     "PlanFileError",
+    "CodegenError",
     "__version__",
 ]
 

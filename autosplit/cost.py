@@ -31,8 +31,18 @@ __all__ = [
     "single_device_ms",
 ]
 
-OPTIMIZER_STATE = {"none": 0, "sgd": 0, "sgd-momentum": 1, "adagrad": 1, "adam": 2, "adamw": 2}
-"""Optimizer state per parameter, in parameter sizes (Adam keeps two moments)."""
+OPTIMIZER_STATE = {
+    "none": 0,
+    "sgd": 0,
+    "sgd-momentum": 1,
+    "adagrad": 1,
+    "adam": 2,
+    "adamw": 2,
+    "adam-mixed": 6,
+}
+"""Optimizer state per parameter, in parameter sizes (Adam keeps two moments). ``adam-mixed``
+is mixed-precision Adam on 16-bit parameters: an fp32 master copy and two fp32 moments are
+12 bytes per 2-byte parameter, 6 parameter sizes (16 bytes per parameter in all)."""
 
 SCHEDULES = ("gpipe", "1f1b")
 

@@ -65,7 +65,8 @@ def plan_figure(plan: Plan, path: str | Path) -> SimResult:
     )
     ax.set_title(
         f"{plan.model} on {p} devices · batch {plan.batch_size} as {plan.microbatches} × "
-        f"{plan.split_size} · {plan.schedule}\npredicted step {format_ms(plan.predicted_step_ms)}"
+        f"{plan.split_size} · {plan.schedule} · {plan.profile.split(',')[0]}"
+        f"\npredicted step {format_ms(plan.predicted_step_ms)}"
         f" · the schedule simulated below takes {format_ms(sim.step_ms)}, idle "
         f"{sim.bubble_fraction:.0%} of device time",
         loc="left", fontsize=10,

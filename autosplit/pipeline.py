@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from autosplit.devices import default_devices, resolve_device
+from autosplit.devices import default_devices, measure_link_bandwidth, resolve_device
 from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph, Granularity, Segment, trace
 from autosplit.records import Plan
@@ -121,9 +121,17 @@ class PipelinedModule(nn.Module):
             stages=len(self.devices),
             **opts.get("profile_options", {}),
         )
+        bandwidth = opts.get("bandwidth_bytes_per_s")
+        distinct_gpus = len({d for d in self.devices if d.type == "cuda"})
+        if bandwidth is None and distinct_gpus == len(self.devices) > 1:
+            # real GPUs: the slowest link between consecutive stages, measured
+            bandwidth = min(
+                measure_link_bandwidth(a, b) for a, b in zip(self.devices, self.devices[1:])
+            )
         return make_plan(
             prof,
             len(self.devices),
+            bandwidth_bytes_per_s=bandwidth,
             devices=[str(d) for d in self.devices],
             memory_per_gpu=opts.get("memory_per_gpu"),
             schedule=opts.get("schedule", "gpipe"),
@@ -216,6 +224,7 @@ def partition(
     schedule: str = "gpipe",
     optimizer: str = "sgd",
     memory_per_gpu: int | float | str | None = None,
+    bandwidth_bytes_per_s: float | None = None,
     microbatch_sizes: Sequence[int] | None = None,
     granularity: Granularity = "block",
     leaf_modules: Sequence[type[nn.Module] | str] = (),
@@ -237,6 +246,8 @@ def partition(
         plan: a saved plan to use; its fingerprint must match the model.
         split_size: fix the micro-batch size b (``None``: the planner chooses).
         schedule, optimizer, memory_per_gpu: passed to :func:`autosplit.plan`.
+        bandwidth_bytes_per_s: link bandwidth between stages; default measured between GPUs
+            (peer-to-peer copies), else :data:`autosplit.devices.DEFAULT_LINK_BYTES_PER_S`.
         microbatch_sizes: sizes to profile (default chosen from the batch).
         granularity, leaf_modules: passed to :func:`autosplit.graph.trace`.
         profile_options: extra keyword arguments for :func:`autosplit.profile`.
@@ -270,6 +281,7 @@ def partition(
         "schedule": schedule,
         "optimizer": optimizer,
         "memory_per_gpu": memory_per_gpu,
+        "bandwidth_bytes_per_s": bandwidth_bytes_per_s,
         "microbatch_sizes": microbatch_sizes,
         "granularity": granularity,
         "leaf_modules": tuple(leaf_modules),

@@ -127,7 +127,8 @@ class Profile:
         input_dtypes: dtypes of the example inputs, e.g. ``"torch.float32"``.
         device: what was measured on.
         torch_version: ``torch.__version__`` at measurement.
-        source: ``"measured"`` (timings from running the blocks).
+        source: ``"measured"`` (timings from running the blocks) or ``"analytic"`` (estimated
+            from FLOPs and bytes for a device spec, see :mod:`autosplit.analytic`).
         warmup: untimed runs per block and size before timing.
         repeats: timed runs per block and size (the median is kept).
         seconds: wall time the profiling took (s).
