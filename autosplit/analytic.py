@@ -49,7 +49,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
-from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -58,6 +57,7 @@ from autosplit.graph import BlockGraph, Granularity, trace
 from autosplit.profiler import check_inputs, default_microbatch_sizes
 from autosplit.records import BlockProfile, CutProfile, DeviceInfo, Profile
 from autosplit.specs import DeviceSpec, op_time_s
+from autosplit.tensors import fresh_leaves, nbytes, tensor_leaves
 
 __all__ = [
     "build_on_meta",
@@ -250,8 +250,8 @@ class _Traffic(TorchDispatchMode):
         name = func._schema.name if hasattr(func, "_schema") else str(func)
         moved = 0
         if not (getattr(func, "is_view", False) or name in _NO_TRAFFIC):
-            moved = sum(_distinct_bytes(t) for t in _tensors((args, kwargs)))
-            moved += sum(_distinct_bytes(t) for t in _tensors(out))
+            moved = sum(_distinct_bytes(t) for t in tensor_leaves((args, kwargs)))
+            moved += sum(_distinct_bytes(t) for t in tensor_leaves(out))
         if flops or moved:
             self.sink.append((int(flops), int(moved)))
         return out
@@ -284,12 +284,8 @@ class _FusedAttention(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    return [x for x in pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
 
 
-def _nbytes(value: Any) -> int:
-    return sum(x.numel() * x.element_size() for x in _tensors(value))
 
 
 def _distinct_bytes(t: torch.Tensor) -> int:
@@ -313,15 +309,6 @@ def _compress(ops: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     return with_flops + (((0, memory),) if memory else ())
 
 
-def _leaf_inputs(values: Sequence[Any]) -> list[Any]:
-    out = []
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            v = v.detach()
-            if v.is_floating_point() or v.is_complex():
-                v.requires_grad_(True)
-        out.append(v)
-    return out
 
 
 def _model_dtype(module: nn.Module) -> torch.dtype:
@@ -410,7 +397,7 @@ def count_costs(
         for block in graph.blocks
     )
     param_count = sum(p.numel() for p in graph.module.parameters())
-    buffer_bytes = tuple(_block_buffer_bytes(graph, i) for i in range(len(graph.blocks)))
+    buffer_bytes = tuple(graph.buffer_bytes(i) for i in range(len(graph.blocks)))
 
     per_size: list[tuple[BlockCost, ...]] = []
     cut_bytes: list[list[int]] = [[] for _ in graph.cuts]
@@ -420,7 +407,7 @@ def count_costs(
         costs, env = _count_size(graph, segments, mb, b, fused=attention == "flash")
         per_size.append(costs)
         for cut in graph.cuts:
-            cut_bytes[cut.index].append(sum(_nbytes(env[name]) for name in cut.tensors))
+            cut_bytes[cut.index].append(sum(nbytes(env[name]) for name in cut.tensors))
     return ModelCosts(
         model=graph.model_name,
         fingerprint=graph.fingerprint,
@@ -440,16 +427,6 @@ def count_costs(
     )
 
 
-def _block_buffer_bytes(graph: BlockGraph, i: int) -> int:
-    names = set(graph.blocks[i].nodes)
-    total, seen = 0, set()
-    for node in graph.module.graph.nodes:
-        if node.name in names and node.op == "call_module":
-            for buf in graph.module.get_submodule(str(node.target)).buffers():
-                if id(buf) not in seen:
-                    seen.add(id(buf))
-                    total += buf.numel() * buf.element_size()
-    return total
 
 
 def _count_size(
@@ -476,7 +453,7 @@ def _count_size(
                     alive.append(t)
                 return t
 
-            args = _leaf_inputs([env[n] for n in seg.inputs])
+            args = fresh_leaves([env[n] for n in seg.inputs])
             fwd: list[tuple[int, int]] = []
             bwd: list[tuple[int, int]] = []
             try:
@@ -487,7 +464,7 @@ def _count_size(
                 raise _meta_error(graph, name, b, exc) from exc
             finally:
                 traffic.sink = None
-            grads_for = [t for t in _tensors(outputs) if t.requires_grad]
+            grads_for = [t for t in tensor_leaves(outputs) if t.requires_grad]
             seeds = [torch.ones_like(t) for t in grads_for]
             estimated = False
             if grads_for:
@@ -514,7 +491,7 @@ def _count_size(
                     bwd_ops=_compress(bwd),
                     saved_bytes=sum(storages.values()) - shared,
                     saved_shared_bytes=shared,
-                    output_bytes=_nbytes(outputs),
+                    output_bytes=nbytes(outputs),
                     estimated=estimated,
                 )
             )

@@ -267,8 +267,8 @@ def _measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, con
              include: int | None = None) -> Profile:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from autosplit.profiler import check_inputs, profile_graph
     from autosplit.graph import trace
+    from autosplit.profiler import check_inputs, profile_graph
 
     inputs = check_inputs(inputs)
     graph = trace(model, example_inputs=inputs)

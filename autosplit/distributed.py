@@ -1055,7 +1055,6 @@ def train_model_file(spec: RunSpec) -> RunResult:
     Runs inside an initialised process group (torchrun or :func:`launch`); every rank returns
     the same :class:`RunResult`.
     """
-    from autosplit.modelfile import load_model_file
 
     plan = spec.plan
     model, inputs = _model_and_batch(spec, plan.microbatches * plan.split_size)

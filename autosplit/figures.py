@@ -115,7 +115,6 @@ def plan_figure(plan: Plan, path: str | Path) -> SimResult:
 
 def comparison_figure(rows: Sequence[ComparisonRow], path: str | Path, title: str = "") -> None:
     """Bars of predicted (and, where measured, measured) step time per plan, to a PNG."""
-    names = [r.name for r in rows]
     predicted = [r.predicted_step_ms for r in rows]
     measured = [r.measured_step_ms for r in rows]
     scale, unit = _time_unit(max(predicted + [m or 0 for m in measured]))

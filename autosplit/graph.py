@@ -104,6 +104,18 @@ class BlockGraph:
             return len(self.blocks)
         return self.node_block[node.name]
 
+    def buffer_bytes(self, i: int) -> int:
+        """Bytes of the buffers (BatchNorm statistics, …) of the modules block ``i`` calls."""
+        names = set(self.blocks[i].nodes)
+        total, seen = 0, set()
+        for node in self.module.graph.nodes:
+            if node.name in names and node.op == "call_module":
+                for buf in self.module.get_submodule(str(node.target)).buffers():
+                    if id(buf) not in seen:
+                        seen.add(id(buf))
+                        total += buf.numel() * buf.element_size()
+        return total
+
     def to_networkx(self) -> nx.DiGraph:
         """The fx data-flow graph; each node carries its ``block`` index (-1 inputs, n output)."""
         g = nx.DiGraph()

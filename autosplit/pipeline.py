@@ -23,9 +23,9 @@ from torch.utils import _pytree as pytree
 from autosplit.devices import default_devices, measure_link_bandwidth, resolve_device
 from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph, Granularity, Segment, trace
-from autosplit.records import Plan
 from autosplit.planner import plan as make_plan
 from autosplit.profiler import check_inputs, profile_graph
+from autosplit.records import Plan
 
 __all__ = ["partition", "PipelinedModule"]
 

@@ -21,12 +21,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from autosplit.devices import describe_device, resolve_device
 from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph, Granularity, Segment, trace
 from autosplit.records import BlockProfile, CutProfile, Profile
+from autosplit.tensors import fresh_leaves, nbytes, tensor_leaves
 
 __all__ = ["profile", "profile_graph", "default_microbatch_sizes", "check_inputs", "Progress"]
 
@@ -217,7 +217,7 @@ def profile_graph(
     for i, block in enumerate(graph.blocks):
         params = {name for name, _ in block.params}
         module_params = dict(graph.module.named_parameters())
-        buffers = _block_buffer_bytes(graph, i)
+        buffers = graph.buffer_bytes(i)
         blocks.append(
             BlockProfile(
                 name=block.name,
@@ -280,36 +280,12 @@ def _private_copy(graph: BlockGraph, dev: torch.device) -> BlockGraph:
     return BlockGraph(module, graph.blocks, graph.model_name, graph.traced)
 
 
-def _block_buffer_bytes(graph: BlockGraph, i: int) -> int:
-    names = set(graph.blocks[i].nodes)
-    total, seen = 0, set()
-    for node in graph.module.graph.nodes:
-        if node.name in names and node.op == "call_module":
-            for buf in graph.module.get_submodule(str(node.target)).buffers():
-                if id(buf) not in seen:
-                    seen.add(id(buf))
-                    total += buf.numel() * buf.element_size()
-    return total
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    return [x for x in pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
 
 
-def _nbytes(value: Any) -> int:
-    return sum(x.numel() * x.element_size() for x in _tensors(value))
 
 
-def _leaf_inputs(values: Sequence[Any]) -> list[Any]:
-    """Fresh autograd leaves for a block's inputs, so its backward can be timed alone."""
-    out = []
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            v = v.detach()
-            if v.is_floating_point() or v.is_complex():
-                v.requires_grad_(True)
-        out.append(v)
-    return out
 
 
 def _measure_size(
@@ -343,7 +319,7 @@ def _measure_size(
             return t
 
         for run in range(warmup + repeats):
-            args = _leaf_inputs([env[name] for name in seg.inputs])
+            args = fresh_leaves([env[name] for name in seg.inputs])
             if cuda:
                 torch.cuda.synchronize(dev)
                 base = torch.cuda.memory_allocated(dev)
@@ -360,7 +336,7 @@ def _measure_size(
                 t1 = _clock(dev)
             if run == 0:
                 kept = outputs
-            grads_for = [t for t in _tensors(outputs) if t.requires_grad]
+            grads_for = [t for t in tensor_leaves(outputs) if t.requires_grad]
             t2 = _clock(dev)
             if grads_for:
                 torch.autograd.backward(grads_for, [torch.ones_like(t) for t in grads_for])
@@ -380,13 +356,13 @@ def _measure_size(
         result.bwd_ms[i] = statistics.median(bwd)
         result.saved_bytes[i] = sum(storages.values()) - shared
         result.shared_bytes[i] = shared
-        result.output_bytes[i] = _nbytes(kept)
+        result.output_bytes[i] = nbytes(kept)
         result.peak_bytes[i] = int(peak)
         for name, value in zip(seg.outputs, kept):
             env[name] = value.detach() if isinstance(value, torch.Tensor) else value
         done(i)
     for cut in graph.cuts:
-        result.cut_bytes[cut.index] = sum(_nbytes(env[name]) for name in cut.tensors)
+        result.cut_bytes[cut.index] = sum(nbytes(env[name]) for name in cut.tensors)
     return result
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from autosplit.errors import InfeasiblePlanError, InvalidInputError
 from autosplit.solve.problem import Partition, PartitionProblem, evaluate
 
-__all__ = ["solve_dp", "balance", "min_capacity"]
+__all__ = ["solve_dp", "balance", "min_capacity", "infeasible_error"]
 
 
 def _prefix(row: Sequence[float]) -> np.ndarray:
@@ -109,16 +109,21 @@ def solve_dp(problem: PartitionProblem) -> Partition:
     """
     found = _solve(problem, use_memory=True)
     if found is None:
-        smallest = min_capacity(problem)
-        stage = max(range(problem.p), key=lambda s: smallest.stage_memory[s])
-        raise InfeasiblePlanError(
-            f"no split into {problem.p} stages fits the memory limits "
-            f"{[round(c) for c in problem.capacity or ()]}; the smallest feasible plan needs "
-            f"{smallest.bottleneck:.6g} per device (stage {stage}): raise the capacity or add stages",
-            min_capacity_bytes=smallest.bottleneck,
-            stage=stage,
-        )
+        raise infeasible_error(problem)
     return evaluate(problem, found)
+
+
+def infeasible_error(problem: PartitionProblem) -> InfeasiblePlanError:
+    """The error for a problem no partition of which fits: it names the smallest capacity."""
+    smallest = min_capacity(problem)
+    stage = max(range(problem.p), key=lambda s: smallest.stage_memory[s])
+    return InfeasiblePlanError(
+        f"no split into {problem.p} stages fits the memory limits "
+        f"{[round(c) for c in problem.capacity or ()]}; the smallest feasible plan needs "
+        f"{smallest.bottleneck:.6g} per device (stage {stage}): raise the capacity or add stages",
+        min_capacity_bytes=smallest.bottleneck,
+        stage=stage,
+    )
 
 
 def balance(

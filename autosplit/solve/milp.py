@@ -44,8 +44,8 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from autosplit.errors import AutosplitError, InfeasiblePlanError, InvalidInputError
-from autosplit.solve.dp import min_capacity
+from autosplit.errors import AutosplitError, InvalidInputError
+from autosplit.solve.dp import infeasible_error
 from autosplit.solve.problem import Partition, PartitionProblem, evaluate
 
 if TYPE_CHECKING:
@@ -226,18 +226,6 @@ def _balance(prob: pulp.LpProblem, problem: PartitionProblem) -> tuple[int, ...]
     return tuple(stages.count(s) for s in range(problem.p))
 
 
-def _infeasible(problem: PartitionProblem) -> InfeasiblePlanError:
-    smallest = min_capacity(problem)
-    stage = max(range(problem.p), key=lambda s: smallest.stage_memory[s])
-    return InfeasiblePlanError(
-        f"no split into {problem.p} stages fits the memory limits "
-        f"{[round(c) for c in problem.capacity or ()]}; the smallest feasible plan needs "
-        f"{smallest.bottleneck:.6g} per device (stage {stage}): raise the capacity or add stages",
-        min_capacity_bytes=smallest.bottleneck,
-        stage=stage,
-    )
-
-
 def solve_milp(
     problem: PartitionProblem,
     *,
@@ -283,7 +271,7 @@ def solve_milp(
         status = pulp.LpStatus[prob.status]
         found = prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
         if status == "Infeasible":
-            raise _infeasible(problem)
+            raise infeasible_error(problem)
         if status != "Optimal" or not found:
             limit = "" if time_limit_s is None else f" within time_limit_s={time_limit_s}"
             raise AutosplitError(

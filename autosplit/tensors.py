@@ -1,0 +1,34 @@
+"""Small helpers on (nested structures of) tensors, shared by the profilers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+__all__ = ["tensor_leaves", "nbytes", "fresh_leaves"]
+
+
+def tensor_leaves(value: Any) -> list[torch.Tensor]:
+    """Every tensor in a nested structure of tuples, lists and dicts."""
+    return [x for x in pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
+
+
+def nbytes(value: Any) -> int:
+    """Total bytes of every tensor in ``value``."""
+    return sum(x.numel() * x.element_size() for x in tensor_leaves(value))
+
+
+def fresh_leaves(values: Sequence[Any]) -> list[Any]:
+    """Detached copies (sharing storage) of a block's inputs, floating ones requiring grad,
+    so that the block's forward and backward can be run and measured on their own."""
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            v = v.detach()
+            if v.is_floating_point() or v.is_complex():
+                v.requires_grad_(True)
+        out.append(v)
+    return out
