@@ -177,7 +177,7 @@ def _err_console() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def _write_atomic(path: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
+def _write_atomic(path: str | os.PathLike[str], write: Callable[[Path], object]) -> None:
     """Write through a temporary file in the same folder, then rename: all or nothing."""
     target = Path(path)
     folder = target.parent if str(target.parent) else Path(".")
@@ -400,7 +400,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     print_plan(console, plan, reference)
     if memory is not None and args.gpus > 1:
         _one_device_note(console, prof, memory, kwargs)
-    writes: list[tuple[str, Callable[[Path], None]]] = [(args.output, plan.save)]
+    writes: list[tuple[str, Callable[[Path], object]]] = [(args.output, plan.save)]
     if code is not None:
         writes.append((args.emit, lambda path: path.write_text(code)))
     if args.plot:

@@ -7,7 +7,7 @@ best measured one for its own cut points (the most favourable reading of it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from autosplit.cost import block_time_ms
@@ -24,7 +24,11 @@ BASELINES = ("uniform", "parameters", "torchgpipe")
 
 
 def _best_over_sizes(
-    profile: Profile, balance_at: callable, label: str, batch: int, kwargs: dict  # type: ignore[valid-type]
+    profile: Profile,
+    balance_at: Callable[[int], Sequence[int]],
+    label: str,
+    batch: int,
+    kwargs: dict[str, object],
 ) -> Plan:
     plans = [
         plan_with_balance(profile, balance_at(k), b, solver=label, **kwargs)

@@ -338,7 +338,8 @@ def _group(model: nn.Module, gm: fx.GraphModule, granularity: Granularity) -> li
     if carry:
         grouped.append(("ops", carry, ()))
 
-    blocks, used = [], {}
+    blocks: list[Block] = []
+    used: dict[str, int] = {}
     for i, (key, nodes, params) in enumerate(grouped):
         used[key] = used.get(key, 0) + 1
         name = key if used[key] == 1 else f"{key}#{used[key]}"

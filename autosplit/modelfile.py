@@ -180,7 +180,8 @@ def load_model_file(target: str, entry: str | None = None) -> ModelFile:
     if entry:
         source, _, attr = entry.rpartition(":") if ":" in entry else (target, "", entry)
         source = source or target
-    path = Path(source)
+    path: Path | None = Path(source)
+    assert path is not None
     if source.endswith(".py") or path.exists():
         if not path.is_file():
             raise ModelFileError(f"model file {source!r} does not exist")

@@ -157,7 +157,7 @@ def profile_graph(
     if threads < 1:
         raise InvalidInputError(f"threads must be at least 1, got {threads}")
     explicit = microbatch_sizes is not None
-    sizes = list(microbatch_sizes) if explicit else default_microbatch_sizes(batch, stages)
+    sizes = list(microbatch_sizes or ()) if explicit else default_microbatch_sizes(batch, stages)
     first = list(include)
     sizes = list(dict.fromkeys([*first, *sizes]))
     for b in sizes:
@@ -203,14 +203,14 @@ def profile_graph(
     finally:
         torch.set_num_threads(old_threads)
     if failures and (explicit or not measured):
-        b, exc = failures[0]
+        b, error = failures[0]
         shapes = ", ".join(str(tuple(x.shape)) for x in inputs)
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise InvalidInputError(
             f"{graph.model_name} fails on a micro-batch of {b} cut from example inputs of shape "
-            f"{shapes}: {type(exc).__name__}: {message}. Check the example inputs' shapes and "
+            f"{shapes}: {type(error).__name__}: {message}. Check the example inputs' shapes and "
             "dtypes, and the micro-batch sizes"
-        ) from exc
+        ) from error
 
     order = sorted(measured)
     blocks = []

@@ -420,7 +420,7 @@ def _load(cls: type[T], kind: str, path: str | Path) -> T:
 def _from_json(tp: Any, value: Any) -> Any:
     """Rebuild a value of (annotated) type ``tp`` from its ``json.loads`` form."""
     origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise TypeError(f"expected an object for {tp.__name__}, got {type(value).__name__}")
         hints = typing.get_type_hints(tp)
