@@ -648,7 +648,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for i, (seconds, loss) in enumerate(zip(result.step_s, result.losses), start=1):
         note = "  (first step: warm-up)" if i == 1 and len(result.step_s) > 1 else ""
         console.print(f"step {i}  {seconds:7.2f} s  loss {loss:.6g}{note}")
-    predicted = plan.simulated_step_ms or plan.predicted_step_ms
+    predicted = plan.predicted_step_ms
     console.print(f"median step {result.steady_step_s:.2f} s on {where} ({result.device}) · the plan "
                   f"predicted {predicted / 1000:.2f} s")
     return 0

@@ -66,9 +66,9 @@ def plan_figure(plan: Plan, path: str | Path) -> SimResult:
     ax.set_title(
         f"{plan.model} on {p} devices · batch {plan.batch_size} as {plan.microbatches} × "
         f"{plan.split_size} · {plan.schedule} · {plan.profile.split(',')[0]}"
-        f"\npredicted step {format_ms(plan.predicted_step_ms)}"
-        f" · the schedule simulated below takes {format_ms(sim.step_ms)}, idle "
-        f"{sim.bubble_fraction:.0%} of device time",
+        f"\npredicted step {format_ms(sim.step_ms)} (the schedule simulated below) · devices "
+        f"idle {sim.bubble_fraction:.0%} of the time · slowest stage × (m + p − 1): "
+        f"{format_ms(plan.bound_step_ms)}",
         loc="left", fontsize=10,
     )
     for side in ("top", "right"):

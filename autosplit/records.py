@@ -238,16 +238,18 @@ class Plan:
         microbatches: number of micro-batches m = ceil(B / b).
         batch_size: the batch size B the plan was made for.
         schedule: ``"gpipe"`` or ``"1f1b"``.
-        predicted_step_ms: predicted time of one training step (forward + backward of B).
+        predicted_step_ms: predicted time of one training step (forward + backward of B): the
+            event simulation of the schedule (forward and backward of every micro-batch placed
+            op by op on its device; transfers delay the receiver).
         single_device_ms: predicted time of the same step on one device (best measured b).
         solver: which solver produced the cut points (``"dp"``, ``"milp"``, ``"manual"`` …).
         candidates: the micro-batch sizes the planner chose among.
         profile: one line on the profile the predictions come from.
         memory_limit_bytes: per-device memory limit the plan respects, ``None`` for none.
         optimizer: the optimizer assumed by the memory model.
-        simulated_step_ms: the step time of the event simulation of the schedule (forward and
-            backward placed op by op; transfers delay the receiver), beside the closed form
-            ``predicted_step_ms`` the solver minimises.
+        bound_step_ms: (m + p − 1) · t_max, the closed form the exact solvers minimise (t_max
+            the slowest stage's time per micro-batch, transfer included); equal to the
+            prediction for balanced stages, above it otherwise.
     """
 
     model: str
@@ -264,7 +266,7 @@ class Plan:
     profile: str
     memory_limit_bytes: int | None = None
     optimizer: str = "sgd"
-    simulated_step_ms: float = 0.0
+    bound_step_ms: float = 0.0
 
     @property
     def balance(self) -> tuple[int, ...]:
@@ -358,8 +360,7 @@ class Plan:
             f"batch {self.batch_size} → {self.microbatches} micro-batch"
             f"{'es' if self.microbatches != 1 else ''} of {self.split_size} "
             f"(chosen from {', '.join(map(str, self.candidates))}) · schedule {self.schedule}",
-            f"predicted step {format_ms(self.predicted_step_ms)} (schedule simulation "
-            f"{format_ms(self.simulated_step_ms)}) · bubble "
+            f"predicted step {format_ms(self.predicted_step_ms)} · bubble "
             f"{self.bubble_fraction:.0%} · speed-up over one device ×{self.speedup:.2f} "
             f"(ideal ×{p:.2f})",
         ]

@@ -20,7 +20,8 @@ def test_balanced_cut_and_predicted_step() -> None:
     assert plan.balance == (2, 2)
     assert plan.split_size == 4 and plan.microbatches == 2
     assert plan.stages[0].compute_ms == pytest.approx(8.0)  # 2 blocks × 1 ms/sample × 4
-    assert plan.predicted_step_ms == pytest.approx((2 + 2 - 1) * 8.0)
+    assert plan.predicted_step_ms == pytest.approx((2 + 2 - 1) * 8.0)  # balanced: exact
+    assert plan.bound_step_ms == pytest.approx(plan.predicted_step_ms)
     assert plan.single_device_ms == pytest.approx(2 * 16.0)
     assert plan.split_points == ("block2",)
 
