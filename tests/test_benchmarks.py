@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import torch
+import torchvision
+
+import autosplit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,3 +47,110 @@ def test_analytic_benchmark_smoke(tmp_path) -> None:
     for r in data["rows"]:
         assert len(r["predicted_stage_ms"]) == 2 and all(v > 0 for v in r["measured_A_stage_ms"])
         assert 0 < r["efficiency"] <= 1.5
+
+
+def load_benchmark(name: str):  # type: ignore[no-untyped-def]
+    """A benchmark script as a module (it puts benchmarks/ on sys.path for its own imports)."""
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", ROOT / "benchmarks" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while being defined
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_figures(out: Path, names: list[str], count: int) -> None:
+    assert len(names) == count
+    for name in names:
+        size = (out / name).stat().st_size
+        assert name.endswith(".png") and 0 < size < 150_000, (name, size)
+
+
+def test_tutorial_benchmark_smoke(tmp_path) -> None:
+    """Processes mode (CPU): one device, model parallel and the pipelined sweep in one job."""
+    run_benchmark("tutorial.py", tmp_path)
+    data = json.loads((tmp_path / "tutorial_smoke.json").read_text())
+    assert data["settings"]["mode"] == "processes"
+    assert set(data["bars"]) == {"one device", "model parallel", "pipelined"}
+    assert [r["split_size"] for r in data["sweep"]] == [1, 2]
+    for row in data["rows"]:
+        assert len(row["seconds"]) == data["settings"]["repeats"] and row["mean"] > 0
+    assert data["bars"]["one device"]["speedup_vs_one_device"] == 1.0
+    check_figures(tmp_path, data["figures"], 2)
+    assert "| configuration |" in (tmp_path / "tutorial_smoke.md").read_text()
+
+
+def test_tutorial_benchmark_in_process_smoke(tmp_path) -> None:
+    """The tutorial's one-process version (what runs on two GPUs), here on two CPU devices."""
+    run_benchmark("tutorial.py", tmp_path, "--mode", "in-process", "--devices", "cpu", "cpu")
+    data = json.loads((tmp_path / "tutorial_smoke.json").read_text())
+    assert data["settings"]["mode"] == "in-process"
+    assert {r["config"] for r in data["rows"]} == {"one device", "model parallel", "split 1", "split 2"}
+
+
+def test_two_device_resnet_is_the_model() -> None:
+    """The tutorial's hand split (whole batch or pipelined) computes what the ResNet computes."""
+    tutorial = load_benchmark("tutorial")
+    torch.manual_seed(0)
+    resnet = torchvision.models.resnet18(num_classes=10).eval()
+    x = torch.randn(6, 3, 32, 32)
+    expected = resnet(x)
+    for split in (None, 2, 4):
+        split_model = tutorial.TwoDeviceResNet(resnet, ["cpu", "cpu"], split).eval()
+        torch.testing.assert_close(split_model(x), expected)
+    assert tutorial.nearest_divisors(20, 48) == [16, 24]
+    assert tutorial.nearest_divisors(20, 120) == [20]
+
+
+def test_compare_benchmark_smoke(tmp_path) -> None:
+    run_benchmark("compare.py", tmp_path)
+    data = json.loads((tmp_path / "compare_smoke.json").read_text())
+    with_torchgpipe = importlib.util.find_spec("torchgpipe") is not None
+    models = {m["model"]: m for m in data["models"]}
+    assert set(models) == {"ResNet18", "GPT tiny"}
+    names = [r["name"] for r in models["ResNet18"]["rows"]]
+    expected = ["one device", "hand split", "uniform", "by parameters"]
+    assert names == expected + (["torchgpipe"] if with_torchgpipe else []) + ["autosplit"]
+    assert "hand split" not in [r["name"] for r in models["GPT tiny"]["rows"]]
+    for model in models.values():
+        for row in model["rows"]:
+            assert row["median_s"] > 0 and row["predicted_ms"] > 0 and row["bound_ms"] > 0
+            assert row["vs_one_device"] > 0
+            assert len(row["measured_s"]) == data["settings"]["rounds"]
+    oracle = data["oracle"]
+    assert len(oracle["points"]) == 10 * 2  # ResNet18: 10 cuts × m ∈ {1, 2}
+    assert sum(p["autosplit"] for p in oracle["points"]) == 1
+    assert oracle["autosplit_vs_best"] > 0 and oracle["refined_best"]
+    assert all(g["value"] > 0 for g in data["goals"])
+    check_figures(tmp_path, data["figures"], 3)
+    text = (tmp_path / "compare_smoke.md").read_text()
+    assert "| plan | cut before |" in text and "## The oracle" in text
+
+
+def test_compare_without_torchgpipe_skips_its_rows(monkeypatch) -> None:
+    compare = load_benchmark("compare")
+    monkeypatch.setattr(compare, "balance_by_time", None)
+    case = compare.smoke_cases()[0][0]
+    profile, model, inputs, _ = compare.profile_case(case, torch.device("cpu"))
+    plans, notes = compare.case_plans(case, profile, model, inputs, torch.device("cpu"))
+    assert "torchgpipe" not in plans and set(plans) >= {"hand split", "autosplit"}
+    measured = {compare.plan_key(p): name for name, p in reversed(list(plans.items()))}
+    times = {label: [0.1] for label in ["one device", *measured.values()]}
+    result = compare.assemble_case(case, profile, plans, notes, measured, {"times": times}, False)
+    assert "torchgpipe" not in [r["name"] for r in result["rows"]]
+    assert any("pip install torchgpipe==0.0.7" in note for note in result["notes"])
+
+
+def test_torchgpipe_layers_map_to_autosplit_blocks() -> None:
+    compare = load_benchmark("compare")
+    resnet = torchvision.models.resnet50()
+    owners = [owner for owner, _ in compare.flatten("resnet50", resnet)]
+    names = autosplit.trace(resnet).block_names
+    assert len(owners) == 23 and list(dict.fromkeys(owners)) == list(names)
+    assert compare.to_block_balance([12, 11], owners, names) == ((10, 9), [])  # cut before layer3.1
+    balance, notes = compare.to_block_balance([3, 20], owners, names)  # between relu and maxpool
+    assert balance == (2, 17) and "inside block bn1" in notes[0]
+    gpt = load_benchmark("tutorial").load_example("gpt").build_model("tiny")
+    owners = [owner for owner, _ in compare.flatten("gpt-tiny", gpt)]
+    names = autosplit.trace(gpt).block_names
+    assert compare.to_block_balance([1, 4], owners, names) == ((2, 4), [])
