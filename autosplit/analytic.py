@@ -453,7 +453,9 @@ def _count_size(
                     alive.append(t)
                 return t
 
-            args = fresh_leaves([env[n] for n in seg.inputs])
+            args = fresh_leaves(
+                [env[n] for n in seg.inputs], [n not in graph.inputs for n in seg.inputs]
+            )
             fwd: list[tuple[int, int]] = []
             bwd: list[tuple[int, int]] = []
             try:

@@ -319,7 +319,9 @@ def _measure_size(
             return t
 
         for run in range(warmup + repeats):
-            args = fresh_leaves([env[name] for name in seg.inputs])
+            args = fresh_leaves(
+                [env[name] for name in seg.inputs], [name not in graph.inputs for name in seg.inputs]
+            )
             if cuda:
                 torch.cuda.synchronize(dev)
                 base = torch.cuda.memory_allocated(dev)

@@ -21,14 +21,19 @@ def nbytes(value: Any) -> int:
     return sum(x.numel() * x.element_size() for x in tensor_leaves(value))
 
 
-def fresh_leaves(values: Sequence[Any]) -> list[Any]:
+def fresh_leaves(values: Sequence[Any], needs_grad: Sequence[bool] | None = None) -> list[Any]:
     """Detached copies (sharing storage) of a block's inputs, floating ones requiring grad,
-    so that the block's forward and backward can be run and measured on their own."""
+    so that the block's forward and backward can be run and measured on their own.
+
+    ``needs_grad[i] = False`` leaves input i without grad: the model's own inputs, whose
+    gradient training never computes (the first block's input-gradient pass would otherwise be
+    counted, a large one for a high-resolution first convolution)."""
     out = []
-    for v in values:
+    for i, v in enumerate(values):
         if isinstance(v, torch.Tensor):
             v = v.detach()
-            if v.is_floating_point() or v.is_complex():
+            wanted = needs_grad is None or needs_grad[i]
+            if wanted and (v.is_floating_point() or v.is_complex()):
                 v.requires_grad_(True)
         out.append(v)
     return out
