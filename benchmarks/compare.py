@@ -25,7 +25,7 @@ micro-batch count m ≤ ``--oracle-max-m`` that divides the batch for ResNet50 (
 then times the fastest few again (with autosplit's and the hand split's points) and compares
 autosplit's plan with the best point found.
 
-    python benchmarks/compare.py             # ~15 min on 2 cores; writes benchmarks/results/compare.*
+    python benchmarks/compare.py             # ~12 min on 2 quiet cores; writes benchmarks/results/compare.*
     python benchmarks/compare.py --smoke     # toy sizes in well under a minute (used by the tests)
     pip install torchgpipe==0.0.7            # optional: adds the torchgpipe rows
 
@@ -50,7 +50,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, describe, machine, write_results  # noqa: E402
-from tutorial import Config, Group, ModelSpec, load_sentence, measure, summary  # noqa: E402
+from tutorial import (  # noqa: E402
+    Config,
+    Group,
+    ModelSpec,
+    add_load_arguments,
+    command_line,
+    load_sentence,
+    measure,
+    summary,
+)
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
@@ -301,7 +310,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         notes["stages"] = {name: stage_check(plans[name], model, inputs, device)
                            for name in measured.values()}
         phases[f"stage check {case.label}"] = time.perf_counter() - start
-        groups.append(Group(case.label, case.spec, tuple(configs), rounds=args.rounds, warmup=1))
+        groups.append(Group(case.label, case.spec, tuple(configs), rounds=args.rounds, warmup=1,
+                            max_others=args.max_others, retries=args.retries))
         prepared.append((case, profile, plans, notes, measured))
         del model
 
@@ -324,7 +334,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         keep += [g["label"] for g in grid if plan_key(g["plan"]) == plan_key(ohand)]
     groups.append(Group("oracle", oracle_case.spec, tuple(Config(g["label"], g["plan"]) for g in grid),
                         rounds=args.oracle_rounds, warmup=1, refine=args.refine,
-                        refine_rounds=args.refine_rounds, keep=tuple(keep)))
+                        refine_rounds=args.refine_rounds, keep=tuple(keep),
+                        max_others=args.max_others, retries=args.retries))
 
     print(f"measuring: {sum(len(g.configs) for g in groups)} configurations in {len(groups)} "
           f"groups, 2 ranks ({backend}) …", flush=True)
@@ -350,6 +361,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "refine": args.refine,
             "refine_rounds": args.refine_rounds,
             "oracle_max_m": oracle_max_m,
+            "max_others": args.max_others,
+            "retries": args.retries,
             "torchgpipe": TORCHGPIPE,
             "steps_per_timing": 1,
             "loss": "MSE against one-hot labels (the tutorial's), SGD lr 0.001",
@@ -552,7 +565,9 @@ def markdown(data: dict[str, Any]) -> str:
         f"`{st['command']}`; whole run {data['phases_seconds']['total'] / 60:.1f} min.",
         "",
         "Timings on this shared 2-core machine drift 20–30 % between runs (other jobs, tests "
-        "included, may run beside it); compare rows of one run, not across runs.",
+        "included, may run beside it); compare rows of one run, not across runs. A timing during "
+        f"which other processes used more than {st['max_others']:.0%} of the machine's CPU time "
+        f"is taken again (at most {st['retries']} times; /proc/stat's busy time minus the ranks' own).",
         "",
         "Ratios are speed-ups: the other configuration's step time over this row's (> 1: this "
         "row is faster). Predicted: autosplit's prediction for that plan (`predicted_step_ms`, the "
@@ -702,9 +717,9 @@ def figures(data: dict[str, Any], out: Path, stem: str) -> list[str]:
             ax.spines[side].set_visible(False)
     axes[-1, 0].set_xlabel("training throughput (samples/s; median, whiskers min–max); "
                            "×: speed-up over one device", fontsize=8)
-    axes[-1, 0].legend(handles=[Line2D([], [], marker="D", color="black", linestyle="", markersize=5,
-                                       label="autosplit's prediction for that plan")],
-                       fontsize=7, frameon=False, loc="lower right")
+    fig.legend(handles=[Line2D([], [], marker="D", color="black", linestyle="", markersize=5,
+                               label="autosplit's prediction for that plan")],
+               fontsize=8, frameon=False, loc="upper right")
     fig.suptitle("Plans measured side by side on 2 devices (higher is faster)", fontsize=10, x=0.02,
                  ha="left")
     path = out / f"{stem}_throughput.png"
@@ -787,14 +802,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--refine", type=int, default=6, help="sweep points timed again (default the 6 fastest)")
     parser.add_argument("--refine-rounds", type=int, default=4, help="rounds of the refined points (default 4)")
     parser.add_argument("--timeout", type=float, default=600.0, help="process-group timeout (s)")
+    add_load_arguments(parser)
     parser.add_argument("--smoke", action="store_true", help="toy sizes, in well under a minute (tests)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
     args = parser.parse_args(argv)
     if args.smoke:
         args.rounds, args.oracle_rounds, args.refine, args.refine_rounds = 1, 1, 2, 1
+        args.retries = 0  # a smoke run checks that it runs, not how fast
     if min(args.rounds, args.oracle_rounds) < 1 or args.refine < 0 or args.refine_rounds < 0:
         parser.error("--rounds and --oracle-rounds must be positive, --refine and --refine-rounds ≥ 0")
-    args.command = "python benchmarks/compare.py" + (" --smoke" if args.smoke else "")
+    args.command = command_line("compare.py", sys.argv[1:] if argv is None else argv)
     if TORCHGPIPE is None:
         print(f"torchgpipe is not installed: its rows are skipped ({INSTALL_TORCHGPIPE} adds them)",
               flush=True)

@@ -149,9 +149,11 @@ class Group:
 
     Every configuration first runs ``warmup`` untimed rounds, then ``rounds`` timed ones; a
     timing is ``steps`` training steps back to back (the slowest rank's wall time, every rank
-    starting after a barrier). Rounds alternate direction (A B C, C B A, …). With ``refine``,
-    the ``refine`` fastest configurations by median (and those in ``keep``) are timed
-    ``refine_rounds`` more times afterwards, interleaved among themselves.
+    starting after a barrier). Rounds alternate direction (A B C, C B A, …). A timing during
+    which other processes took more than ``max_others`` of the machine's CPU time is taken again
+    (at most ``retries`` times). With ``refine``, the ``refine`` fastest configurations by
+    median (and those in ``keep``) are timed ``refine_rounds`` more times afterwards,
+    interleaved among themselves.
     """
 
     name: str
@@ -163,6 +165,8 @@ class Group:
     refine: int = 0
     refine_rounds: int = 0
     keep: tuple[str, ...] = ()
+    max_others: float = 0.10
+    retries: int = 3
 
 
 def measure(groups: Sequence[Group], nprocs: int = 2, backend: str = "gloo",
@@ -241,11 +245,47 @@ def machine_cpu_seconds() -> tuple[float, float] | None:
     return (user + nice + system + irq + softirq) / tick, steal / tick
 
 
+def _checked(runner: Any, group: Group, rank: int, label: str) -> tuple[float, float, int]:
+    """Time ``runner`` once; while other processes take more than ``group.max_others`` of the
+    machine's CPU time during the timing, time it again (at most ``group.retries`` times, after
+    a pause that lets the other job pass). Every rank takes the same decision: the ranks' own
+    CPU time is gathered and rank 0's reading of the machine's decides.
+
+    Returns (seconds on this rank, the other processes' share of the kept timing, retries)."""
+    cores = os.cpu_count() or 1
+    for attempt in range(group.retries + 1):
+        before, own = machine_cpu_seconds(), time.process_time()
+        start = time.perf_counter()
+        seconds = runner()
+        wall = time.perf_counter() - start
+        own = time.process_time() - own
+        after = machine_cpu_seconds()
+        busy = after[0] - before[0] if before is not None and after is not None else None
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (own, busy, wall))
+        # decide on gathered values only (rank 0's clock and reading), so that every rank
+        # decides alike: a rank that retook a timing alone would wait for its peer forever
+        if gathered[0][1] is None:
+            return seconds, math.nan, attempt
+        others = max(0.0, gathered[0][1] - sum(g[0] for g in gathered))
+        share = others / (gathered[0][2] * cores)
+        # a tick of /proc/stat is 10 ms: very short timings cannot be judged
+        if share <= group.max_others or others < 0.05 or attempt == group.retries:
+            return seconds, share, attempt
+        if rank == 0:
+            print(f"  {group.name}: {label}: other processes took {share:.0%} of the CPU, "
+                  "timing it again", flush=True)
+        time.sleep(1.0 + attempt)
+
+
 def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count: int,
             skip: int, rank: int, what: str) -> tuple[dict[str, list[float]], dict[str, Any]]:
-    """Time ``count`` rounds after ``skip`` untimed ones; also what other processes took of the
-    machine during the timed rounds (the whole machine's busy CPU time minus the ranks' own)."""
+    """Time ``count`` rounds after ``skip`` untimed ones (see :func:`_checked`); also what other
+    processes took of the machine during the timed rounds (the whole machine's busy CPU time
+    minus the ranks' own, discarded timings included)."""
     times: dict[str, list[float]] = {label: [] for label in labels}
+    shares: list[float] = []
+    retried = 0
     marks: dict[str, Any] = {}
     for r in range(skip + count):
         if r == skip:
@@ -254,9 +294,13 @@ def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count:
         order = list(labels) if r % 2 == 0 else list(reversed(labels))
         start = time.perf_counter()
         for label in order:
-            seconds = runners[label]()
-            if r >= skip:
-                times[label].append(seconds)
+            if r < skip:
+                runners[label]()
+                continue
+            seconds, share, retries = _checked(runners[label], group, rank, label)
+            times[label].append(seconds)
+            shares.append(share)
+            retried += retries
         if rank == 0:
             kind = "warm-up" if r < skip else f"{what} {r - skip + 1}/{count}"
             print(f"  {group.name}: {kind} round of {len(order)} configurations "
@@ -267,7 +311,13 @@ def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count:
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (times, own))  # every rank gets every rank's times
     merged = {label: [max(col) for col in zip(*(g[0][label] for g in gathered))] for label in labels}
-    load: dict[str, Any] = {"wall_s": wall, "ranks_cpu_s": sum(g[1] for g in gathered)}
+    judged = [x for x in shares if not math.isnan(x)]
+    load: dict[str, Any] = {
+        "wall_s": wall, "ranks_cpu_s": sum(g[1] for g in gathered), "timings": len(shares),
+        "retried": retried, "max_others": group.max_others,
+        "kept_over_limit": sum(x > group.max_others for x in judged),
+        "max_kept_share": max(judged, default=math.nan),
+    }
     if marks["machine"] is not None and after is not None:
         busy = after[0] - marks["machine"][0]
         load["machine_cpu_s"] = busy
@@ -295,7 +345,11 @@ def _run_group(group: Group, device: torch.device, rank: int) -> dict[str, Any]:
         chosen = ranked[: group.refine] + [lb for lb in group.keep if lb not in ranked[: group.refine]]
         chosen = [lb for lb in labels if lb in chosen]  # original order
         refined, refine_load = _rounds(group, chosen, runners, group.refine_rounds, 0, rank, "refine round")
-        load = {k: load[k] + refine_load[k] for k in load if k in refine_load and k != "others_share"}
+        load = {k: load[k] + refine_load[k] if k in ("wall_s", "ranks_cpu_s", "timings", "retried",
+                                                     "kept_over_limit", "machine_cpu_s", "steal_s",
+                                                     "others_cpu_s") else load[k]
+                for k in load if k in refine_load}
+        load["max_kept_share"] = max(load["max_kept_share"], refine_load["max_kept_share"])
         if "others_cpu_s" in load:
             load["others_share"] = load["others_cpu_s"] / (load["wall_s"] * (os.cpu_count() or 1))
     del runners
@@ -400,6 +454,28 @@ def _in_process(spec: ModelSpec, configs: list[tuple[str, int | None]], devices:
 # ------------------------------------------------------------------------------ the benchmark
 
 
+def command_line(script: str, argv: Sequence[str]) -> str:
+    """The command that made the results, without ``--out`` (a local path)."""
+    words, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--out":
+            skip = True
+        elif not word.startswith("--out="):
+            words.append(word)
+    return " ".join(["python", f"benchmarks/{script}", *words])
+
+
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """--max-others and --retries: what to do about other processes on a shared machine."""
+    parser.add_argument("--max-others", type=float, default=0.10,
+                        help="retake a timing during which other processes used more than this "
+                             "share of the machine's CPU time (default 0.10)")
+    parser.add_argument("--retries", type=int, default=3,
+                        help="at most this many retakes per timing (default 3; 0: never)")
+
+
 def nearest_divisors(size: int, batch: int) -> list[int]:
     """The divisors of ``batch`` nearest to ``size`` (two on a tie)."""
     divisors = [d for d in range(1, batch + 1) if batch % d == 0]
@@ -429,7 +505,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         configs += [Config(label, bare_plan(model, HAND_SPLIT, s, batch))
                     for label, s in split_configs.items()]
         group = Group("tutorial", spec, tuple(configs), rounds=args.repeats, warmup=1,
-                      steps=args.batches)
+                      steps=args.batches, max_others=args.max_others, retries=args.retries)
         result = measure([group], backend="gloo", timeout_s=args.timeout)["tutorial"]
         times, load = result["times"], result["load"]
         devices_text = "CPU workers of 1 thread: one process per stage (gloo)"
@@ -461,8 +537,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "devices": devices_text,
             "repeats": args.repeats,
             "batches_per_timing": args.batches,
-            "warmup": "one untimed round of every configuration (one step each in process "
-                      "mode, one timing in one-process mode)",
+            "max_others": args.max_others,
+            "retries": args.retries,
+            "warmup": "one untimed round: one timing of every configuration",
             "tutorial_splits": list(args.split_sizes),
             "split_sizes_measured": {str(k): v for k, v in sweep_map.items()},
             "pipelined_split": pipelined,
@@ -491,6 +568,14 @@ def load_sentence(load: dict[str, Any]) -> str:
             f"machine's CPU time ({load['others_cpu_s']:.0f} core-s in {load['wall_s']:.0f} s)")
     if load.get("steal_s", 0) > 1:
         text += f", and the hypervisor took {load['steal_s']:.0f} core-s"
+    if "retried" in load:
+        limit = f"{load['max_others']:.0%}"
+        text += (f"; {load['retried']} timing(s) during which they took more than {limit} were "
+                 "discarded and taken again")
+        if load["kept_over_limit"]:
+            text += (f", and {load['kept_over_limit']} of the {load['timings']} kept timings still "
+                     f"saw more than {limit} (up to {load['max_kept_share']:.0%}): read those rows "
+                     "with care")
     return text + "."
 
 
@@ -509,7 +594,9 @@ def markdown(data: dict[str, Any]) -> str:
         f"as `np.std`). Whole run {st['wall_seconds']:.0f} s. Command: `{st['command']}`.",
         "",
         "Timings on this shared 2-core machine drift 20–30 % between runs (other jobs may run "
-        "beside it); compare rows of one run, not across runs. " + load_sentence(st["load"]),
+        "beside it); compare rows of one run, not across runs. A timing during which other "
+        f"processes used more than {st['max_others']:.0%} of the machine's CPU time is taken again "
+        f"(at most {st['retries']} times). " + load_sentence(st["load"]),
         "",
         "| configuration | split size | micro-batches | mean (s) | std (s) | vs one device |",
         "|---|---|---|---|---|---|",
@@ -630,20 +717,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="auto: one process on ≥ 2 GPUs, else one process per stage")
     parser.add_argument("--devices", nargs=2, default=None, help="the two devices of --mode in-process")
     parser.add_argument("--timeout", type=float, default=600.0, help="process-group timeout (s)")
+    add_load_arguments(parser)
     parser.add_argument("--smoke", action="store_true", help="a tiny run in seconds (tests)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
     args = parser.parse_args(argv)
-    command = "python benchmarks/tutorial.py"
+    args.command = command_line("tutorial.py", sys.argv[1:] if argv is None else argv)
     if args.tutorial_size:
         args.batch, args.image = 120, 128
-        command += " --tutorial-size"
     if args.smoke:
         args.batch, args.image, args.repeats, args.batches = 4, 64, 1, 1
         args.split_sizes = [1, 2]
-        command += " --smoke"
-    if args.mode != "auto" and not args.smoke:
-        command += f" --mode {args.mode}"
-    args.command = command
+        args.retries = 0  # a smoke run checks that it runs, not how fast
     if args.batch < 1 or args.repeats < 1 or args.batches < 1:
         parser.error("--batch, --repeats and --batches must be positive")
     data = run(args)
