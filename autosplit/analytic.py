@@ -54,7 +54,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph, Granularity, trace
-from autosplit.profiler import check_inputs, default_microbatch_sizes
+from autosplit.profiler import check_inputs, check_microbatch_sizes, default_microbatch_sizes
 from autosplit.records import BlockProfile, CutProfile, DeviceInfo, Profile
 from autosplit.specs import DeviceSpec, op_time_s
 from autosplit.tensors import fresh_leaves, nbytes, tensor_leaves
@@ -362,17 +362,9 @@ def count_costs(
     inputs = check_inputs(example_inputs)
     batch = int(inputs[0].shape[0])
     if microbatch_sizes is None:
-        sizes = default_microbatch_sizes(batch, stages)
+        sizes = sorted(default_microbatch_sizes(batch, stages))
     else:
-        sizes = list(microbatch_sizes)
-    for b in sizes:
-        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= batch:
-            raise InvalidInputError(
-                f"micro-batch size {b!r} must be an integer between 1 and the batch size {batch}"
-            )
-    if len(set(sizes)) != len(sizes):
-        raise InvalidInputError(f"micro-batch sizes repeat: {sizes}")
-    sizes = sorted(sizes)
+        sizes = sorted(check_microbatch_sizes(microbatch_sizes, batch))
     if attention not in ("flash", "math"):
         raise InvalidInputError(f"attention must be 'flash' or 'math', got {attention!r}")
 

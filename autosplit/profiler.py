@@ -28,7 +28,14 @@ from autosplit.graph import BlockGraph, Granularity, Segment, trace
 from autosplit.records import BlockProfile, CutProfile, Profile
 from autosplit.tensors import fresh_leaves, nbytes, tensor_leaves
 
-__all__ = ["profile", "profile_graph", "default_microbatch_sizes", "check_inputs", "Progress"]
+__all__ = [
+    "profile",
+    "profile_graph",
+    "default_microbatch_sizes",
+    "check_microbatch_sizes",
+    "check_inputs",
+    "Progress",
+]
 
 Progress = Callable[[int, int, str], None]
 """``progress(done, total, what)``: called after each block measurement."""
@@ -66,6 +73,23 @@ def check_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
     if sizes[0] < 1:
         raise InvalidInputError("example inputs have an empty batch (dimension 0 is 0)")
     return tuple(example_inputs)
+
+
+def check_microbatch_sizes(sizes: Sequence[int], batch: int) -> list[int]:
+    """Micro-batch sizes as a list, each an integer in 1 … B and none repeated.
+
+    Raises:
+        InvalidInputError: naming the bad size and the batch size.
+    """
+    sizes = list(sizes)
+    for b in sizes:
+        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= batch:
+            raise InvalidInputError(
+                f"micro-batch size {b!r} must be an integer between 1 and the batch size {batch}"
+            )
+    if len(set(sizes)) != len(sizes):
+        raise InvalidInputError(f"micro-batch sizes repeat: {sizes}")
+    return sizes
 
 
 def default_microbatch_sizes(batch_size: int, stages: int = 2, max_count: int = 8) -> list[int]:
@@ -157,16 +181,12 @@ def profile_graph(
     if threads < 1:
         raise InvalidInputError(f"threads must be at least 1, got {threads}")
     explicit = microbatch_sizes is not None
-    sizes = list(microbatch_sizes or ()) if explicit else default_microbatch_sizes(batch, stages)
-    first = list(include)
+    if explicit:
+        sizes = check_microbatch_sizes(microbatch_sizes or (), batch)
+    else:
+        sizes = default_microbatch_sizes(batch, stages)
+    first = check_microbatch_sizes(include, batch)
     sizes = list(dict.fromkeys([*first, *sizes]))
-    for b in sizes:
-        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= batch:
-            raise InvalidInputError(
-                f"micro-batch size {b!r} must be an integer between 1 and the batch size {batch}"
-            )
-    if len(set(sizes)) != len(sizes):
-        raise InvalidInputError(f"micro-batch sizes repeat: {sizes}")
 
     dev = resolve_device(device)
     start = time.perf_counter()

@@ -131,3 +131,8 @@ def test_bad_example_inputs(inputs: tuple, match: str) -> None:
 def test_bad_microbatch_size() -> None:
     with pytest.raises(InvalidInputError, match="between 1 and the batch size 4"):
         autosplit.profile(ToyModel(), torch.randn(4, 10), microbatch_sizes=[8])
+
+
+def test_repeated_microbatch_sizes_are_named() -> None:
+    with pytest.raises(InvalidInputError, match=r"repeat: \[2, 2\]"):
+        autosplit.profile(ToyModel(), torch.randn(4, 10), microbatch_sizes=[2, 2])
