@@ -14,12 +14,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from autosplit.errors import (
+    ArgumentTypeError,
     AutosplitError,
     CodegenError,
     InfeasiblePlanError,
     InvalidInputError,
+    ModelFileError,
     PlanFileError,
     PlanMismatchError,
+    RankFailedError,
     TraceError,
 )
 from autosplit.records import BlockProfile, CutProfile, DeviceInfo, Plan, Profile, Stage
@@ -82,11 +85,14 @@ __all__ = [
     "Stage",
     "AutosplitError",
     "InvalidInputError",
+    "ArgumentTypeError",
     "TraceError",
     "InfeasiblePlanError",
     "PlanMismatchError",
     "PlanFileError",
     "CodegenError",
+    "ModelFileError",
+    "RankFailedError",
     "__version__",
 ]
 

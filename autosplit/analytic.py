@@ -52,7 +52,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from autosplit.errors import InvalidInputError
+from autosplit import checks
+from autosplit.errors import ArgumentTypeError, InvalidInputError
 from autosplit.graph import BlockGraph, Granularity, trace
 from autosplit.profiler import check_inputs, check_microbatch_sizes, default_microbatch_sizes
 from autosplit.records import BlockProfile, CutProfile, DeviceInfo, Profile
@@ -91,8 +92,14 @@ def build_on_meta(factory: Callable[..., Any], *args: Any, **kwargs: Any) -> nn.
     (their memory was allocated by the factory itself; nothing more is).
 
     Raises:
+        ArgumentTypeError: ``factory`` is not callable.
         InvalidInputError: the factory does not return an ``nn.Module`` or fails.
     """
+    if not callable(factory):
+        raise ArgumentTypeError(
+            f"factory must be a function or class that builds the model, got "
+            f"{checks.show(factory)}"
+        )
     try:
         with torch.device("meta"):
             model = factory(*args, **kwargs)
@@ -353,20 +360,20 @@ def count_costs(
         TraceError: the model cannot be traced.
     """
     start = time.perf_counter()
-    if not isinstance(model, nn.Module):
-        raise InvalidInputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    checks.instance_of("model", model, nn.Module, "a torch.nn.Module")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise InvalidInputError(
+        raise ArgumentTypeError(
             f"dtype must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}"
         )
+    stages = checks.positive_int("stages", stages)
+    checks.one_of("attention", attention, ("flash", "math"))
+    checks.one_of("granularity", granularity, ("block", "layer"))
     inputs = check_inputs(example_inputs)
     batch = int(inputs[0].shape[0])
     if microbatch_sizes is None:
         sizes = sorted(default_microbatch_sizes(batch, stages))
     else:
         sizes = sorted(check_microbatch_sizes(microbatch_sizes, batch))
-    if attention not in ("flash", "math"):
-        raise InvalidInputError(f"attention must be 'flash' or 'math', got {attention!r}")
 
     meta_inputs = tuple(
         torch.empty(
@@ -574,9 +581,16 @@ def analytic_profile(
     ``count_costs`` followed by ``profile_from_costs``; see those for the arguments. The
     result's ``describe()`` reads e.g. "analytic on h100-80gb (efficiency 0.50, bandwidth
     efficiency 0.80), torch …".
+
+    Raises:
+        ArgumentTypeError: an argument of the wrong type (``spec`` not a DeviceSpec, a model
+            that is not an ``nn.Module``, an input that is not a tensor, ``stages=2.0`` …).
+        InvalidInputError: a bad value (a micro-batch size above the batch, an unknown
+            ``attention``, …) or a block that cannot run on meta.
+        TraceError: the model cannot be traced.
     """
     if not isinstance(spec, DeviceSpec):
-        raise InvalidInputError(
+        raise ArgumentTypeError(
             "spec must be a DeviceSpec (autosplit.specs.get_spec('h100-80gb')), got "
             f"{type(spec).__name__}"
         )

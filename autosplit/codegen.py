@@ -39,8 +39,9 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from autosplit import checks
 from autosplit.errors import CodegenError, InvalidInputError, PlanMismatchError, TraceError
-from autosplit.graph import BlockGraph, Granularity, trace
+from autosplit.graph import BlockGraph, Granularity, leaf_module_list, trace
 from autosplit.modelfile import MODEL_NAMES, load_model_file
 from autosplit.profiler import check_inputs
 from autosplit.records import Plan
@@ -117,19 +118,25 @@ def emit(
         Python source (ends with a newline); write it to a ``.py`` file.
 
     Raises:
+        ArgumentTypeError: an argument of the wrong type (``plan`` not a Plan, ``model_ref``
+            not a string, ``devices="cuda:0"`` instead of a list, …); also a ``TypeError``.
         InvalidInputError: bad arguments, or a ``model_ref`` that cannot be imported or names
             no model (:class:`autosplit.modelfile.ModelFileError`).
         PlanMismatchError: the plan was made for another model than ``model_ref`` builds.
         CodegenError: a stage's code cannot be written (an unsupported construct, or the
             coarse graph cannot be matched to the plan's blocks).
     """
-    if not isinstance(plan, Plan):
-        raise InvalidInputError(f"plan must be an autosplit Plan, got {type(plan).__name__}")
+    checks.instance_of("plan", plan, Plan, "an autosplit Plan")
+    checks.text("model_ref", model_ref)
+    checks.optional(checks.sequence_of, "devices", devices, checks.device_name)
+    checks.optional(checks.text, "class_name", class_name)
+    checks.optional(checks.instance_of, "model", model, nn.Module, "a torch.nn.Module")
+    checks.optional(checks.text, "command", command)
+    checks.one_of("granularity", granularity, ("block", "layer"))
+    leaf_modules = leaf_module_list(leaf_modules)
     source = _ModelSource.load(model_ref)
     if model is None:
         model = source.build()
-    elif not isinstance(model, nn.Module):
-        raise InvalidInputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     try:
         graph = trace(model, granularity=granularity, leaf_modules=tuple(leaf_modules))
     except TraceError:

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from autosplit import checks
 from autosplit.cost import block_time_ms
 from autosplit.errors import InvalidInputError, PlanMismatchError
-from autosplit.planner import plan_with_balance
+from autosplit.planner import PlanSettings, plan_with_balance
 from autosplit.records import Plan, Profile
 from autosplit.solve import block_partition, by_parameters, manual, uniform
 
@@ -51,19 +52,33 @@ def manual_plan(
 ) -> Plan:
     """A hand-written split (e.g. the tutorial's ``["layer3"]`` at split size 20), scored.
 
-    ``split_size=None`` gives it the best measured size for those cut points.
+    ``split_size=None`` gives it the best measured size for those cut points; ``kwargs`` are
+    :func:`~autosplit.planner.plan_with_balance`'s device and memory arguments.
+
+    Raises:
+        ArgumentTypeError: an argument of the wrong type (``split_points="layer3"``, …).
+        InvalidInputError: an unknown or misplaced split point, an unprofiled ``split_size``,
+            or a bad device argument.
     """
+    checks.instance_of("profile", profile, Profile, "an autosplit Profile")
     balance = manual(profile.block_names, split_points)
     if split_size is not None:
         return plan_with_balance(profile, balance, split_size, solver="manual", **kwargs)
-    batch = int(kwargs.get("batch_size") or profile.batch_size)  # type: ignore[call-overload]
+    batch = PlanSettings.from_kwargs(profile, len(balance), kwargs).batch_size
     return _best_over_sizes(profile, lambda k: balance, "manual", batch, dict(kwargs))
 
 
 def baseline_plans(profile: Profile, gpus: int, **kwargs: object) -> dict[str, Plan]:
-    """The peers' plans for ``gpus`` stages, by name (see :data:`BASELINES`)."""
+    """The peers' plans for ``gpus`` stages, by name (see :data:`BASELINES`).
+
+    ``kwargs`` are :func:`~autosplit.planner.plan_with_balance`'s device and memory arguments.
+
+    Raises:
+        ArgumentTypeError: an argument of the wrong type (``gpus="2"``, …).
+        InvalidInputError: a bad value (``gpus`` < 1 or above the blocks, …).
+    """
+    batch = PlanSettings.from_kwargs(profile, gpus, kwargs).batch_size
     n = len(profile.blocks)
-    batch = int(kwargs.get("batch_size") or profile.batch_size)  # type: ignore[call-overload]
     params = [float(blk.param_bytes) for blk in profile.blocks]
     fixed = {"uniform": uniform(n, gpus), "parameters": by_parameters(params, gpus)}
     plans = {
@@ -112,9 +127,24 @@ def compare(
     plans: Mapping[str, Plan],
     measured_ms: Mapping[str, float] | None = None,
 ) -> tuple[ComparisonRow, ...]:
-    """Rows comparing ``plans`` (all of ``profile``'s model), in the given order."""
+    """Rows comparing ``plans`` (all of ``profile``'s model), in the given order.
+
+    Raises:
+        ArgumentTypeError: ``plans`` is not a mapping of names to Plans, or a measured time
+            is not a number.
+        InvalidInputError: no plan, or a measured time that is not finite and > 0 ms.
+        PlanMismatchError: a plan is of another model than ``profile``.
+    """
+    checks.instance_of("profile", profile, Profile, "an autosplit Profile")
+    checks.instance_of("plans", plans, Mapping, "a mapping of names to Plans")
     if not plans:
         raise InvalidInputError("nothing to compare: give at least one plan")
+    for name, plan in plans.items():
+        checks.instance_of(f"plans[{name!r}]", plan, Plan, "an autosplit Plan")
+    if measured_ms is not None:
+        checks.instance_of("measured_ms", measured_ms, Mapping, "a mapping of names to ms")
+        for name, ms in measured_ms.items():
+            checks.positive_finite(f"measured_ms[{name!r}]", ms, "ms")
     for name, plan in plans.items():
         if plan.fingerprint != profile.fingerprint:
             raise PlanMismatchError(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from autosplit import checks
 from autosplit.errors import InvalidInputError
 from autosplit.records import DeviceInfo
 
@@ -35,10 +36,13 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     """``None`` → ``cuda:0`` when CUDA is available, else ``cpu``; strings are checked.
 
     Raises:
+        ArgumentTypeError: ``device`` is neither a string nor a ``torch.device``.
         InvalidInputError: the string is not a device, or names a GPU that is not there.
     """
     if device is None:
         return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    if not isinstance(device, torch.device):
+        checks.text("device", device)
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
@@ -71,8 +75,7 @@ def default_devices(gpus: int) -> tuple[list[torch.device], bool]:
     Returns:
         The devices and whether they are CPU stand-ins for missing GPUs.
     """
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise InvalidInputError(f"gpus must be a positive integer (0 < 1), got {gpus!r}")
+    gpus = checks.positive_int("gpus", gpus)
     if torch.cuda.device_count() >= gpus:
         return [torch.device("cuda", i) for i in range(gpus)], False
     return [torch.device("cpu") for _ in range(gpus)], True
@@ -91,8 +94,8 @@ def measure_link_bandwidth(
     import time
 
     a, b = resolve_device(src), resolve_device(dst)
-    if nbytes < 1 or repeats < 1:
-        raise InvalidInputError(f"need nbytes ≥ 1 and repeats ≥ 1, got {nbytes} and {repeats}")
+    nbytes = checks.positive_int("nbytes", nbytes)
+    repeats = checks.positive_int("repeats", repeats)
     source = torch.empty(nbytes, dtype=torch.uint8, device=a)
     target = torch.empty(nbytes, dtype=torch.uint8, device=b)
     target.copy_(source)  # warm-up (and P2P enablement)

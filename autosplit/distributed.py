@@ -46,7 +46,7 @@ import torch.distributed as dist
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from autosplit.errors import AutosplitError, InvalidInputError, PlanMismatchError
+from autosplit.errors import InvalidInputError, PlanMismatchError, RankFailedError
 from autosplit.graph import BlockGraph, Granularity, Segment, trace
 from autosplit.records import Plan
 
@@ -80,20 +80,6 @@ DEFAULT_TIMEOUT_S = 120.0
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
 INTERLEAVED_SCHEDULES = {"gpipe": "ScheduleLoopedBFS", "1f1b": "ScheduleInterleaved1F1B"}
-
-
-class RankFailedError(AutosplitError):
-    """A rank of a multi-process run died or raised; the message names it and its error.
-
-    Attributes:
-        rank: the rank that failed first (global rank).
-        failures: ``{rank: one-line reason}`` for every rank that failed.
-    """
-
-    def __init__(self, message: str, *, rank: int, failures: dict[int, str]) -> None:
-        super().__init__(message)
-        self.rank = rank
-        self.failures = failures
 
 
 # ------------------------------------------------------------------------------ stage modules

@@ -1,7 +1,8 @@
 """Exceptions raised by autosplit.
 
 Every error raised at the public boundary is an :class:`AutosplitError`; those caused by a bad
-argument are also ``ValueError`` so that generic callers can catch them. Messages name the
+argument are also ``ValueError`` so that generic callers can catch them, and an argument of the
+wrong type (:class:`ArgumentTypeError`) is a ``TypeError`` as well. Messages name the
 offending value and say what to change. The CLI turns any of these into one line and exit 2.
 """
 
@@ -10,11 +11,14 @@ from __future__ import annotations
 __all__ = [
     "AutosplitError",
     "InvalidInputError",
+    "ArgumentTypeError",
     "TraceError",
     "InfeasiblePlanError",
     "PlanMismatchError",
     "PlanFileError",
     "CodegenError",
+    "ModelFileError",
+    "RankFailedError",
 ]
 
 
@@ -24,6 +28,14 @@ class AutosplitError(Exception):
 
 class InvalidInputError(AutosplitError, ValueError):
     """An argument (model, inputs, device count, size string, …) is not acceptable."""
+
+
+class ArgumentTypeError(InvalidInputError, TypeError):
+    """An argument has the wrong type (a string for a count, a float for an integer, …)."""
+
+
+class ModelFileError(InvalidInputError):
+    """The model file is missing, fails on import, or defines no model."""
 
 
 class TraceError(AutosplitError):
@@ -64,3 +76,17 @@ class PlanFileError(AutosplitError, ValueError):
 
 class CodegenError(AutosplitError):
     """The model's code cannot be written as the plan's stages; the message says why."""
+
+
+class RankFailedError(AutosplitError):
+    """A rank of a multi-process run died or raised; the message names it and its error.
+
+    Attributes:
+        rank: the rank that failed first (global rank).
+        failures: ``{rank: one-line reason}`` for every rank that failed.
+    """
+
+    def __init__(self, message: str, *, rank: int, failures: dict[int, str]) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.failures = failures

@@ -27,7 +27,8 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from autosplit.errors import InvalidInputError, TraceError
+from autosplit import checks
+from autosplit.errors import ArgumentTypeError, InvalidInputError, TraceError
 from autosplit.records import fingerprint_of
 
 __all__ = ["Block", "Cut", "BlockGraph", "Segment", "trace", "Granularity"]
@@ -214,15 +215,15 @@ def trace(
         example_inputs: only used to check the fallback for untraceable models.
 
     Raises:
-        InvalidInputError: ``model`` is not an ``nn.Module`` or has no operations.
+        ArgumentTypeError: ``model`` is not an ``nn.Module``, ``granularity`` not a string, or
+            ``leaf_modules`` not a list of module classes and names.
+        InvalidInputError: an unknown granularity, or a model without operations.
         TraceError: the model can neither be traced nor treated as a sequence of children.
     """
-    if not isinstance(model, nn.Module):
-        raise InvalidInputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if granularity not in ("block", "layer"):
-        raise InvalidInputError(f"granularity must be 'block' or 'layer', got {granularity!r}")
+    checks.instance_of("model", model, nn.Module, "a torch.nn.Module")
+    checks.one_of("granularity", granularity, ("block", "layer"))
     name = type(model).__name__
-    leaves = tuple(leaf_modules)
+    leaves = leaf_module_list(leaf_modules)
     try:
         gm = _symbolic_trace(model, leaves)
     except Exception as exc:  # fx raises many kinds of errors from user code
@@ -236,6 +237,26 @@ def trace(
     if not blocks:
         raise InvalidInputError(f"model {name} has no operations to split (empty model)")
     return BlockGraph(gm, blocks, name)
+
+
+def leaf_module_list(leaf_modules: Iterable[type[nn.Module] | str]) -> tuple[Any, ...]:
+    """``leaf_modules`` as a tuple of ``nn.Module`` subclasses and qualified names.
+
+    Raises:
+        ArgumentTypeError: a bare string (wrap it in a list) or an entry of another type.
+    """
+
+    def entry(label: str, value: Any) -> Any:
+        if isinstance(value, type) and issubclass(value, nn.Module):
+            return value
+        if isinstance(value, str) and value:
+            return value
+        raise ArgumentTypeError(
+            f"{label} must be an nn.Module subclass or a qualified module name, got "
+            f"{checks.show(value)}"
+        )
+
+    return checks.sequence_of("leaf_modules", leaf_modules, entry, allow_empty=True)
 
 
 def _symbolic_trace(model: nn.Module, leaves: tuple[type[nn.Module] | str, ...]) -> fx.GraphModule:

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from autosplit.errors import InvalidInputError
+from autosplit.errors import InvalidInputError, ModelFileError
 
 __all__ = [
     "ModelFile",
@@ -31,10 +31,6 @@ __all__ = [
 
 MODEL_NAMES = ("build_model", "model")
 INPUT_NAMES = ("example_inputs",)
-
-
-class ModelFileError(InvalidInputError):
-    """The model file is missing, fails on import, or defines no model."""
 
 
 @dataclass(frozen=True, slots=True)

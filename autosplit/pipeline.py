@@ -20,9 +20,12 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from autosplit import checks
+from autosplit.cost import OPTIMIZER_STATE, SCHEDULES
 from autosplit.devices import default_devices, measure_link_bandwidth, resolve_device
 from autosplit.errors import InvalidInputError
-from autosplit.graph import BlockGraph, Granularity, Segment, trace
+from autosplit.graph import BlockGraph, Granularity, Segment, leaf_module_list, trace
+from autosplit.planner import memory_sizes
 from autosplit.planner import plan as make_plan
 from autosplit.profiler import check_inputs, profile_graph
 from autosplit.records import Plan
@@ -253,16 +256,29 @@ def partition(
         profile_options: extra keyword arguments for :func:`autosplit.profile`.
 
     Raises:
-        InvalidInputError, TraceError, PlanMismatchError, InfeasiblePlanError.
+        ArgumentTypeError: an argument of the wrong type (``gpus="2"``, ``gpus=2.0``,
+            ``devices="cuda:0"``, ``plan=<dict>``, ``split_size=True``, …); also a ``TypeError``.
+        InvalidInputError: a bad value (``gpus=0``, an unknown device or schedule, a memory or
+            bandwidth that is not finite and > 0, …); also a ``ValueError``.
+        TraceError: the model cannot be traced.
+        PlanMismatchError: ``plan`` was made for another model.
+        InfeasiblePlanError: nothing fits in ``memory_per_gpu``.
     """
-    if not isinstance(model, nn.Module):
-        raise InvalidInputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if split_size is not None and (
-        isinstance(split_size, bool) or not isinstance(split_size, int) or split_size < 1
-    ):
-        raise InvalidInputError(f"split_size must be a positive integer, got {split_size!r}")
+    checks.instance_of("model", model, nn.Module, "a torch.nn.Module")
+    checks.optional(checks.instance_of, "plan", plan, Plan, "an autosplit Plan (Plan.load(path))")
+    checks.optional(checks.positive_int, "split_size", split_size)
+    checks.optional(checks.positive_int, "gpus", gpus)
+    checks.one_of("schedule", schedule, SCHEDULES)
+    checks.one_of("optimizer", optimizer, OPTIMIZER_STATE)
+    checks.optional(
+        checks.positive_finite, "bandwidth_bytes_per_s", bandwidth_bytes_per_s, "bytes/s"
+    )
+    checks.optional(checks.sequence_of, "microbatch_sizes", microbatch_sizes, checks.positive_int)
+    checks.one_of("granularity", granularity, ("block", "layer"))
+    leaf_modules = leaf_module_list(leaf_modules)
+    checks.optional(checks.instance_of, "profile_options", profile_options, dict, "a dict")
     if devices is not None:
-        devs = [resolve_device(d) for d in devices]
+        devs = [resolve_device(d) for d in checks.as_sequence("devices", devices)]
         if not devs:
             raise InvalidInputError("devices is empty: give at least one device")
         if gpus is not None and gpus != len(devs):
@@ -277,6 +293,7 @@ def partition(
                 f"using {gpus} CPU stand-ins (devices={['cpu'] * gpus})",
                 stacklevel=2,
             )
+    memory_sizes(memory_per_gpu, len(devs))
     options = {
         "schedule": schedule,
         "optimizer": optimizer,

@@ -15,10 +15,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Sequence
+import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from autosplit import checks
 from autosplit.cost import (
+    OPTIMIZER_STATE,
+    SCHEDULES,
     block_memory_bytes,
     block_time_ms,
     in_flight,
@@ -28,7 +32,12 @@ from autosplit.cost import (
     transfer_ms,
 )
 from autosplit.devices import DEFAULT_LINK_BYTES_PER_S
-from autosplit.errors import InfeasiblePlanError, InvalidInputError, PlanMismatchError
+from autosplit.errors import (
+    ArgumentTypeError,
+    InfeasiblePlanError,
+    InvalidInputError,
+    PlanMismatchError,
+)
 from autosplit.records import Plan, Profile, Stage
 from autosplit.simulator import simulate, simulate_plan
 from autosplit.solve import PartitionProblem, evaluate, min_capacity, solve_dp
@@ -37,6 +46,12 @@ from autosplit.units import format_bytes, parse_bytes
 __all__ = ["plan", "plan_with_balance", "PlanSettings", "SOLVERS"]
 
 SOLVERS = ("dp", "milp", "auto")
+
+SETTING_NAMES = frozenset(
+    ("batch_size", "devices", "memory_per_gpu", "schedule", "optimizer",
+     "bandwidth_bytes_per_s", "speeds", "device_profiles")
+)
+"""The keyword arguments of :meth:`PlanSettings.check`, which :func:`plan_with_balance` takes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +81,21 @@ class PlanSettings:
     profiles: tuple[Profile, ...]
 
     @classmethod
+    def from_kwargs(cls, profile: Profile, gpus: int, kwargs: Mapping[str, object]) -> PlanSettings:
+        """:meth:`check` on keyword arguments passed through (``**kwargs`` of the callers).
+
+        Raises:
+            ArgumentTypeError: an argument that :meth:`check` does not take; as :meth:`check`.
+        """
+        unknown = sorted(set(kwargs) - SETTING_NAMES)
+        if unknown:
+            raise ArgumentTypeError(
+                f"unknown argument{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: "
+                f"the device and memory arguments are {', '.join(sorted(SETTING_NAMES))}"
+            )
+        return cls.check(profile, gpus, **kwargs)  # type: ignore[arg-type]
+
+    @classmethod
     def check(
         cls,
         profile: Profile,
@@ -80,46 +110,48 @@ class PlanSettings:
         speeds: Sequence[float] | None = None,
         device_profiles: Sequence[Profile] | None = None,
     ) -> PlanSettings:
-        """Validate the planner's arguments (see :func:`plan`)."""
+        """Validate the planner's arguments (see :func:`plan`).
+
+        Raises:
+            ArgumentTypeError: an argument of the wrong type (e.g. ``gpus="2"``, ``gpus=2.0``).
+            InvalidInputError: a value out of range; the message names the argument and value.
+            PlanMismatchError: a device profile is of another model.
+        """
+        checks.instance_of("profile", profile, Profile, "an autosplit Profile")
         n = len(profile.blocks)
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-            raise InvalidInputError(f"gpus must be a positive integer (0 < 1), got {gpus!r}")
+        gpus = checks.positive_int("gpus", gpus)
         if gpus > n:
             raise InvalidInputError(
                 f"gpus={gpus} is more than the model's {n} blocks: use at most {n} devices, "
                 "or trace with granularity='layer' for finer blocks"
             )
         batch = profile.batch_size if batch_size is None else batch_size
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise InvalidInputError(f"batch_size must be a positive integer, got {batch!r}")
+        batch = checks.positive_int("batch_size", batch)
         if devices is None:
             kind = profile.device.kind
             devices = [f"cuda:{s}" if kind == "cuda" else "cpu" for s in range(gpus)]
-        names = tuple(str(d) for d in devices)
-        if len(names) != gpus:
-            raise InvalidInputError(f"{len(names)} devices given for {gpus} stages: give one per stage")
-        capacity: tuple[float, ...] | None
-        if memory_per_gpu is None:
-            capacity = None
-        elif isinstance(memory_per_gpu, (str, int, float)):
-            capacity = (float(parse_bytes(memory_per_gpu)),) * gpus
+        names = checks.sequence_of("devices", devices, checks.device_name, length=gpus, per="stage")
+        capacity = memory_sizes(memory_per_gpu, gpus)
+        checks.one_of("optimizer", optimizer, OPTIMIZER_STATE)
+        checks.one_of("schedule", schedule, SCHEDULES)
+        if bandwidth_bytes_per_s is None:
+            bandwidth = DEFAULT_LINK_BYTES_PER_S.get(profile.device.kind, 5e9)
         else:
-            capacity = tuple(float(parse_bytes(v)) for v in memory_per_gpu)
-            if len(capacity) != gpus:
-                raise InvalidInputError(
-                    f"{len(capacity)} memory sizes given for {gpus} devices: give one or one per device"
-                )
-        optimizer_factor(optimizer)
-        in_flight(schedule, 1, 1, 0)  # validates the schedule name
-        bandwidth = bandwidth_bytes_per_s or DEFAULT_LINK_BYTES_PER_S.get(profile.device.kind, 5e9)
-        if not bandwidth > 0:
-            raise InvalidInputError(f"bandwidth must be positive bytes/s, got {bandwidth_bytes_per_s!r}")
-        speed = tuple(float(v) for v in speeds) if speeds is not None else (1.0,) * gpus
-        if len(speed) != gpus or any(not (v > 0 and math.isfinite(v)) for v in speed):
-            raise InvalidInputError(f"speeds must be {gpus} positive numbers, got {list(speed)}")
-        profs = tuple(device_profiles) if device_profiles is not None else (profile,) * gpus
-        if len(profs) != gpus:
-            raise InvalidInputError(f"{len(profs)} device profiles for {gpus} devices: give one per device")
+            bandwidth = checks.positive_finite(
+                "bandwidth_bytes_per_s", bandwidth_bytes_per_s, "bytes/s"
+            )
+        speed: tuple[float, ...] = (1.0,) * gpus
+        if speeds is not None:
+            speed = checks.sequence_of(
+                "speeds", speeds, checks.positive_finite, length=gpus, per="device"
+            )
+        profs = (profile,) * gpus
+        if device_profiles is not None:
+            profs = checks.sequence_of(
+                "device_profiles", device_profiles,
+                lambda name, v: checks.instance_of(name, v, Profile, "an autosplit Profile"),
+                length=gpus, per="device",
+            )
         for other in profs:
             if other.fingerprint != profile.fingerprint:
                 raise PlanMismatchError(
@@ -127,6 +159,32 @@ class PlanSettings:
                     f"another model than {profile.model} ({profile.fingerprint})"
                 )
         return cls(gpus, batch, names, capacity, schedule, optimizer, bandwidth, speed, profs)
+
+
+def memory_sizes(
+    memory_per_gpu: int | float | str | Sequence[int | float | str] | None, gpus: int
+) -> tuple[float, ...] | None:
+    """Per-device memory (bytes) from one size or one per device; ``None``: no limit.
+
+    Raises:
+        ArgumentTypeError: not a number, string or list of them.
+        InvalidInputError: a size that is not finite and ≥ 1 byte, or the wrong count.
+    """
+    if memory_per_gpu is None:
+        return None
+    if isinstance(memory_per_gpu, (str, numbers.Real)):
+        return (float(parse_bytes(memory_per_gpu, "memory_per_gpu")),) * gpus
+    return checks.sequence_of(
+        "memory_per_gpu", memory_per_gpu, lambda name, v: float(parse_bytes(v, name)),
+        length=gpus, per="device",
+    )
+
+
+def _check_search(split_size: object, solver: object, time_limit_s: object) -> None:
+    """The search arguments of :func:`plan` (the rest is :meth:`PlanSettings.check`)."""
+    checks.optional(checks.positive_int, "split_size", split_size)
+    checks.one_of("solver", solver, SOLVERS)
+    checks.optional(checks.positive_finite, "time_limit_s", time_limit_s, "s")
 
 
 def _costs(settings: PlanSettings, profile: Profile, b: int) -> tuple[tuple[float, ...], ...]:
@@ -219,7 +277,12 @@ def plan(
         time_limit_s: time limit of the MILP solver.
 
     Raises:
-        InvalidInputError: bad counts, sizes or names.
+        ArgumentTypeError: an argument of the wrong type (``gpus="2"``, ``gpus=2.0``,
+            ``gpus=True``, ``devices="cpu"``, ``speeds=[None]`` …); also a ``TypeError``.
+        InvalidInputError: a bad value: a count < 1 or above the blocks, a memory or bandwidth
+            that is not finite and > 0, a length that does not match ``gpus``, an unknown
+            name, or a ``split_size`` that was not profiled; also a ``ValueError``.
+        PlanMismatchError: a device profile is of another model.
         InfeasiblePlanError: nothing fits in ``memory_per_gpu``; says what would.
     """
     settings = PlanSettings.check(
@@ -227,8 +290,7 @@ def plan(
         schedule=schedule, optimizer=optimizer, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
         speeds=speeds, device_profiles=device_profiles,
     )
-    if solver not in SOLVERS:
-        raise InvalidInputError(f"unknown solver {solver!r}: use one of {', '.join(SOLVERS)}")
+    _check_search(split_size, solver, time_limit_s)
     batch = settings.batch_size
     if split_size is not None:
         if split_size > batch:
@@ -350,13 +412,25 @@ def plan_with_balance(
     equal terms. ``kwargs`` are :func:`plan`'s device and memory arguments (``batch_size``,
     ``devices``, ``memory_per_gpu``, ``schedule``, ``optimizer``, ``bandwidth_bytes_per_s``,
     ``speeds``, ``device_profiles``); memory limits are reported, not enforced.
+
+    Raises:
+        ArgumentTypeError: an argument of the wrong type, e.g. a balance entry that is not an
+            int (``1.5``, ``True``), or an unknown keyword argument.
+        InvalidInputError: a balance entry < 1, a balance that does not sum to the profile's
+            blocks, a ``split_size`` that was not profiled, or a bad device argument.
+        PlanMismatchError: a device profile is of another model.
     """
-    balance = tuple(int(c) for c in balance)
-    settings = PlanSettings.check(profile, len(balance), **kwargs)  # type: ignore[arg-type]
-    if sum(balance) != len(profile.blocks) or min(balance) < 1:
+    checks.instance_of("profile", profile, Profile, "an autosplit Profile")
+    balance = checks.sequence_of("balance", balance, checks.positive_int)
+    n = len(profile.blocks)
+    if sum(balance) != n:
         raise InvalidInputError(
-            f"balance {list(balance)} must be positive and sum to the {len(profile.blocks)} blocks"
+            f"balance {list(balance)} sums to {sum(balance)} blocks, but the model has {n}: "
+            "give the number of blocks of each stage, summing to the model's blocks"
         )
+    split_size = checks.positive_int("split_size", split_size)
+    checks.text("solver", solver)
+    settings = PlanSettings.from_kwargs(profile, len(balance), kwargs)
     k = profile.size_index(split_size)
     return _assemble(settings, profile, balance, k, solver, (split_size,))
 

@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 from autosplit.devices import describe_device, resolve_device
-from autosplit.errors import InvalidInputError
+from autosplit import checks
+from autosplit.errors import ArgumentTypeError, InvalidInputError
 from autosplit.graph import BlockGraph, Granularity, Segment, trace
 from autosplit.records import BlockProfile, CutProfile, Profile
 from autosplit.tensors import fresh_leaves, nbytes, tensor_leaves
@@ -45,18 +46,23 @@ def check_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
     """Normalise example inputs to a non-empty tuple of tensors sharing dimension 0 (the batch).
 
     Raises:
-        InvalidInputError: an input is not a tensor, is 0-dimensional, or batch sizes differ.
+        ArgumentTypeError: an input is not a tensor.
+        InvalidInputError: no input, an input is 0-dimensional, or batch sizes differ.
     """
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
-    if not isinstance(example_inputs, (tuple, list)) or not example_inputs:
-        raise InvalidInputError(
+    if not isinstance(example_inputs, (tuple, list)):
+        raise ArgumentTypeError(
             "example_inputs must be a tensor or a non-empty tuple of tensors, got "
             f"{type(example_inputs).__name__}"
         )
+    if not example_inputs:
+        raise InvalidInputError(
+            "example_inputs is empty: give a tensor or a non-empty tuple of tensors"
+        )
     for i, x in enumerate(example_inputs):
         if not isinstance(x, torch.Tensor):
-            raise InvalidInputError(
+            raise ArgumentTypeError(
                 f"example input {i} is a {type(x).__name__}, not a tensor: pass tensors only "
                 "(bind other arguments with functools.partial or a wrapper module)"
             )
@@ -75,17 +81,21 @@ def check_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
     return tuple(example_inputs)
 
 
-def check_microbatch_sizes(sizes: Sequence[int], batch: int) -> list[int]:
+def check_microbatch_sizes(
+    sizes: Sequence[int], batch: int, name: str = "microbatch_sizes", allow_empty: bool = False
+) -> list[int]:
     """Micro-batch sizes as a list, each an integer in 1 … B and none repeated.
 
     Raises:
+        ArgumentTypeError: ``sizes`` is not a list of ints.
         InvalidInputError: naming the bad size and the batch size.
     """
-    sizes = list(sizes)
+    sizes = list(checks.sequence_of(name, sizes, checks.integer, allow_empty=allow_empty))
     for b in sizes:
-        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= batch:
+        if not 1 <= b <= batch:
             raise InvalidInputError(
-                f"micro-batch size {b!r} must be an integer between 1 and the batch size {batch}"
+                f"{name}: micro-batch size {b!r} must be an integer between 1 and the batch "
+                f"size {batch}"
             )
     if len(set(sizes)) != len(sizes):
         raise InvalidInputError(f"micro-batch sizes repeat: {sizes}")
@@ -100,12 +110,26 @@ def default_microbatch_sizes(batch_size: int, stages: int = 2, max_count: int = 
     pipeline bubble, not so many that each is small and slow). The profiler measures them in
     this order until its time budget is spent.
     """
-    if batch_size < 1:
-        raise InvalidInputError(f"batch size must be positive, got {batch_size}")
+    batch_size = checks.positive_int("batch_size", batch_size)
+    stages = checks.positive_int("stages", stages)
+    max_count = checks.positive_int("max_count", max_count)
     top = max(max_count, 4 * stages)
     ms = [m for m in range(1, min(top, batch_size) + 1) if batch_size % m == 0]
     ms.sort(key=lambda m: (abs(m - 3 * stages), -m))
     return [batch_size // m for m in ms]
+
+
+def _check_options(
+    stages: int, warmup: int, repeats: int, threads: int, budget_s: float | None,
+    progress: Progress | None,
+) -> None:
+    checks.positive_int("stages", stages)
+    checks.non_negative_int("warmup", warmup)
+    checks.positive_int("repeats", repeats)
+    checks.positive_int("threads", threads)
+    checks.optional(checks.non_negative_finite, "budget_s", budget_s, "s")
+    if progress is not None and not callable(progress):
+        raise ArgumentTypeError(f"progress must be a function or None, got {checks.show(progress)}")
 
 
 def profile(
@@ -141,8 +165,16 @@ def profile(
         granularity: see :func:`autosplit.graph.trace`.
         leaf_modules: see :func:`autosplit.graph.trace`.
         progress: ``progress(done, total, what)`` after each measurement.
+
+    Raises:
+        ArgumentTypeError: an argument of the wrong type (a model that is not an ``nn.Module``,
+            an input that is not a tensor, ``repeats=2.0``, ``device=0``, …).
+        InvalidInputError: a bad value (``repeats=0``, ``budget_s=nan``, a micro-batch size
+            above the batch, an unknown device), or the model fails on a micro-batch.
+        TraceError: the model cannot be traced.
     """
     inputs = check_inputs(example_inputs)
+    _check_options(stages, warmup, repeats, threads, budget_s, progress)
     graph = trace(model, granularity=granularity, leaf_modules=leaf_modules, example_inputs=inputs)
     return profile_graph(
         graph,
@@ -174,18 +206,16 @@ def profile_graph(
     progress: Progress | None = None,
 ) -> Profile:
     """Profile an already traced model (see :func:`profile` for the arguments)."""
+    checks.instance_of("graph", graph, BlockGraph, "a BlockGraph (autosplit.trace(model))")
     inputs = check_inputs(example_inputs)
     batch = int(inputs[0].shape[0])
-    if warmup < 0 or repeats < 1:
-        raise InvalidInputError(f"need warmup ≥ 0 and repeats ≥ 1, got {warmup} and {repeats}")
-    if threads < 1:
-        raise InvalidInputError(f"threads must be at least 1, got {threads}")
+    _check_options(stages, warmup, repeats, threads, budget_s, progress)
     explicit = microbatch_sizes is not None
     if explicit:
-        sizes = check_microbatch_sizes(microbatch_sizes or (), batch)
+        sizes = check_microbatch_sizes(microbatch_sizes, batch)
     else:
         sizes = default_microbatch_sizes(batch, stages)
-    first = check_microbatch_sizes(include, batch)
+    first = check_microbatch_sizes(include, batch, "include", allow_empty=True)
     sizes = list(dict.fromkeys([*first, *sizes]))
 
     dev = resolve_device(device)

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from autosplit import checks
 from autosplit.errors import InvalidInputError
 from autosplit.records import Plan
 
@@ -126,22 +127,10 @@ def schedule_order(schedule: str, m: int, p: int, s: int) -> tuple[tuple[str, in
 def _times(
     values: Sequence[float], what: str, length: int | None, per: str = "stage"
 ) -> tuple[float, ...]:
-    if isinstance(values, (str, bytes)):
-        raise InvalidInputError(f"{what} must be a sequence of numbers (ms), got {values!r}")
-    try:
-        row = tuple(float(v) for v in values)
-    except (TypeError, ValueError):
-        raise InvalidInputError(
-            f"{what} must be a sequence of numbers (ms), got {values!r}"
-        ) from None
-    if length is not None and len(row) != length:
-        raise InvalidInputError(
-            f"{what} must have {length} entries (one per {per}), got {len(row)}"
-        )
-    for k, v in enumerate(row):
-        if not math.isfinite(v) or v < 0:
-            raise InvalidInputError(f"{what}[{k}] must be a finite time ≥ 0 ms, got {v!r}")
-    return row
+    return checks.sequence_of(
+        what, values, lambda name, v: checks.non_negative_finite(name, v, "ms"),
+        length=length, per=per, allow_empty=length == 0,
+    )
 
 
 def simulate(
@@ -168,18 +157,16 @@ def simulate(
         The timeline, step time, per-stage busy time, bubble fraction and peak in-flight count.
 
     Raises:
-        InvalidInputError: a negative or non-finite time, mismatched lengths, m < 1 or an
-            unknown schedule.
+        ArgumentTypeError: a time that is not a number, times that are not a list, an ``m``
+            that is not an int, a schedule that is not a string.
+        InvalidInputError: a negative or non-finite time, no stage, mismatched lengths,
+            m < 1 or an unknown schedule.
     """
     fwd = _times(fwd_ms, "fwd_ms", None)
     p = len(fwd)
-    if p < 1:
-        raise InvalidInputError("fwd_ms is empty: give one forward time per stage (0 < 1)")
     bwd = _times(bwd_ms, "bwd_ms", p)
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-        raise InvalidInputError(f"m (micro-batches) must be a positive integer, got {m!r}")
-    if schedule not in SCHEDULES:
-        raise InvalidInputError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
+    m = checks.positive_int("m (micro-batches)", m)
+    checks.one_of("schedule", schedule, SCHEDULES)
     none = (0.0,) * (p - 1)
     cf = none if comm_fwd_ms is None else _times(comm_fwd_ms, "comm_fwd_ms", p - 1, "cut")
     cb = none if comm_bwd_ms is None else _times(comm_bwd_ms, "comm_bwd_ms", p - 1, "cut")
@@ -244,7 +231,12 @@ def simulate(
 
 def simulate_plan(plan: Plan) -> SimResult:
     """Simulate one training step of a plan (each stage's transfer split evenly: half for the
-    activations going forward, half for the gradients coming back)."""
+    activations going forward, half for the gradients coming back).
+
+    Raises:
+        ArgumentTypeError: ``plan`` is not a :class:`~autosplit.records.Plan`.
+    """
+    checks.instance_of("plan", plan, Plan, "an autosplit Plan")
     comm = [s.send_ms / 2 for s in plan.stages[:-1]]
     return simulate(
         [s.forward_ms for s in plan.stages],

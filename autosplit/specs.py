@@ -28,12 +28,14 @@ import bisect
 import dataclasses
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from autosplit.errors import InvalidInputError, PlanFileError, PlanMismatchError
+from autosplit import checks
+from autosplit.errors import ArgumentTypeError, InvalidInputError, PlanFileError, PlanMismatchError
 from autosplit.records import Profile
 
 __all__ = [
@@ -92,6 +94,11 @@ class DeviceSpec:
         efficiency: share of the peak FLOP/s that compute-bound operators reach (0 < e; above
             1 only when a calibration found the peak figure too low).
         bandwidth_efficiency: share of the memory bandwidth that memory-bound operators reach.
+
+    Raises:
+        ArgumentTypeError: a figure that is not a number (a string, a bool), or a name that is
+            not a string.
+        InvalidInputError: a figure that is not finite and > 0, an empty name, an unknown kind.
     """
 
     name: str
@@ -109,28 +116,12 @@ class DeviceSpec:
 
     def __post_init__(self) -> None:
         for label in ("name", "link", "source"):
-            value = getattr(self, label)
-            if not isinstance(value, str) or not value.strip():
-                raise InvalidInputError(
-                    f"device spec field {label!r} must be a non-empty string, got {value!r}"
-                )
-        if self.kind not in ("cuda", "cpu"):
-            raise InvalidInputError(
-                f"device spec {self.name!r}: kind must be 'cuda' or 'cpu', got {self.kind!r}"
-            )
+            checks.text(f"device spec field {label!r}", getattr(self, label))
+        checks.one_of(f"device spec {self.name!r}: kind", self.kind, ("cuda", "cpu"))
         for f in dataclasses.fields(self):
             if f.name in ("name", "link", "source", "kind"):
                 continue
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise InvalidInputError(
-                    f"device spec {self.name!r}: {f.name} must be a number, got {value!r}"
-                )
-            if not (math.isfinite(value) and value > 0):
-                raise InvalidInputError(
-                    f"device spec {self.name!r}: {f.name} must be positive and finite, "
-                    f"got {value!r}"
-                )
+            checks.positive_finite(f"device spec {self.name!r}: {f.name}", getattr(self, f.name))
 
     def peak_flops_per_s(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype`` (``"bf16"``, ``"torch.float16"``, ``"fp32"`` …).
@@ -176,10 +167,12 @@ def load_spec(path: str | Path) -> DeviceSpec:
     defaults) and ``source`` (default: the file's path).
 
     Raises:
+        ArgumentTypeError: ``path`` is not a string or path.
         PlanFileError: the file is missing or not JSON, a required field is missing (the
             message names it) or a field is unknown.
         InvalidInputError: a figure is not a positive number.
     """
+    checks.instance_of("path", path, (str, os.PathLike), "a file path (str or Path)")
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -282,9 +275,10 @@ def get_spec(name: str) -> DeviceSpec:
     """The known device called ``name`` (case and ``_``/``-`` do not matter).
 
     Raises:
+        ArgumentTypeError: ``name`` is not a string.
         InvalidInputError: unknown name; the message lists the known ones.
     """
-    key = str(name).strip().lower().replace("_", "-")
+    key = checks.text("name", name).strip().lower().replace("_", "-")
     try:
         return KNOWN_DEVICES[key]
     except KeyError:
@@ -351,13 +345,17 @@ def calibrate(
     CPUs the cost per sample jumps between sizes, so calibrate on the size you will plan with.
 
     Raises:
+        ArgumentTypeError: ``spec``, ``measured`` or ``analytic`` of the wrong type, ``sizes``
+            not a list of ints, ``fit_bandwidth`` not a bool or None.
         PlanMismatchError: the two describe different models (block names differ).
         InvalidInputError: no micro-batch size in common, or no time measured.
     """
-    if not isinstance(measured, Profile):
-        raise InvalidInputError(f"measured must be a Profile, got {type(measured).__name__}")
+    checks.instance_of("spec", spec, DeviceSpec, "a DeviceSpec (get_spec(name))")
+    checks.instance_of("measured", measured, Profile, "a Profile")
+    checks.optional(checks.sequence_of, "sizes", sizes, checks.positive_int)
+    checks.optional(checks.instance_of, "fit_bandwidth", fit_bandwidth, bool, "True, False or None")
     if not isinstance(analytic, Profile) and not callable(getattr(analytic, "ops", None)):
-        raise InvalidInputError(
+        raise ArgumentTypeError(
             "analytic must be an analytic Profile or the counted costs "
             f"(autosplit.analytic.count_costs), got {type(analytic).__name__}"
         )

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 
-from autosplit.errors import InvalidInputError
+from autosplit import checks
+from autosplit.checks import show
+from autosplit.errors import ArgumentTypeError, InvalidInputError
 
 __all__ = ["parse_bytes", "format_bytes", "format_ms"]
 
@@ -23,34 +27,44 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_bytes(value: int | float | str) -> int:
+def parse_bytes(value: int | float | str, name: str = "memory size") -> int:
     """``"16GiB"``, ``"512 MB"``, ``2**30`` or ``"1e9"`` → bytes (int).
 
+    Args:
+        value: a number of bytes or a string with an optional unit.
+        name: the argument's name, for messages (e.g. ``"memory_per_gpu"``).
+
     Raises:
-        InvalidInputError: the value is not a positive size with a known unit.
+        ArgumentTypeError: ``value`` is neither a number nor a string (a bool, None, a list).
+        InvalidInputError: the value is not a finite size of at least one byte with a known
+            unit (0, negative, NaN and infinity are refused).
     """
-    if isinstance(value, bool):
-        raise InvalidInputError(f"memory size must be a number of bytes or a string, got {value!r}")
-    if isinstance(value, (int, float)):
-        number, unit = float(value), ""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
+        raise ArgumentTypeError(
+            f"{name} must be a number of bytes or a string such as '16GiB', got {show(value)}"
+        )
+    if isinstance(value, numbers.Real):
+        number, unit = checks.number(name, value), ""
     else:
-        match = _SIZE.match(str(value))
+        match = _SIZE.match(value)
         if match is None:
             try:
-                number, unit = float(str(value)), ""
+                number, unit = float(value), ""
             except ValueError:
                 raise InvalidInputError(
-                    f"cannot read {value!r} as a memory size: write e.g. 16GiB, 512MiB or 8e9"
+                    f"cannot read {value!r} as {name}: write e.g. 16GiB, 512MiB or 8e9"
                 ) from None
         else:
             number, unit = float(match.group(1)), match.group(2).lower()
     if unit not in _UNITS:
         raise InvalidInputError(
-            f"unknown unit {unit!r} in memory size {value!r}: use B, KB, MB, GB, KiB, MiB, GiB or TiB"
+            f"unknown unit {unit!r} in {name} {value!r}: use B, KB, MB, GB, KiB, MiB, GiB or TiB"
         )
     size = number * _UNITS[unit]
-    if not size > 0:
-        raise InvalidInputError(f"memory size must be positive, got {value!r}")
+    if not (math.isfinite(size) and size >= 1):
+        raise InvalidInputError(
+            f"{name} must be a finite size of at least 1 byte, got {show(value)}"
+        )
     return int(size)
 
 

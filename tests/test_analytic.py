@@ -319,7 +319,7 @@ def test_spec_file_round_trip_and_errors(tmp_path: Path) -> None:
     assert loaded.efficiency == 0.5 and str(path) in loaded.source
 
     path.write_text(json.dumps(spec.to_dict() | {"memory_bytes": -1}))
-    with pytest.raises(InvalidInputError, match="memory_bytes must be positive"):
+    with pytest.raises(InvalidInputError, match="memory_bytes must be a finite number > 0"):
         load_spec(path)
     with pytest.raises(PlanFileError, match="does not exist"):
         load_spec(tmp_path / "absent.json")

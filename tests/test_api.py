@@ -27,3 +27,25 @@ def test_import_is_light() -> None:
     code = "import sys, autosplit; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_every_error_class_is_exported_without_torch() -> None:
+    code = (
+        "import sys, autosplit\n"
+        "from autosplit import errors\n"
+        "names = [n for n in dir(errors) if n.endswith('Error')]\n"
+        "assert all(getattr(autosplit, n) is getattr(errors, n) for n in names), names\n"
+        "assert all(n in autosplit.__all__ for n in names), names\n"
+        "print(len(names), 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["10", "False"]
+
+
+def test_the_runtimes_raise_the_exported_classes() -> None:
+    from autosplit import distributed, modelfile
+
+    assert distributed.RankFailedError is autosplit.RankFailedError
+    assert modelfile.ModelFileError is autosplit.ModelFileError
+    assert issubclass(autosplit.ArgumentTypeError, autosplit.InvalidInputError)
+    assert issubclass(autosplit.ArgumentTypeError, TypeError)

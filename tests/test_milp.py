@@ -176,7 +176,7 @@ def _lp_text(prob: pulp.LpProblem, tmp_path) -> str:
 @pytest.mark.parametrize("limit", [0, -1.0, math.nan, math.inf, True, "10"])
 def test_bad_time_limit(limit: object) -> None:
     problem = PartitionProblem.build([1, 2], 2)
-    with pytest.raises(InvalidInputError, match=r"time_limit_s must be a positive number"):
+    with pytest.raises(InvalidInputError, match=r"time_limit_s must be a (finite )?number"):
         solve_milp(problem, time_limit_s=limit)  # type: ignore[arg-type]
 
 
@@ -184,7 +184,7 @@ def test_unknown_solver_and_bad_problem() -> None:
     problem = PartitionProblem.build([1, 2], 2)
     with pytest.raises(InvalidInputError, match=r"unknown solver 'gurobi': use one of cbc, highs"):
         solve_milp(problem, solver="gurobi")
-    with pytest.raises(InvalidInputError, match=r"needs a PartitionProblem, got list"):
+    with pytest.raises(InvalidInputError, match=r"problem must be a PartitionProblem.*\(list\)"):
         build_milp([1, 2])  # type: ignore[arg-type]
 
 

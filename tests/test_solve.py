@@ -105,7 +105,7 @@ def test_infeasible_names_the_minimum_capacity() -> None:
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"costs": [1, 2], "parts": 0}, r"positive integer \(0 < 1\)"),
+        ({"costs": [1, 2], "parts": 0}, "parts must be a positive integer, got 0"),
         ({"costs": [1, 2], "parts": 3}, "at most 2 stages"),
         ({"costs": [], "parts": 1}, "at least one block"),
         ({"costs": [1, -2], "parts": 1}, r"costs\[1\]"),

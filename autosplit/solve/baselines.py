@@ -19,7 +19,8 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from autosplit.errors import InvalidInputError
+from autosplit import checks
+from autosplit.errors import ArgumentTypeError, InvalidInputError
 from autosplit.solve.dp import solve_dp
 from autosplit.solve.problem import PartitionProblem
 
@@ -27,8 +28,7 @@ __all__ = ["block_partition", "by_parameters", "manual", "uniform"]
 
 
 def _parts(p: int, n: int) -> int:
-    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
-        raise InvalidInputError(f"p (stages) must be a positive integer (0 < 1), got {p!r}")
+    p = checks.positive_int("p (stages)", p)
     if p > n:
         raise InvalidInputError(
             f"cannot split {n} blocks into {p} non-empty stages: use at most {n} stages"
@@ -37,18 +37,7 @@ def _parts(p: int, n: int) -> int:
 
 
 def _weights(values: Sequence[float], what: str) -> list[float]:
-    if isinstance(values, (str, bytes)):
-        raise InvalidInputError(f"{what} must be a sequence of numbers, got {values!r}")
-    try:
-        row = [float(v) for v in values]
-    except (TypeError, ValueError):
-        raise InvalidInputError(f"{what} must be a sequence of numbers, got {values!r}") from None
-    if not row:
-        raise InvalidInputError(f"{what} is empty: there must be at least one block")
-    for i, v in enumerate(row):
-        if not math.isfinite(v) or v < 0:
-            raise InvalidInputError(f"{what}[{i}] must be a finite number ≥ 0, got {v!r}")
-    return row
+    return list(checks.sequence_of(what, values, checks.non_negative_finite))
 
 
 def uniform(n: int, p: int) -> tuple[int, ...]:
@@ -56,9 +45,12 @@ def uniform(n: int, p: int) -> tuple[int, ...]:
 
     >>> uniform(10, 3)
     (4, 3, 3)
+
+    Raises:
+        ArgumentTypeError: ``n`` or ``p`` is not an int.
+        InvalidInputError: ``n`` < 1, ``p`` < 1 or ``p`` > ``n``.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise InvalidInputError(f"n (blocks) must be a positive integer (0 < 1), got {n!r}")
+    n = checks.positive_int("n (blocks)", n)
     _parts(p, n)
     q, r = divmod(n, p)
     return tuple(q + 1 if s < r else q for s in range(p))
@@ -74,6 +66,10 @@ def by_parameters(param_bytes: Sequence[float], p: int) -> tuple[int, ...]:
     Args:
         param_bytes: parameter bytes (or counts) of each block.
         p: number of stages, 1 ≤ p ≤ len(param_bytes).
+
+    Raises:
+        ArgumentTypeError: ``param_bytes`` is not a list of numbers, or ``p`` not an int.
+        InvalidInputError: a negative or non-finite entry, no block, or a bad ``p``.
     """
     weights = _weights(param_bytes, "param_bytes")
     _parts(p, len(weights))
@@ -110,6 +106,10 @@ def block_partition(costs: Sequence[float], p: int) -> tuple[int, ...]:
     Args:
         costs: time of each block (any unit, ≥ 0).
         p: number of stages, 1 ≤ p ≤ len(costs).
+
+    Raises:
+        ArgumentTypeError: ``costs`` is not a list of numbers, or ``p`` not an int.
+        InvalidInputError: a negative or non-finite cost, no block, or a bad ``p``.
     """
     x = _weights(costs, "costs")
     n = len(x)
@@ -153,16 +153,17 @@ def manual(block_names: Sequence[str], split_points: Sequence[str]) -> tuple[int
     two-stage ResNet50 split; p = len(split_points) + 1.
 
     Raises:
+        ArgumentTypeError: ``block_names`` or ``split_points`` is a string or holds non-strings.
         InvalidInputError: an unknown name (the message lists the valid ones), a point that
             names the first block (stage 0 would be empty), or points out of order or repeated.
     """
-    if isinstance(block_names, (str, bytes)):
-        raise InvalidInputError(f"block_names must be a list of names, got {block_names!r}")
+    checks.sequence_of("block_names", block_names, checks.text, allow_empty=True)
     if isinstance(split_points, (str, bytes)):
-        raise InvalidInputError(
+        raise ArgumentTypeError(
             f"split_points must be a list of names, got the string {split_points!r}: "
             f"wrap a single split point in a list, e.g. [{split_points!r}]"
         )
+    checks.sequence_of("split_points", split_points, checks.text, allow_empty=True)
     names = [str(name) for name in block_names]
     if not names:
         raise InvalidInputError("block_names is empty: there must be at least one block")

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from autosplit import checks
 from autosplit.errors import InfeasiblePlanError, InvalidInputError
 from autosplit.solve.problem import Partition, PartitionProblem, evaluate
 
@@ -86,12 +87,24 @@ def _solve(problem: PartitionProblem, use_memory: bool) -> tuple[int, ...] | Non
     )
 
 
+def _check_problem(problem: object) -> None:
+    checks.instance_of(
+        "problem", problem, PartitionProblem,
+        "a PartitionProblem: build one with PartitionProblem.build(costs, parts, …)",
+    )
+
+
 def min_capacity(problem: PartitionProblem) -> Partition:
     """The partition whose largest stage memory is smallest (ignoring time).
 
     Its ``bottleneck`` and ``stage_times`` are stage memories (bytes): ``bottleneck`` is the
     smallest per-device memory with which any partition exists.
+
+    Raises:
+        ArgumentTypeError: ``problem`` is not a :class:`PartitionProblem`.
+        InvalidInputError: the problem has no memory table.
     """
+    _check_problem(problem)
     if problem.memory is None:
         raise InvalidInputError("min_capacity needs a problem with memory")
     found = _minmax(problem.p, problem.n, _stage_memory(problem))
@@ -104,9 +117,11 @@ def solve_dp(problem: PartitionProblem) -> Partition:
     """The exact min-max partition of ``problem`` within its memory capacities.
 
     Raises:
+        ArgumentTypeError: ``problem`` is not a :class:`PartitionProblem`.
         InfeasiblePlanError: no partition fits the capacities; the error carries the smallest
             per-device capacity (bytes) that would work and the stage that needs it.
     """
+    _check_problem(problem)
     found = _solve(problem, use_memory=True)
     if found is None:
         raise infeasible_error(problem)
@@ -147,7 +162,9 @@ def balance(
         torchgpipe's balance form, e.g. ``[3, 2]``.
 
     Raises:
-        InvalidInputError: bad sizes or values.
+        ArgumentTypeError: a value that is not a number, a list that is not a list, a
+            ``parts`` that is not an int.
+        InvalidInputError: bad sizes or values (negative, NaN, infinite, mismatched lengths).
         InfeasiblePlanError: no split fits; ``min_capacity_bytes`` is the smallest that does.
     """
     if memory is not None and capacity is None:

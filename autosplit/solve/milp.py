@@ -44,6 +44,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from autosplit import checks
 from autosplit.errors import AutosplitError, InvalidInputError
 from autosplit.solve.dp import infeasible_error
 from autosplit.solve.problem import Partition, PartitionProblem, evaluate
@@ -106,11 +107,10 @@ def build_milp(problem: PartitionProblem) -> pulp.LpProblem:
     """
     import pulp
 
-    if not isinstance(problem, PartitionProblem):
-        raise InvalidInputError(
-            f"build_milp needs a PartitionProblem, got {type(problem).__name__}: "
-            "use PartitionProblem.build(costs, parts, …)"
-        )
+    checks.instance_of(
+        "problem", problem, PartitionProblem,
+        "a PartitionProblem: build one with PartitionProblem.build(costs, parts, …)",
+    )
     n, p = problem.n, problem.p
     slack = n - p  # how far past its own index a stage's first block may start
     prob = pulp.LpProblem("autosplit_partition", pulp.LpMinimize)
@@ -252,15 +252,7 @@ def solve_milp(
     """
     import pulp
 
-    if time_limit_s is not None and (
-        isinstance(time_limit_s, bool)
-        or not isinstance(time_limit_s, (int, float))
-        or not math.isfinite(time_limit_s)
-        or time_limit_s <= 0
-    ):
-        raise InvalidInputError(
-            f"time_limit_s must be a positive number of seconds or None, got {time_limit_s!r}"
-        )
+    checks.optional(checks.positive_finite, "time_limit_s", time_limit_s, "s")
     prob = build_milp(problem)
     with tempfile.TemporaryDirectory(prefix="autosplit-milp-") as tmp:
         log_path = os.path.join(tmp, "solver.log")

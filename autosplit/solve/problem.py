@@ -17,19 +17,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
+from autosplit import checks
 from autosplit.errors import InvalidInputError
 
 __all__ = ["PartitionProblem", "Partition", "evaluate"]
 
 
 def _row(values: Sequence[float], what: str) -> tuple[float, ...]:
-    row = tuple(float(v) for v in values)
-    for i, v in enumerate(row):
-        if not math.isfinite(v) or v < 0:
-            raise InvalidInputError(f"{what}[{i}] must be a finite number ≥ 0, got {v!r}")
-    return row
+    return checks.sequence_of(what, values, checks.non_negative_finite, allow_empty=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,17 +87,21 @@ class PartitionProblem:
         memory: Sequence[float] | Sequence[Sequence[float]] | None = None,
         capacity: float | Sequence[float] | None = None,
     ) -> PartitionProblem:
-        """Build a problem, broadcasting per-block rows and a scalar capacity to every stage."""
-        if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
-            raise InvalidInputError(f"parts must be a positive integer (0 < 1), got {parts!r}")
+        """Build a problem, broadcasting per-block rows and a scalar capacity to every stage.
+
+        Raises:
+            ArgumentTypeError: a value that is not a number, or rows that are not lists.
+            InvalidInputError: a negative or non-finite value, an empty or ragged table.
+        """
+        parts = checks.positive_int("parts", parts)
         cost_rows = _table(costs, parts, "costs")
         n = len(cost_rows[0])
         comm_row = _row(comm, "comm") if comm is not None else (0.0,) * max(n - 1, 0)
         mem_rows = _table(memory, parts, "memory") if memory is not None else None
         if capacity is None:
             cap_row = None
-        elif isinstance(capacity, (int, float)):
-            cap_row = (float(capacity),) * parts
+        elif isinstance(capacity, (int, float)) and not isinstance(capacity, bool):
+            cap_row = (checks.non_negative_finite("capacity", capacity),) * parts
         else:
             cap_row = _row(capacity, "capacity")
         if (mem_rows is None) != (cap_row is None):
@@ -121,11 +122,11 @@ class PartitionProblem:
 def _table(
     values: Sequence[float] | Sequence[Sequence[float]], parts: int, what: str
 ) -> tuple[tuple[float, ...], ...]:
-    values = list(values)
+    values = list(checks.as_sequence(what, values))
     if not values:
         raise InvalidInputError(f"{what} is empty: there must be at least one block")
-    if isinstance(values[0], (int, float)):
-        row = _row(values, what)  # type: ignore[arg-type]
+    if not isinstance(values[0], Iterable) or isinstance(values[0], (str, bytes)):
+        row = _row(values, what)
         return (row,) * parts
     if len(values) != parts:
         raise InvalidInputError(f"{what} has {len(values)} rows, expected one per stage ({parts})")
@@ -159,9 +160,16 @@ class Partition:
 
 
 def evaluate(problem: PartitionProblem, balance: Sequence[int]) -> Partition:
-    """Score a given balance on a problem (no feasibility check on memory)."""
-    balance = tuple(int(c) for c in balance)
-    if len(balance) != problem.p or any(c < 1 for c in balance) or sum(balance) != problem.n:
+    """Score a given balance on a problem (no feasibility check on memory).
+
+    Raises:
+        ArgumentTypeError: ``problem`` is not a :class:`PartitionProblem`, or an entry of
+            ``balance`` is not an int.
+        InvalidInputError: ``balance`` has entries < 1, the wrong length, or the wrong sum.
+    """
+    checks.instance_of("problem", problem, PartitionProblem, "a PartitionProblem")
+    balance = checks.sequence_of("balance", balance, checks.positive_int)
+    if len(balance) != problem.p or sum(balance) != problem.n:
         raise InvalidInputError(
             f"balance {list(balance)} must have {problem.p} positive entries summing to {problem.n}"
         )
