@@ -127,7 +127,9 @@ def emit(
             coarse graph cannot be matched to the plan's blocks).
     """
     checks.instance_of("plan", plan, Plan, "an autosplit Plan")
-    checks.text("model_ref", model_ref)
+    checks.instance_of(
+        "model_ref", model_ref, str, "'path/to/file.py:factory' or 'package.module:factory'"
+    )
     checks.optional(checks.sequence_of, "devices", devices, checks.device_name)
     checks.optional(checks.text, "class_name", class_name)
     checks.optional(checks.instance_of, "model", model, nn.Module, "a torch.nn.Module")
