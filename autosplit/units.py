@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from autosplit.errors import InvalidInputError
@@ -23,14 +24,15 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_bytes(value: int | float | str) -> int:
-    """``"16GiB"``, ``"512 MB"``, ``2**30`` or ``"1e9"`` → bytes (int).
+def parse_bytes(value: int | float | str, what: str = "memory size") -> int:
+    """``"16GiB"``, ``"512 MB"``, ``2**30`` or ``"1e9"`` → bytes (int); ``what`` names the
+    quantity in error messages (e.g. ``"--bandwidth"``).
 
     Raises:
-        InvalidInputError: the value is not a positive size with a known unit.
+        InvalidInputError: the value is not a finite positive size with a known unit.
     """
     if isinstance(value, bool):
-        raise InvalidInputError(f"memory size must be a number of bytes or a string, got {value!r}")
+        raise InvalidInputError(f"{what} must be a number of bytes or a string, got {value!r}")
     if isinstance(value, (int, float)):
         number, unit = float(value), ""
     else:
@@ -40,17 +42,19 @@ def parse_bytes(value: int | float | str) -> int:
                 number, unit = float(str(value)), ""
             except ValueError:
                 raise InvalidInputError(
-                    f"cannot read {value!r} as a memory size: write e.g. 16GiB, 512MiB or 8e9"
+                    f"cannot read {value!r} as a {what}: write e.g. 16GiB, 512MiB or 8e9"
                 ) from None
         else:
             number, unit = float(match.group(1)), match.group(2).lower()
     if unit not in _UNITS:
         raise InvalidInputError(
-            f"unknown unit {unit!r} in memory size {value!r}: use B, KB, MB, GB, KiB, MiB, GiB or TiB"
+            f"unknown unit {unit!r} in {what} {value!r}: use B, KB, MB, GB, KiB, MiB, GiB or TiB"
         )
     size = number * _UNITS[unit]
     if not size > 0:
-        raise InvalidInputError(f"memory size must be positive, got {value!r}")
+        raise InvalidInputError(f"{what} must be positive, got {value!r}")
+    if not math.isfinite(size):
+        raise InvalidInputError(f"{what} must be finite, got {value!r}")
     return int(size)
 
 
