@@ -1,29 +1,42 @@
 """The ``autosplit`` command line: ``main(argv) -> int``.
 
-Every bad input ends in one line on stderr (``error: …``) and exit code 2, with no traceback
-and no file written: files are written only once everything they depend on has succeeded.
+Exit codes: 0 success; 2 bad input (an :class:`AutosplitError`, a file that cannot be read or
+written, a bad option), one line ``error: …`` on stderr; 1 an internal error (a bug), one line
+``internal error: …``, or a rank of ``autosplit run`` failed; 130 interrupted. ``--debug`` shows
+the traceback instead. No traceback otherwise.
+
+Inputs are never overwritten, and a command writes its outputs only once it has succeeded, all
+or none (see :mod:`autosplit.outputs`): they are checked before any work.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
-import tempfile
 import warnings
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from rich.console import Console
 
 from autosplit.errors import AutosplitError, InvalidInputError
+from autosplit.outputs import Outputs, check_outputs
 from autosplit.records import Plan, Profile
 
 __all__ = ["main", "build_parser"]
 
 EXIT_USAGE = 2
+EXIT_INTERNAL = 1
+EXIT_INTERRUPTED = 130
+
+_OUTPUTS = (("output", "-o"), ("emit", "--emit"), ("plot", "--plot"))
+"""(attribute, option) of every file a command writes."""
+_INPUTS = (("model", "the model file"), ("profile", "--profile"), ("plan", "the plan file"),
+           ("device_spec", "--device-spec"))
+"""(attribute, what) of every file a command reads."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,11 +56,44 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _number(text: str, allow_zero: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        sign = "non-negative" if allow_zero else "positive"
+        raise argparse.ArgumentTypeError(f"must be a finite {sign} number, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    return _number(text, allow_zero=False)
+
+
+def _budget_seconds(text: str) -> float:
+    return _number(text, allow_zero=True)
+
+
+def _byte_size(what: str) -> Any:
+    """An argparse type reading sizes such as ``16GiB`` (bytes, int)."""
+    from autosplit.units import parse_bytes
+
+    def parse(text: str) -> int:
+        try:
+            return parse_bytes(text, what)
+        except InvalidInputError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
 def _int_list(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.replace(" ", "").split(",") if v]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers") from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must list positive integers, e.g. 4,8,20")
     return values
@@ -68,7 +114,8 @@ def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--microbatch-sizes", type=_int_list, metavar="B1,B2,…", help="micro-batch sizes to measure (default: chosen from the batch)")
     p.add_argument("--threads", type=_positive_int, default=1, help="threads of a CPU worker while profiling (default 1)")
     p.add_argument("--repeats", type=_positive_int, default=3, help="timed runs per block and size; the median is kept (default 3)")
-    p.add_argument("--budget", type=float, default=40.0, metavar="SECONDS", help="stop starting new default sizes after this long (default 40)")
+    p.add_argument("--budget", type=_budget_seconds, default=40.0, metavar="SECONDS",
+                   help="stop starting new default sizes after this long (default 40)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Example: autosplit plan examples/resnet50.py --gpus 2",
     )
     parser.add_argument("--version", action="version", version=f"autosplit {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an error instead of one line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("profile", help="measure every block of a model; write profile.json",
@@ -98,12 +147,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile_arguments(p)
     p.add_argument("--gpus", type=_positive_int, required=True, metavar="N", help="number of devices (pipeline stages)")
     p.add_argument("--profile", metavar="profile.json", help="plan from this profile instead of measuring")
-    p.add_argument("--memory", metavar="SIZE", help="memory per device, e.g. 16GiB")
+    p.add_argument("--memory", type=_byte_size("memory size"), metavar="SIZE",
+                   help="memory per device, e.g. 16GiB")
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe", help="pipeline schedule (default gpipe)")
     p.add_argument("--optimizer", default="sgd", help="optimizer assumed by the memory model: sgd, sgd-momentum, adam … (default sgd)")
     p.add_argument("--split-size", type=_positive_int, metavar="K", help="fix the micro-batch size instead of choosing it")
     p.add_argument("--solver", choices=("dp", "milp"), default="dp", help="exact dynamic program (default) or the PuLP MILP (same optimum, slower)")
-    p.add_argument("--bandwidth", metavar="BYTES_PER_S", help="link bandwidth between stages, e.g. 16GB (per second); default measured-free figures: see autosplit.devices")
+    p.add_argument("--bandwidth", type=_byte_size("bandwidth"), metavar="BYTES_PER_S",
+                   help="link bandwidth between stages, e.g. 16GB (per second); default "
+                   "measured-free figures: see autosplit.devices")
     p.add_argument("-o", "--output", default="plan.json", help="where to write the plan (default plan.json)")
     p.add_argument("--emit", metavar="FILE.py", help="also write the pipelined model as readable Python")
     p.add_argument("--plot", metavar="FILE.png", help="also draw the schedule timeline, time per stage and memory per device")
@@ -117,13 +169,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", metavar="profile.json", help="use this profile instead of measuring")
     p.add_argument("--manual", action="append", metavar="BLOCK", help="first block (or module, e.g. layer3) of each stage after the first; repeat for more stages")
     p.add_argument("--manual-split-size", type=_positive_int, metavar="K", help="micro-batch size of the hand-written split")
-    p.add_argument("--memory", metavar="SIZE", help="memory per device, e.g. 16GiB")
+    p.add_argument("--memory", type=_byte_size("memory size"), metavar="SIZE",
+                   help="memory per device, e.g. 16GiB")
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe", help="pipeline schedule (default gpipe)")
     p.add_argument("--optimizer", default="sgd", help="optimizer assumed by the memory model (default sgd)")
     p.add_argument("--plot", metavar="FILE.png", help="draw the plans' predicted (and measured) step times side by side")
     p.add_argument("--measure", action="store_true", help="also train each plan, one process per stage (gloo on CPUs, NCCL on GPUs), side by side, and show the measured step time")
     p.add_argument("--rounds", type=_positive_int, default=2, help="with --measure: timed steps per plan, taken in turn A B A B (default 2)")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="with --measure: how long a rank waits for a peer (default 300)")
+    p.add_argument("--timeout", type=_positive_float, default=300.0, metavar="SECONDS",
+                   help="with --measure: how long a rank waits for a peer (default 300)")
     p.set_defaults(run=_cmd_compare)
 
     p = sub.add_parser("show", help="print a saved plan", description="Print the stage table of a plan file.")
@@ -159,9 +213,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-shape", type=_int_list, metavar="C,H,W", help="one float input of this shape per sample, instead of example_inputs()")
     p.add_argument("--nproc", type=_positive_int, metavar="N", help="processes on this machine (default one per stage; a divisor of the stage count interleaves stages)")
     p.add_argument("--threads", type=_positive_int, default=1, help="intra-op threads per rank on CPUs (default 1)")
-    p.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS", help="how long a rank waits for a peer before the run fails (default 120)")
-    p.add_argument("--lr", type=float, default=0.001, help="SGD learning rate (default 0.001, the tutorial's)")
+    p.add_argument("--timeout", type=_positive_float, default=120.0, metavar="SECONDS",
+                   help="how long a rank waits for a peer before the run fails (default 120)")
+    p.add_argument("--lr", type=_positive_float, default=0.001,
+                   help="SGD learning rate (default 0.001, the tutorial's)")
     p.set_defaults(run=_cmd_run)
+    for command in sub.choices.values():  # --debug after the command name too
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="show the traceback of an error instead of one line")
     return parser
 
 
@@ -177,20 +236,14 @@ def _err_console() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def _write_atomic(path: str | os.PathLike[str], write: Callable[[Path], object]) -> None:
-    """Write through a temporary file in the same folder, then rename: all or nothing."""
-    target = Path(path)
-    folder = target.parent if str(target.parent) else Path(".")
-    if not folder.is_dir():
-        raise InvalidInputError(f"cannot write {str(target)!r}: folder {str(folder)!r} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=target.suffix)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+def _check_outputs(args: argparse.Namespace) -> Outputs:
+    """The command's outputs, checked against its inputs and each other before any work."""
+    outputs = {option: getattr(args, attr, None) for attr, option in _OUTPUTS}
+    inputs = {what: getattr(args, attr, None) for attr, what in _INPUTS}
+    entry = getattr(args, "entry", None)
+    if entry and ":" in entry:
+        inputs["the --entry file"] = entry.rpartition(":")[0]
+    return check_outputs(outputs, inputs)
 
 
 def _spec(args: argparse.Namespace) -> Any:
@@ -316,7 +369,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     else:
         _device_note(console, args.gpus, args.device)
         prof = _measure(args, model, inputs, args.gpus, console)
-    _write_atomic(args.output, prof.save)
+    args.outputs.commit({"-o": prof.save})
     console.print(f"wrote {args.output}")
     return 0
 
@@ -351,31 +404,48 @@ def _manual_reference(prof: Profile, source: Any, args: argparse.Namespace,
     from autosplit.comparison import manual_plan
 
     points = getattr(args, "manual", None) or source.manual_split
-    if not points:
-        return None
-    if len(points) + 1 != args.gpus:
+    explicit = getattr(args, "manual_split_size", None)
+    if not points or len(points) + 1 != args.gpus:
         if getattr(args, "manual", None):
             raise InvalidInputError(
                 f"--manual gives {len(points)} split point(s), i.e. {len(points) + 1} stages, "
                 f"but --gpus is {args.gpus}"
             )
-        return None  # the model file's split is for another device count
-    size = getattr(args, "manual_split_size", None) or source.manual_split_size
-    if size is not None and size not in prof.microbatch_sizes:
-        size = None  # not measured: give the hand split its best measured size
-    plan = manual_plan(prof, points, size, **kwargs)
-    label = f"hand split (cut at {', '.join(points)}, split {plan.split_size})"
-    return label, plan
+        if explicit is not None:
+            found = (f"the model file's MANUAL_SPLIT has {len(points) + 1} stages, not "
+                     f"--gpus {args.gpus}") if points else "the model file has no MANUAL_SPLIT"
+            raise InvalidInputError(f"--manual-split-size {explicit} needs a hand split: {found}; "
+                                    "give its first blocks with --manual BLOCK")
+        return None  # no hand split, or the model file's is for another device count
+    batch = kwargs["batch_size"]
+    if explicit is not None and explicit > batch:
+        raise InvalidInputError(f"--manual-split-size {explicit} is larger than the batch {batch}: "
+                                "give a smaller one or a larger --batch-size")
+    if explicit is not None and explicit not in prof.microbatch_sizes:
+        sizes = ",".join(map(str, sorted({*prof.microbatch_sizes, explicit})))
+        raise InvalidInputError(
+            f"--manual-split-size {explicit} was not profiled: the profile has micro-batch sizes "
+            f"{', '.join(map(str, prof.microbatch_sizes))}; pick one of them or profile with "
+            f"--microbatch-sizes {sizes}"
+        )
+    size, why = explicit or source.manual_split_size, ""
+    if size is not None and size > batch:
+        why = f"is larger than the batch {batch}"
+    elif size is not None and size not in prof.microbatch_sizes:
+        why = "was not profiled"
+    plan = manual_plan(prof, points, None if why else size, **kwargs)
+    label = f"hand split (cut at {', '.join(points)}, split {plan.split_size}"
+    if why:  # the model file's size: the hand split gets its best measured one instead
+        label += f"; its MANUAL_SPLIT_SIZE {size} {why}"
+    return label + ")", plan
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from autosplit.planner import plan as make_plan
     from autosplit.report import print_plan
-    from autosplit.units import parse_bytes
 
     console = _console()
-    memory = parse_bytes(args.memory) if args.memory is not None else None  # fail fast
-    bandwidth = parse_bytes(args.bandwidth) if args.bandwidth is not None else None
+    memory, bandwidth = args.memory, args.bandwidth  # bytes, bytes per second (or None)
     spec = None if args.profile else _spec(args)
     if spec is not None:
         memory = memory or spec.memory_bytes
@@ -400,22 +470,21 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     print_plan(console, plan, reference)
     if memory is not None and args.gpus > 1:
         _one_device_note(console, prof, memory, kwargs)
-    writes: list[tuple[str, Callable[[Path], object]]] = [(args.output, plan.save)]
+    writes: dict[str, Any] = {"-o": plan.save}
     if code is not None:
-        writes.append((args.emit, lambda path: path.write_text(code)))
+        writes["--emit"] = lambda path: path.write_text(code)
     if args.plot:
         from autosplit.figures import plan_figure
 
-        writes.append((args.plot, lambda path: plan_figure(plan, path)))
-    for target, write in writes:
-        _write_atomic(target, write)
+        writes["--plot"] = lambda path: plan_figure(plan, path)
+    written = args.outputs.commit(writes)
     console.print()
     hints = []
     if not args.emit:
         hints.append("emit code with --emit pipelined_model.py")
     if not args.plot:
         hints.append("see it with --plot plan.png")
-    console.print(f" wrote {', '.join(t for t, _ in writes)}" + "".join(f" · {h}" for h in hints))
+    console.print(f" wrote {', '.join(written)}" + "".join(f" · {h}" for h in hints))
     return 0
 
 
@@ -473,10 +542,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from autosplit.comparison import baseline_plans, compare
     from autosplit.planner import plan as make_plan
     from autosplit.report import comparison_table
-    from autosplit.units import parse_bytes
 
     console = _console()
-    memory = parse_bytes(args.memory) if args.memory is not None else None
+    memory = args.memory
     spec = None if args.profile else _spec(args)
     if spec is not None:
         memory = memory or spec.memory_bytes
@@ -503,8 +571,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.plot:
         from autosplit.figures import comparison_figure
 
-        title = f"{prof.model} on {args.gpus} devices, batch {kwargs['batch_size']}: predicted step time"
-        _write_atomic(args.plot, lambda path: comparison_figure(rows, path, title))
+        title = (f"{prof.model} on {args.gpus} devices, batch {kwargs['batch_size']}: "
+                 "predicted step time")
+        args.outputs.commit({"--plot": lambda path: comparison_figure(rows, path, title)})
         console.print(f" wrote {args.plot}")
     return 0
 
@@ -524,7 +593,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if args.plot:
         from autosplit.figures import plan_figure
 
-        _write_atomic(args.plot, lambda path: plan_figure(plan, path))
+        args.outputs.commit({"--plot": lambda path: plan_figure(plan, path)})
         console.print(f"\n wrote {args.plot}")
     return 0
 
@@ -537,7 +606,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     spec = load_spec(args.device_spec) if args.device_spec else get_spec(args.device)
     measured = Profile.load(args.profile)
     if measured.source != "measured":
-        raise InvalidInputError(f"{args.profile!r} is an {measured.source} profile: calibrate on a measured one")
+        raise InvalidInputError(
+            f"{args.profile!r} is an {measured.source} profile: calibrate on a measured one"
+        )
     _, model, _ = _load(args)
     import torch
 
@@ -551,7 +622,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             f"{args.model} and calibrate on that"
         )
     fitted = calibrate(spec, measured, costs, sizes=[args.split_size] if args.split_size else None)
-    _write_atomic(args.output, fitted.save)
+    args.outputs.commit({"-o": fitted.save})
     console.print(f"{spec.name}: efficiency {spec.efficiency:.3f} → {fitted.efficiency:.3f}, "
                   f"bandwidth efficiency {spec.bandwidth_efficiency:.3f} → "
                   f"{fitted.bandwidth_efficiency:.3f}")
@@ -658,7 +729,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (0 success, 2 bad input)."""
+    """Run the command line; returns the exit code (0 success, 1 internal error or a failed
+    rank, 2 bad input, 130 interrupted)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -671,18 +743,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UserWarning)
+            args.outputs = _check_outputs(args)
             code = int(args.run(args))
         for w in caught:
             if issubclass(w.category, UserWarning) and "CPU stand-ins" not in str(w.message):
-                print(f"note: {' '.join(str(w.message).split())}", file=sys.stderr)
+                print(f"note: {_one_line(w.message)}", file=sys.stderr)
         return code
-    except AutosplitError as exc:
-        message = " ".join(str(exc).split())
-        print(f"error: {message}", file=sys.stderr)
-        return EXIT_USAGE
     except KeyboardInterrupt:
+        if args.debug:
+            raise
         print("error: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except (AutosplitError, OSError) as exc:  # the user's input, or a file they named
+        if args.debug:
+            raise
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        rank_failed = getattr(sys.modules.get("autosplit.distributed"), "RankFailedError", ())
+        return EXIT_INTERNAL if isinstance(exc, rank_failed) else EXIT_USAGE
+    except Exception as exc:  # a bug of autosplit's
+        if args.debug:
+            raise
+        print(f"internal error: {type(exc).__name__}: {_one_line(exc)} (run with --debug for "
+              "the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _one_line(exc: object) -> str:
+    """An error message on one line (whitespace, newlines included, collapsed)."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, OSError) and exc.strerror and exc.filename:
+        text = f"{exc.strerror}: {str(exc.filename)!r}"  # no "[Errno 13]"
+    return text or type(exc).__name__
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -4,15 +4,23 @@ A model file defines ``build_model()`` (or a module-level ``model``) and, option
 ``example_inputs(batch_size)`` returning a tensor or a tuple of tensors. ``--entry
 FILE_OR_MODULE:CALLABLE`` names another factory. Every failure is a :class:`ModelFileError`
 whose message fits on one line.
+
+The model file's own code (its import, the factory, ``example_inputs``) runs with ``sys.argv``
+set to ``[the file]``, so a file that parses the command line sees no arguments, and with its
+``stderr`` held back until it returns: a ``sys.exit()`` in it (argparse's usage error included)
+becomes a :class:`ModelFileError` that quotes the last line it wrote, instead of ending the
+program.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
+import io
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -63,9 +71,14 @@ class ModelFile:
         its errors into one-line :class:`ModelFileError`."""
         accepted = _accepted(self.factory, kwargs, "the model factory", self.ref)
         try:
-            model = self.factory(**accepted)
+            with self._running(f"in {self.ref.rpartition(':')[2]}"):
+                model = self.factory(**accepted)
+        except ModelFileError:
+            raise
         except Exception as exc:
-            raise ModelFileError(f"building the model from {self.ref} failed: {_one_line(exc)}") from exc
+            raise ModelFileError(
+                f"building the model from {self.ref} failed: {_one_line(exc)}"
+            ) from exc
         import torch
 
         if not isinstance(model, torch.nn.Module):
@@ -84,9 +97,43 @@ class ModelFile:
             )
         extra = _accepted(self.inputs, kwargs, None, self.ref)
         try:
-            return self.inputs(**extra) if batch_size is None else self.inputs(batch_size, **extra)
+            with self._running("in example_inputs"):
+                if batch_size is None:
+                    return self.inputs(**extra)
+                return self.inputs(batch_size, **extra)
+        except ModelFileError:
+            raise
         except Exception as exc:
-            raise ModelFileError(f"example_inputs({batch_size or ''}) failed: {_one_line(exc)}") from exc
+            raise ModelFileError(
+                f"example_inputs({batch_size or ''}) failed: {_one_line(exc)}"
+            ) from exc
+
+
+    def _running(self, where: str) -> contextlib.AbstractContextManager[None]:
+        shown = self.ref.rpartition(":")[0]
+        return _model_code(shown, str(self.path) if self.path else shown, where)
+
+
+@contextlib.contextmanager
+def _model_code(shown: str, argv0: str, where: str) -> Iterator[None]:
+    """Run the model file's code with ``sys.argv == [argv0]`` and its stderr held back; turn its
+    ``sys.exit()`` into a :class:`ModelFileError` (``where``: e.g. ``"in build_model"``)."""
+    argv, stderr = sys.argv, sys.stderr
+    held = io.StringIO()
+    sys.argv, sys.stderr = [argv0], held
+    try:
+        yield
+    except SystemExit as exc:
+        said = [line.strip() for line in held.getvalue().splitlines() if line.strip()]
+        raise ModelFileError(
+            f"model file {shown} called sys.exit({exc.code!r}) {where}"
+            + (f": {said[-1]}" if said else "")
+        ) from None
+    else:
+        sys.stderr = stderr
+        stderr.write(held.getvalue())  # what it wrote on success is passed on
+    finally:
+        sys.argv, sys.stderr = argv, stderr
 
 
 def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
@@ -137,7 +184,7 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def _import_file(path: Path) -> ModuleType:
+def _import_file(path: Path, shown: str) -> ModuleType:
     name = f"autosplit_model_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
@@ -149,10 +196,11 @@ def _import_file(path: Path) -> ModuleType:
     if added:
         sys.path.insert(0, parent)  # let the file import its neighbours
     try:
-        spec.loader.exec_module(module)
+        with _model_code(shown, str(path), "while being imported"):
+            spec.loader.exec_module(module)
     except BaseException as exc:
         sys.modules.pop(name, None)
-        if isinstance(exc, KeyboardInterrupt):
+        if isinstance(exc, (KeyboardInterrupt, ModelFileError)):
             raise
         raise ModelFileError(f"importing {str(path)!r} failed: {_one_line(exc)}") from exc
     finally:
@@ -182,11 +230,14 @@ def load_model_file(target: str, entry: str | None = None) -> ModelFile:
         if not path.is_file():
             raise ModelFileError(f"model file {source!r} does not exist")
         path = path.resolve()
-        module = _import_file(path)
         shown = str(Path(source))
+        module = _import_file(path, shown)
     else:
         try:
-            module = importlib.import_module(source)
+            with _model_code(source, source, "while being imported"):
+                module = importlib.import_module(source)
+        except ModelFileError:
+            raise
         except Exception as exc:
             raise ModelFileError(f"cannot import module {source!r}: {_one_line(exc)}") from exc
         path = None
