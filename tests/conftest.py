@@ -15,6 +15,16 @@ from torch.utils import _pytree as pytree
 import autosplit
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``cuda`` are skipped, saying so, on a machine without a CUDA device."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (run `pytest -m cuda` on a GPU machine)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_quiet() -> None:
     torch.manual_seed(0)
@@ -26,8 +36,8 @@ def loss_of(output: Any) -> torch.Tensor:
     total = torch.zeros(())
     for leaf in pytree.tree_leaves(output):
         if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
-            weights = torch.linspace(0.5, 1.5, leaf.numel()).reshape(leaf.shape)
-            total = total + (leaf * weights).sum()
+            weights = torch.linspace(0.5, 1.5, leaf.numel(), device=leaf.device)
+            total = total + (leaf * weights.reshape(leaf.shape)).sum().cpu()
     return total
 
 
@@ -40,20 +50,24 @@ def reference_run(model: nn.Module, inputs: Sequence[torch.Tensor], split: int) 
     return pytree.tree_unflatten(joined, spec)
 
 
-def assert_equivalent(model: nn.Module, pm: nn.Module, ref: nn.Module, inputs: Sequence[torch.Tensor], split: int) -> None:
-    """Outputs, every parameter gradient and every buffer of ``pm`` equal ``ref``'s."""
+def assert_equivalent(model: nn.Module, pm: nn.Module, ref: nn.Module, inputs: Sequence[torch.Tensor], split: int, **tol: Any) -> None:
+    """Outputs, every parameter gradient and every buffer of ``pm`` equal ``ref``'s.
+
+    ``tol``: extra arguments of ``torch.testing.assert_close`` (tolerances, ``check_device``),
+    for a pipeline on other devices than the reference.
+    """
     out = pm(*inputs)
     expected = reference_run(ref, inputs, split)
-    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(out, expected, **tol)
     loss_of(out).backward()
     loss_of(expected).backward()
     got = dict(model.named_parameters())
     for name, p in ref.named_parameters():
         assert got[name].grad is not None, f"no gradient reached {name}"
-        torch.testing.assert_close(got[name].grad, p.grad, msg=f"gradient of {name}")
+        torch.testing.assert_close(got[name].grad, p.grad, msg=f"gradient of {name}", **tol)
     bufs = dict(model.named_buffers())
     for name, b in ref.named_buffers():
-        torch.testing.assert_close(bufs[name], b, msg=f"buffer {name}")
+        torch.testing.assert_close(bufs[name], b, msg=f"buffer {name}", **tol)
 
 
 def partition_and_check(model: nn.Module, inputs: Sequence[torch.Tensor], stages: int, split: int, **kw: Any) -> autosplit.PipelinedModule:

@@ -533,7 +533,7 @@ def test_untraceable_model_split_at_its_children(tmp_path: Path) -> None:
     assert [pm.stage0, pm.stage1, pm.stage2] == [model.first, model.gate, model.last]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_cuda_stages_after_a_cpu_stage(tmp_path: Path) -> None:
     """Stage 0 on the CPU, stages 1–2 on cuda:0: inputs, skips and outputs cross devices."""
     (tmp_path / "skip.py").write_text(SKIP_MODEL)

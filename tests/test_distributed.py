@@ -100,8 +100,8 @@ def loss_fn(output: Any, target: Any) -> torch.Tensor:
     """Weighted squared error over every output leaf (each element counts differently)."""
     total = torch.zeros(())
     for out, tgt in zip(pytree.tree_leaves(output), pytree.tree_leaves(target)):
-        weights = torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)
-        total = total + (weights * (out - tgt) ** 2).mean()
+        weights = torch.linspace(0.5, 1.5, out.numel(), device=out.device).reshape(out.shape)
+        total = total + (weights * (out - tgt) ** 2).mean().cpu()
     return total
 
 
@@ -123,10 +123,11 @@ def make_plan(model: nn.Module, balance: tuple[int, ...], split: int, m: int,
 
 
 def _snapshot(trainer: D.Trainer) -> dict[str, dict[str, torch.Tensor]]:
+    """Gradients, parameters and buffers, copied to the CPU (NCCL ranks hold them on GPUs)."""
     return {
-        "grads": {n: p.grad.clone() for n, p in trainer.named_parameters() if p.grad is not None},
-        "params": {n: p.detach().clone() for n, p in trainer.named_parameters()},
-        "buffers": {n: b.clone() for n, b in trainer.named_buffers()},
+        "grads": {n: p.grad.cpu().clone() for n, p in trainer.named_parameters() if p.grad is not None},
+        "params": {n: p.detach().cpu().clone() for n, p in trainer.named_parameters()},
+        "buffers": {n: b.cpu().clone() for n, b in trainer.named_buffers()},
     }
 
 
@@ -147,7 +148,7 @@ def _equivalence_worker(name: str, plans: list[Plan], steps: int) -> Any:
         for _ in range(steps):
             loss = trainer.step(inputs if trainer.holds_first else None,
                                 targets if trainer.holds_last else None)
-            losses.append(loss)
+            losses.append(None if loss is None else loss.cpu())
             snaps.append(_snapshot(trainer))
         gathered = _gather_to_rank0((losses, snaps, [m.index for m in trainer.modules]))
         if gathered is not None:
@@ -211,15 +212,18 @@ def _reference(name: str, plan: Plan, steps: int) -> dict[str, Any]:
     return {"losses": losses, "steps": snaps}
 
 
-def assert_same_training(got: dict[str, Any], expected: dict[str, Any]) -> None:
+def assert_same_training(got: dict[str, Any], expected: dict[str, Any], **tol: Any) -> None:
+    """``tol``: tolerances of ``torch.testing.assert_close`` (a GPU run against the CPU's)."""
     for step, (loss, ref_loss) in enumerate(zip(got["losses"], expected["losses"], strict=True)):
-        torch.testing.assert_close(loss, ref_loss, msg=lambda m, s=step: f"loss of step {s}: {m}")
+        torch.testing.assert_close(loss, ref_loss, msg=lambda m, s=step: f"loss of step {s}: {m}",
+                                   **tol)
     for step, (part, ref) in enumerate(zip(got["steps"], expected["steps"], strict=True)):
         for key in ("grads", "params", "buffers"):
             assert part[key].keys() == ref[key].keys(), f"{key} differ in names at step {step}"
             for n, value in ref[key].items():
                 torch.testing.assert_close(
-                    part[key][n], value, msg=lambda m, k=key, n=n, s=step: f"{k} {n} at step {s}: {m}"
+                    part[key][n], value, msg=lambda m, k=key, n=n, s=step: f"{k} {n} at step {s}: {m}",
+                    **tol,
                 )
 
 
@@ -255,6 +259,21 @@ def test_interleaved_stages_equal_single_process() -> None:
     for plan, got in zip(plans, results[0], strict=True):
         assert got["stages_per_rank"] == [[0, 2], [1, 3]]
         assert_same_training(got, reference("skip", plan, 2))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("ranks", [
+    1, pytest.param(2, marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")),
+])
+def test_nccl_ranks_train_like_one_process(ranks: int) -> None:
+    """NCCL, rank r on cuda:r. NCCL refuses two ranks on one GPU, so with one GPU a single rank
+    holds all four stages (the plan checks and gathers still go through NCCL)."""
+    model = build("skip")
+    plans = [make_plan(model, (2, 2, 2, 1), 2, 4, schedule) for schedule in ("gpipe", "1f1b")]
+    results = D.launch(_equivalence_worker, ranks, "skip", plans, 2, backend="nccl", timeout_s=TIMEOUT_S)
+    for plan, got in zip(plans, results[0], strict=True):
+        assert got["stages_per_rank"] == ([[0, 1, 2, 3]] if ranks == 1 else [[0, 2], [1, 3]])
+        assert_same_training(got, reference("skip", plan, 2), rtol=1e-4, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------ failures

@@ -136,3 +136,32 @@ def test_bad_microbatch_size() -> None:
 def test_repeated_microbatch_sizes_are_named() -> None:
     with pytest.raises(InvalidInputError, match=r"repeat: \[2, 2\]"):
         autosplit.profile(ToyModel(), torch.randn(4, 10), microbatch_sizes=[2, 2])
+
+
+@pytest.mark.cuda
+def test_cuda_profile_uses_events_and_records_peak_memory() -> None:
+    """On cuda:0 the model (on the CPU) is copied, timed with CUDA events, and left unchanged;
+    every block gets a peak memory, larger for the larger micro-batch."""
+    model = torchvision.models.resnet18(num_classes=10)
+    before = _snapshot(model)
+    prof = autosplit.profile(model, torch.randn(8, 3, 32, 32), device="cuda:0",
+                             microbatch_sizes=[4, 8], warmup=1, repeats=2)
+    _assert_same(_snapshot(model), before)
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    assert prof.device.kind == "cuda" and prof.device.memory_bytes and prof.device.memory_bytes > 0
+    assert prof.device.name == torch.cuda.get_device_name(0)
+    for block in prof.blocks:
+        assert block.peak_bytes is not None and all(v >= 0 for v in block.peak_bytes)
+        assert all(t > 0 for t in block.fwd_ms)
+    peaks = [sum(block.peak_bytes[k] for block in prof.blocks) for k in range(2)]
+    assert 0 < peaks[0] < peaks[1]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("src, dst", [("cuda:0", "cuda:0"), ("cpu", "cuda:0"), ("cuda:0", "cpu")])
+def test_cuda_link_bandwidth_is_measured(src: str, dst: str) -> None:
+    """Copies to, from and within one GPU are timed with CUDA events (two GPUs: peer copies)."""
+    from autosplit.devices import measure_link_bandwidth
+
+    bandwidth = measure_link_bandwidth(src, dst, nbytes=2**20, repeats=3)
+    assert 0 < bandwidth < float("inf")

@@ -1,0 +1,492 @@
+"""One prepared check of every CUDA path of autosplit, in under 6 minutes on one H200.
+
+    python benchmarks/gpu_check.py             # on a GPU machine: benchmarks/results/gpu.{json,md}
+    python benchmarks/gpu_check.py --dry-run   # the same steps on the CPU, tiny, to a temp dir
+
+Steps, most valuable first, each with a time limit inside a global budget (a step that fails
+or runs out of time is recorded with its error, and the next one runs; the results are
+rewritten after every step): ``tests`` (``pytest -m cuda``); ``resnet50`` (the tutorial's
+B=120, 3×128×128: profile with CUDA events, plan 2 stages, the predicted step against the
+measured step of ``partition()`` and of the emitted module); ``memory`` (predicted peak against
+``torch.cuda.max_memory_allocated``); ``analytic`` (the GPU's named spec against the measured
+blocks, before and after ``calibrate``); ``gpt`` (GPT small, B=64 × 64 tokens, as resnet50 and
+memory); ``bf16`` (both models in bfloat16: profile, plan, measured step). With one GPU both
+stages run on cuda:0, one after the other, so the step to expect is m · Σ stage compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib.util
+import math
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # this checkout's autosplit, even uninstalled
+from common import RESULTS, describe, machine, write_results  # noqa: E402
+
+import torch  # noqa: E402
+import torchvision  # noqa: E402
+from torch.utils import _pytree as pytree  # noqa: E402
+
+import autosplit  # noqa: E402
+from autosplit.analytic import count_costs, profile_from_costs  # noqa: E402
+from autosplit.specs import KNOWN_DEVICES, calibrate, get_spec  # noqa: E402
+
+STEPS = [("tests", 150), ("resnet50", 75), ("memory", 20), ("analytic", 40), ("gpt", 50),
+         ("bf16", 45)]
+"""(step, time limit in seconds), in the order they run."""
+
+FULL = {"resnet": ("ResNet50", 120, 128, [20, 24, 30, 40, 60]), "gpt": ("small", 64, [8, 16, 32]),
+        "warmup": 2, "repeats": 5, "step_warmup": 2, "step_repeats": 10, "pytest": []}
+DRY = {"resnet": ("ResNet18", 4, 32, [2, 4]), "gpt": ("tiny", 4, [2, 4]), "warmup": 0,
+       "repeats": 1, "step_warmup": 0, "step_repeats": 2, "pytest": ["tests/test_pipeline.py"]}
+"""Sizes: ResNet (name, B, image side, micro-batch sizes), GPT (size, B, sizes), repeats."""
+
+_START = time.perf_counter()
+
+
+def log(text: str) -> None:
+    """A progress line with the wall clock and the seconds since the start."""
+    stamp = time.strftime("%H:%M:%S")
+    print(f"[{stamp} +{time.perf_counter() - _START:6.1f} s] {text}", flush=True)
+
+
+class StepTimeout(BaseException):
+    """A step ran past its time limit (not an Exception, so no ``except Exception`` in the
+    library or the model swallows it)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`StepTimeout` in the main thread after ``seconds`` (SIGALRM)."""
+    def expire(signum: int, frame: Any) -> None:
+        raise StepTimeout(f"over its time limit of {seconds:.0f} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def spread(samples: list[float]) -> dict[str, Any]:
+    """Median, min, max and (max − min) / median of timings (ms)."""
+    med = statistics.median(samples)
+    return {"median": med, "min": min(samples), "max": max(samples),
+            "spread": (max(samples) - min(samples)) / med if med else 0.0, "samples": samples}
+
+
+def sync(devices: list[torch.device]) -> None:
+    for d in {d for d in devices if d.type == "cuda"}:
+        torch.cuda.synchronize(d)
+
+
+def time_ms(run: Callable[[], Any], devices: list[torch.device], warmup: int, repeats: int
+            ) -> dict[str, Any]:
+    """Timings of ``run()`` in ms: CUDA events on the first device's stream after every other
+    device has finished (with one GPU: pure event timing), else ``perf_counter``."""
+    for _ in range(warmup):
+        run()
+    sync(devices)
+    cuda = devices[0].type == "cuda"
+    samples = []
+    for _ in range(repeats):
+        if cuda:
+            with torch.cuda.device(devices[0]):
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                start.record()
+                run()
+                sync(devices[1:])
+                end.record()
+                end.synchronize()
+                samples.append(float(start.elapsed_time(end)))
+        else:
+            t0 = time.perf_counter()
+            run()
+            samples.append((time.perf_counter() - t0) * 1000.0)
+    return spread(samples)
+
+
+def train_step(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+    """Forward and backward of one batch (what a plan's step time covers; no optimizer)."""
+    for p in module.parameters():
+        p.grad = None
+    out = module(*inputs)
+    leaves = [t for t in pytree.tree_leaves(out) if torch.is_tensor(t) and t.is_floating_point()]
+    sum(t.float().square().mean() for t in leaves).backward()
+
+
+def spec_for(device_name: str) -> str:
+    """The known spec whose name's parts all appear in the CUDA device's name (the memory part,
+    e.g. ``80gb``, may be missing); the most parts matched wins."""
+    text = re.sub(r"[^a-z0-9]", "", device_name.lower())
+    best, score = None, 0
+    for name, spec in KNOWN_DEVICES.items():
+        parts = name.split("-")
+        chip = [p for p in parts if not p.endswith("gb")]
+        if spec.kind == "cuda" and all(p in text for p in chip):
+            hits = sum(p in text for p in parts)
+            if hits > score:
+                best, score = name, hits
+    if best is None:
+        raise LookupError(f"no known spec matches {device_name!r}: {', '.join(KNOWN_DEVICES)}")
+    return best
+
+
+def build(ctx: dict[str, Any], which: str) -> tuple[torch.nn.Module, tuple[Any, ...], str]:
+    """A fresh model (seeded), its example batch, and the model file the emitted code imports."""
+    torch.manual_seed(0)
+    if which == "resnet":
+        name, batch, side, _ = ctx["sizes"]["resnet"]
+        model = getattr(torchvision.models, name.lower())()
+        return model, (torch.randn(batch, 3, side, side),), str(ROOT / "examples" / "resnet50.py")
+    size, batch, _ = ctx["sizes"]["gpt"]
+    gpt = load(ROOT / "examples" / "gpt.py")
+    return gpt.build_model(size), gpt.example_inputs(batch, size), str(ROOT / "examples" / "gpt.py")
+
+
+def load(path: Path) -> Any:
+    """Import a Python file as a module."""
+    spec = importlib.util.spec_from_file_location(f"gpu_check_{path.stem}", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def plan_and_measure(ctx: dict[str, Any], which: str, dtype: torch.dtype | None = None,
+                     sizes: list[int] | None = None) -> dict[str, Any]:
+    """Profile on devices[0], plan 2 stages, time ``partition()`` and the emitted module."""
+    s, devs = ctx["sizes"], ctx["devices"]
+    model, inputs, model_ref = build(ctx, which)
+    if dtype is not None:
+        model = model.to(dtype)
+        inputs = tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
+    sizes = sizes or s[which][-1]
+    log(f"{which}: profiling {type(model).__name__} at micro-batch sizes {sizes} on {devs[0]}")
+    prof = autosplit.profile(model, inputs, device=devs[0], microbatch_sizes=sizes,
+                             warmup=s["warmup"], repeats=s["repeats"], budget_s=None)
+    plan = autosplit.plan(prof, 2, devices=[str(d) for d in devs])
+    serial = plan.microbatches * math.fsum(st.compute_ms for st in plan.stages)
+    shared = len(set(devs)) < len(devs)
+    log(f"{which}: plan {plan.balance} blocks, {plan.microbatches} × {plan.split_size}; "
+        f"predicted {plan.predicted_step_ms:.1f} ms on 2 devices, {serial:.1f} ms serially")
+    pm = autosplit.partition(model, plan=plan, devices=devs)
+    on_dev = tuple(x.to(devs[0]) for x in inputs)
+    label = s["resnet"][0] if which == "resnet" else f"GPT {s['gpt'][0]}"
+    result: dict[str, Any] = {
+        "model": label, "dtype": str(dtype or torch.float32), "batch": plan.batch_size,
+        "input_shapes": [list(x.shape) for x in inputs], "profile_seconds": prof.seconds,
+        "devices": [str(d) for d in devs], "balance": list(plan.balance),
+        "cut_before": list(plan.split_points), "split_size": plan.split_size,
+        "microbatches": plan.microbatches, "predicted_step_ms": plan.predicted_step_ms,
+        "serial_ms": serial, "single_device_ms": plan.single_device_ms,
+        "expected_ms": serial if shared else plan.predicted_step_ms,
+        "expected_is": "serial (stages share a device)" if shared else "predicted_step_ms",
+        "stage_compute_ms": [st.compute_ms for st in plan.stages],
+    }
+    log(f"{which}: timing partition() ({s['step_repeats']} steps)")
+    result["partition"] = time_ms(lambda: train_step(pm, on_dev), devs, s["step_warmup"],
+                                  s["step_repeats"])
+    with torch.no_grad():
+        reference = pm(*on_dev)
+    emitted = ctx["out"] / "code" / f"pipelined_{which}_{str(dtype or 'fp32')[-8:]}.py"
+    emitted.parent.mkdir(parents=True, exist_ok=True)
+    emitted.write_text(autosplit.emit(plan, model_ref, model=model, devices=result["devices"]))
+    (cls,) = [v for k, v in vars(load(emitted)).items()
+              if k.startswith("Pipelined") and isinstance(v, type)]
+    em = cls(model=model, devices=result["devices"])
+    with torch.no_grad():
+        diff = (em(*on_dev).float() - reference.float()).abs().max().item()
+    result["emitted_vs_partition_max_abs_diff"] = diff
+    log(f"{which}: timing the emitted module {emitted.name}")
+    result["emitted"] = time_ms(lambda: train_step(em, on_dev), devs, s["step_warmup"],
+                                s["step_repeats"])
+    for key in ("partition", "emitted"):
+        result[f"{key}_error"] = result[key]["median"] / result["expected_ms"] - 1
+    log(f"{which}: measured {result['partition']['median']:.1f} ms (partition), "
+        f"{result['emitted']['median']:.1f} ms (emitted), expected {result['expected_ms']:.1f} ms")
+    ctx[which] = {"model": model, "inputs": on_dev, "plan": plan, "profile": prof, "pm": pm,
+                  "em": em}
+    return result
+
+
+def memory(ctx: dict[str, Any], which: str) -> dict[str, Any]:
+    """Each device's predicted peak (the sum over its stages) against the allocator's peak
+    during one training step of partition() and of the emitted module."""
+    if which not in ctx:
+        raise RuntimeError(f"no {which} plan to check (its step did not finish)")
+    run, devs = ctx[which], ctx["devices"]
+    plan = run["plan"]
+    rows = []
+    for dev in dict.fromkeys(devs):
+        predicted = sum(st.memory_bytes for st, d in zip(plan.stages, devs) if d == dev)
+        rows.append({"device": str(dev), "stages": [i for i, d in enumerate(devs) if d == dev],
+                     "predicted_bytes": predicted})
+    for key in ("pm", "em"):
+        module = run[key]
+        for p in module.parameters():
+            p.grad = None
+        gc.collect()
+        if devs[0].type == "cuda":
+            torch.cuda.empty_cache()
+            sync(devs)
+            base = {d: torch.cuda.memory_allocated(d) for d in devs}
+            for d in set(devs):
+                torch.cuda.reset_peak_memory_stats(d)
+        train_step(module, run["inputs"])
+        sync(devs)
+        for row, dev in zip(rows, dict.fromkeys(devs)):
+            name = "partition" if key == "pm" else "emitted"
+            if dev.type == "cuda":
+                peak = torch.cuda.max_memory_allocated(dev)
+                row[f"{name}_peak_bytes"] = peak
+                row[f"{name}_before_step_bytes"] = base[dev]
+                row[f"{name}_error"] = row["predicted_bytes"] / peak - 1
+            else:
+                row[f"{name}_peak_bytes"] = None  # the CPU allocator keeps no peak
+    return {"stage_predicted_bytes": [st.memory_bytes for st in plan.stages], "devices": rows}
+
+
+def block_errors(measured: autosplit.Profile, analytic: autosplit.Profile) -> dict[str, Any]:
+    """Per micro-batch size: Σ analytic / Σ measured − 1, and the blocks' median |error|."""
+    out = {}
+    for b in measured.microbatch_sizes:
+        k, j = measured.size_index(b), analytic.size_index(b)
+        pairs = [(a.fwd_ms[j] + a.bwd_ms[j], m.fwd_ms[k] + m.bwd_ms[k])
+                 for a, m in zip(analytic.blocks, measured.blocks)]
+        pairs = [(a, m) for a, m in pairs if m > 0]
+        out[str(b)] = {
+            "total_error": math.fsum(a for a, _ in pairs) / math.fsum(m for _, m in pairs) - 1,
+            "median_abs_block_error": statistics.median(abs(a / m - 1) for a, m in pairs),
+        }
+    return out
+
+
+def analytic(ctx: dict[str, Any]) -> dict[str, Any]:
+    """The named spec's roofline times against ResNet's measured profile, before and after
+    calibration: on every size (in sample), and on the plan's size only (others held out)."""
+    if "resnet" not in ctx:
+        raise RuntimeError("no measured ResNet profile (the resnet50 step did not finish)")
+    run = ctx["resnet"]
+    dev = ctx["devices"][0]
+    name = spec_for(torch.cuda.get_device_name(dev)) if dev.type == "cuda" else "cpu-core"
+    spec, measured = get_spec(name), run["profile"]
+    log(f"analytic: counting FLOPs and bytes on meta; spec {name}")
+    costs = count_costs(run["model"], run["inputs"], microbatch_sizes=measured.microbatch_sizes)
+    fitted = calibrate(spec, measured, costs)
+    held = calibrate(spec, measured, costs, sizes=[run["plan"].split_size])
+    result = {"spec": name, "device_name": device_name(dev)}
+    for label, s in (("before", spec), ("calibrated", fitted), ("calibrated_on_plan_size", held)):
+        result[label] = {"efficiency": s.efficiency, "bandwidth_efficiency": s.bandwidth_efficiency,
+                         "errors": block_errors(measured, profile_from_costs(costs, s))}
+    result["calibrated_on"] = run["plan"].split_size
+    return result
+
+
+def device_name(dev: torch.device) -> str:
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+
+
+def tests(ctx: dict[str, Any], limit_s: float) -> dict[str, Any]:
+    """``pytest -m cuda`` in a child process (its own session, killed whole on timeout)."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-rfEs", *ctx["sizes"]["pytest"]]
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    log(f"tests: {' '.join(cmd[1:])}")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": path}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=max(limit_s - 5, 1))
+    except (subprocess.TimeoutExpired, StepTimeout):
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise StepTimeout(f"pytest ran past {limit_s:.0f} s") from None
+    last = output.splitlines()[-1] if output else ""
+    words = r"(\d+) (passed|failed|skipped|errors?|deselected)"
+    counts = {k: int(n) for n, k in re.findall(words, last)}
+    lines = [ln for ln in output.splitlines() if ln.startswith(("FAILED", "ERROR", "SKIPPED"))]
+    if proc.returncode != 0:
+        raise RuntimeError(f"pytest exit code {proc.returncode}, {counts}: "
+                           f"{'; '.join(lines)[:2000]}")
+    return {"command": " ".join(cmd[1:]), "counts": counts, "lines": lines}
+
+
+def bf16(ctx: dict[str, Any]) -> dict[str, Any]:
+    """Both models in bfloat16 (``.to(torch.bfloat16)``), one profiled size (the fp32 plan's)."""
+    out = {}
+    for which in ("gpt", "resnet"):
+        b = ctx[which]["plan"].split_size if which in ctx else ctx["sizes"][which][-1][0]
+        out[which] = plan_and_measure(ctx, which, torch.bfloat16, [b])
+    return out
+
+
+def versions() -> dict[str, Any]:
+    info: dict[str, Any] = {"torch": torch.__version__, "torchvision": torchvision.__version__,
+                            "cuda": torch.version.cuda, "autosplit": autosplit.__version__,
+                            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+                            "tf32_cudnn": torch.backends.cudnn.allow_tf32}
+    if torch.cuda.is_available():
+        info["cudnn"] = torch.backends.cudnn.version()
+        info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        info["gpus"] = [f"{p.name} ({p.total_memory / 2**30:.0f} GiB, sm {p.major}.{p.minor}, "
+                        f"{p.multi_processor_count} SMs)"
+                        for p in map(torch.cuda.get_device_properties,
+                                     range(torch.cuda.device_count()))]
+    return info
+
+
+def _ms(t: dict[str, Any]) -> str:
+    return f"{t['median']:.1f} [{t['min']:.1f}–{t['max']:.1f}]"
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{v:+.0%}"
+
+
+def _table(head: list[str], rows: list[list[Any]]) -> list[str]:
+    return ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+            *("| " + " | ".join(map(str, r)) + " |" for r in rows)]
+
+
+def markdown(data: dict[str, Any]) -> str:
+    st = data["settings"]
+    lines = ["# autosplit on a GPU: every CUDA path, measured", "",
+             f"Machine: {describe(st['machine'])}. Versions: "
+             + ", ".join(f"{k} {v}" for k, v in st["versions"].items())
+             + f". Command: `{st['command']}`. Total {data['total_s']:.0f} s of a "
+             f"{st['budget_s']:.0f} s budget. Times in ms, median [min–max]."]
+    lines += _table(["step", "status", "seconds", "note"],
+                    [[r["name"], r["status"], f"{r['seconds']:.1f}",
+                      (r.get("error") or "").replace("|", "/")[:200]] for r in data["steps"]])
+    res = {r["name"]: r["result"] for r in data["steps"] if r.get("result")}
+    if "tests" in res:
+        lines += ["", f"## CUDA tests\n\n`{res['tests']['command']}`: {res['tests']['counts']}"]
+        lines += [f"- {line}" for line in res["tests"]["lines"]]
+    runs = [res[k] for k in ("resnet50", "gpt") if k in res] + list(res.get("bf16", {}).values())
+    if runs:
+        lines += ["", "## Plan against measured step (forward + backward of the batch)", "",
+                  "Expected here: the plan's prediction on 2 devices, or m · Σ stage compute "
+                  "when the stages share one device (they then run one after the other)."]
+        lines += _table(
+            ["model", "dtype", "devices", "cut before", "m × b", "predicted (2 devices)",
+             "expected here", "partition()", "error", "emitted", "error", "max |Δ| outputs"],
+            [[r["model"], r["dtype"].replace("torch.", ""), ", ".join(r["devices"]),
+              ", ".join(r["cut_before"]), f"{r['microbatches']} × {r['split_size']}",
+              f"{r['predicted_step_ms']:.1f}", f"{r['expected_ms']:.1f}", _ms(r["partition"]),
+              _pct(r["partition_error"]), _ms(r["emitted"]), _pct(r["emitted_error"]),
+              f"{r['emitted_vs_partition_max_abs_diff']:.2g}"] for r in runs])
+    mem = [(st["sizes"]["resnet"][0], res.get("memory")),
+           (f"GPT {st['sizes']['gpt'][0]}", res.get("gpt", {}).get("memory"))]
+    rows = [[name, d["device"], d["stages"], f"{d['predicted_bytes'] / 2**20:.0f}",
+             *(x for k in ("partition", "emitted") for x in (
+                 "–" if d.get(f"{k}_peak_bytes") is None
+                 else f"{d[f'{k}_peak_bytes'] / 2**20:.0f}",
+                 _pct(d.get(f"{k}_error"))))]
+            for name, m in mem if m for d in m["devices"]]
+    if rows:
+        lines += ["", "## Peak memory (MiB): predicted against torch.cuda.max_memory_allocated",
+                  "", "Error: predicted / measured − 1; a device's prediction sums its stages."]
+        lines += _table(["model", "device", "stages", "predicted", "partition()", "error",
+                         "emitted", "error"], rows)
+    if "analytic" in res:
+        a = res["analytic"]
+        sizes = list(a["before"]["errors"])
+        lines += ["", f"## Analytic {a['spec']} ({a['device_name']}) against measured blocks", "",
+                  f"Per size b: Σ analytic / Σ measured − 1, and a block's median |error|; "
+                  f"`calibrated_on_plan_size` is fitted on b={a['calibrated_on']} only."]
+        lines += _table(
+            ["spec", "efficiency", "bandwidth efficiency", *(f"b={b}" for b in sizes)],
+            [[label, f"{e['efficiency']:.3f}", f"{e['bandwidth_efficiency']:.3f}",
+              *(f"{_pct(v['total_error'])}, {v['median_abs_block_error']:.0%}"
+                for v in e["errors"].values())]
+             for label, e in ((k, a[k])
+                              for k in ("before", "calibrated", "calibrated_on_plan_size"))])
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="the same steps on the CPU, tiny")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where to write gpu.{json,md} (default: benchmarks/results, or a "
+                             "new temp dir with --dry-run)")
+    parser.add_argument("--budget-s", type=float, default=330.0, help="global time budget (s)")
+    parser.add_argument("--steps", nargs="+", choices=[n for n, _ in STEPS], default=None,
+                        help="run only these steps")
+    args = parser.parse_args(argv)
+    if not args.dry_run and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device on this machine, nothing to check "
+              "(--dry-run runs the same steps on the CPU)")
+        return 0
+    out = args.out or (Path(tempfile.mkdtemp(prefix="gpu-check-")) if args.dry_run else RESULTS)
+    if args.dry_run and out.resolve() == RESULTS.resolve():
+        parser.error("--dry-run never writes to benchmarks/results (the committed GPU results)")
+    n = torch.cuda.device_count() if not args.dry_run else 0
+    devices = [torch.device("cuda", i % n) if n else torch.device("cpu") for i in range(2)]
+    ctx: dict[str, Any] = {"sizes": DRY if args.dry_run else FULL, "devices": devices, "out": out}
+    actions: dict[str, Callable[[float], Any]] = {
+        "tests": lambda limit: tests(ctx, limit),
+        "resnet50": lambda limit: plan_and_measure(ctx, "resnet"),
+        "memory": lambda limit: memory(ctx, "resnet"),
+        "analytic": lambda limit: analytic(ctx),
+        "gpt": lambda limit: {**plan_and_measure(ctx, "gpt"), "memory": memory(ctx, "gpt")},
+        "bf16": lambda limit: bf16(ctx),
+    }
+    command = "python benchmarks/gpu_check.py" + (" --dry-run" if args.dry_run else "")
+    data: dict[str, Any] = {"settings": {"machine": machine(), "versions": versions(),
+                                         "dry_run": args.dry_run, "budget_s": args.budget_s,
+                                         "devices": [str(d) for d in devices], "command": command,
+                                         "sizes": ctx["sizes"], "step_limits_s": dict(STEPS)},
+                            "steps": [], "total_s": 0.0}
+    log(f"gpu_check on {', '.join(map(device_name, devices))}; writing to {out}")
+    for name, limit in STEPS:
+        if args.steps and name not in args.steps:
+            continue
+        left = args.budget_s - (time.perf_counter() - _START)
+        record: dict[str, Any] = {"name": name, "status": "skipped", "seconds": 0.0}
+        if left < min(limit, 15):
+            record["error"] = f"skipped: {left:.0f} s left of the {args.budget_s:.0f} s budget"
+            log(f"{name}: {record['error']}")
+        else:
+            t0 = time.perf_counter()
+            log(f"{name}: start (limit {min(limit, left):.0f} s)")
+            try:
+                with time_limit(min(limit, left)):
+                    record["result"] = actions[name](min(limit, left))
+                record["status"] = "ok"
+            except (Exception, StepTimeout) as exc:  # recorded; the other steps still run
+                record["status"] = "timeout" if isinstance(exc, StepTimeout) else "failed"
+                record["error"] = f"{type(exc).__name__}: {exc}"
+                record["traceback"] = traceback.format_exc()[-4000:]
+            record["seconds"] = time.perf_counter() - t0
+            log(f"{name}: {record['status']} in {record['seconds']:.1f} s"
+                + (f" — {record['error'][:300]}" if record.get("error") else ""))
+        data["steps"].append(record)
+        data["total_s"] = time.perf_counter() - _START
+        write_results(out, "gpu", data, markdown(data))
+    failed = [r["name"] for r in data["steps"] if r["status"] in ("failed", "timeout")]
+    log(f"done in {data['total_s']:.0f} s; wrote {out / 'gpu.json'} and gpu.md"
+        + (f"; failed: {', '.join(failed)}" if failed else "; no step failed"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
