@@ -586,8 +586,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
         from autosplit.graph import trace
         from autosplit.modelfile import load_model_file
 
-        model = load_model_file(args.model, args.entry).build()
-        plan.check_model(trace(model).fingerprint, args.model)
+        graph = trace(load_model_file(args.model, args.entry).build())
+        plan.check_model(graph.fingerprint, args.model)
+        plan.check_blocks(graph.block_names, args.model)
     console = _console()
     print_plan(console, plan)
     if args.plot:

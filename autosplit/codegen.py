@@ -40,7 +40,7 @@ import torch
 from torch import fx, nn
 
 from autosplit import checks
-from autosplit.errors import CodegenError, InvalidInputError, PlanMismatchError, TraceError
+from autosplit.errors import CodegenError, InvalidInputError, TraceError
 from autosplit.graph import BlockGraph, Granularity, leaf_module_list, trace
 from autosplit.modelfile import MODEL_NAMES, load_model_file
 from autosplit.profiler import check_inputs
@@ -152,12 +152,7 @@ def emit(
             example_inputs=check_inputs(source.example_inputs(None)),
         )
     plan.check_model(graph.fingerprint, graph.model_name)
-    planned = tuple(name for stage in plan.stages for name in stage.blocks)
-    if planned != graph.block_names:
-        raise PlanMismatchError(
-            f"the plan's blocks {list(planned)} are not the model's {list(graph.block_names)}: "
-            "make a new plan for this model"
-        )
+    plan.check_blocks(graph.block_names, graph.model_name)
     p = len(plan.stages)
     devs = [st.device for st in plan.stages]
     if devices is not None:

@@ -181,7 +181,8 @@ def graph_for_plan(
     fingerprint is the plan's.
 
     Raises:
-        PlanMismatchError: the plan was made for another model.
+        PlanMismatchError: the plan was made for another model, or its stages do not hold
+            exactly the model's blocks in order.
     """
     choices: Sequence[Granularity] = (granularity,) if granularity else ("block", "layer")
     graph = None
@@ -191,11 +192,7 @@ def graph_for_plan(
             break
     assert graph is not None
     plan.check_model(graph.fingerprint, graph.model_name)
-    if sum(plan.balance) != len(graph.blocks):
-        raise PlanMismatchError(
-            f"the plan's stages hold {sum(plan.balance)} blocks, the model has "
-            f"{len(graph.blocks)}: make a new plan for it"
-        )
+    plan.check_blocks(graph.block_names, graph.model_name)
     return graph
 
 

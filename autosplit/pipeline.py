@@ -96,6 +96,7 @@ class PipelinedModule(nn.Module):
     def _build(self, plan: Plan) -> None:
         graph = self._graph_of_model(None)
         plan.check_model(graph.fingerprint, graph.model_name)
+        plan.check_blocks(graph.block_names, graph.model_name)
         if len(self.devices) != len(plan.stages):
             raise InvalidInputError(
                 f"{len(self.devices)} devices for a plan of {len(plan.stages)} stages: give one "

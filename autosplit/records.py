@@ -3,6 +3,14 @@
 Both are frozen dataclasses with an exact JSON round trip (``save`` / ``load``), so a profile
 measured on one machine can be planned on another and a plan can be committed next to the model.
 
+Every record checks its fields when it is built (``__post_init__``, with the helpers of
+:mod:`autosplit.validation`): finite times ≥ 0, byte counts ≥ 0, sizes ≥ 1, per-size rows
+aligned with ``microbatch_sizes``, stages numbered in order, unique block names, known schedule
+and optimizer, m = ceil(B / b). A bad record built in Python is an ``InvalidInputError``; a bad
+file is a :class:`~autosplit.errors.PlanFileError` naming the file and the field's path, e.g.
+``plan file 'p.json': stages[1].blocks is empty``. Whether a plan's blocks are a given model's is
+:meth:`Plan.check_blocks`.
+
 Symbols used throughout autosplit: p stages, m micro-batches, b micro-batch size (``split_size``),
 B = m·b batch size. Times are milliseconds (``_ms``), sizes bytes (``_bytes``).
 """
@@ -16,10 +24,26 @@ import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 from autosplit.errors import InvalidInputError, PlanFileError, PlanMismatchError
 from autosplit.units import format_bytes, format_ms
+from autosplit.validation import (
+    KNOWN_OPTIMIZERS,
+    KNOWN_SCHEDULES,
+    RecordError,
+    check_bytes,
+    check_choice,
+    check_count,
+    check_length,
+    check_ms,
+    check_row,
+    check_size,
+    check_text,
+    check_unique,
+    join_path,
+    show,
+)
 
 __all__ = [
     "DeviceInfo",
@@ -64,6 +88,9 @@ class DeviceInfo:
     threads: int | None = None
     memory_bytes: int | None = None
 
+    def __post_init__(self) -> None:
+        _checked(self, _check_device)
+
 
 @dataclass(frozen=True, slots=True)
 class BlockProfile:
@@ -96,6 +123,9 @@ class BlockProfile:
     peak_bytes: tuple[int, ...] | None = None
     saved_shared_bytes: tuple[int, ...] | None = None
 
+    def __post_init__(self) -> None:
+        _checked(self, _check_block)
+
 
 @dataclass(frozen=True, slots=True)
 class CutProfile:
@@ -110,6 +140,9 @@ class CutProfile:
     index: int
     tensors: tuple[str, ...]
     bytes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        _checked(self, _check_cut)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,21 +183,7 @@ class Profile:
     seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        k = len(self.microbatch_sizes)
-        if k == 0:
-            raise InvalidInputError("a profile needs at least one micro-batch size")
-        if list(self.microbatch_sizes) != sorted(set(self.microbatch_sizes)):
-            raise InvalidInputError(
-                f"microbatch_sizes must be distinct and ascending, got {list(self.microbatch_sizes)}"
-            )
-        if len(self.cuts) != max(len(self.blocks) - 1, 0):
-            raise InvalidInputError("a profile needs exactly one cut between consecutive blocks")
-        for block in self.blocks:
-            for row in (block.fwd_ms, block.bwd_ms, block.saved_bytes, block.output_bytes):
-                if len(row) != k:
-                    raise InvalidInputError(
-                        f"block {block.name!r} has {len(row)} measurements for {k} micro-batch sizes"
-                    )
+        _checked(self, _check_profile)
 
     @property
     def block_names(self) -> tuple[str, ...]:
@@ -196,7 +215,12 @@ class Profile:
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
-        """Read a profile written by :meth:`save`."""
+        """Read a profile written by :meth:`save`.
+
+        Raises:
+            PlanFileError: the file is missing, not JSON, or a field is wrong; the message
+                names the file and the field.
+        """
         return _load(cls, "profile", path)
 
 
@@ -224,6 +248,9 @@ class Stage:
     send_bytes: int
     send_ms: float
     memory_bytes: int
+
+    def __post_init__(self) -> None:
+        _checked(self, _check_stage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +294,9 @@ class Plan:
     memory_limit_bytes: int | None = None
     optimizer: str = "sgd"
     bound_step_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        _checked(self, _check_plan)
 
     @property
     def balance(self) -> tuple[int, ...]:
@@ -335,6 +365,47 @@ class Plan:
                 f"{fingerprint}: make a new plan for it"
             )
 
+    def check_blocks(self, block_names: Sequence[str], model: str = "") -> None:
+        """Raise :class:`PlanMismatchError` unless the stages' blocks, concatenated in order,
+        are exactly ``block_names`` (the traced model's blocks).
+
+        The message names the stage and the block: one the model does not have, one held
+        twice, one out of order, or a model block that no stage holds.
+        """
+        names = list(block_names)
+        known = set(names)
+        planned = {name for stage in self.stages for name in stage.blocks}
+        fix = ": make a new plan for this model"
+        of = f"the model{' ' + model if model else ''}"
+        held: dict[str, int] = {}
+        pos = 0
+        for stage in self.stages:
+            s = stage.index
+            for name in stage.blocks:
+                if name not in known:
+                    raise PlanMismatchError(f"stage {s} holds block {name!r}, which {of} does "
+                                            f"not have (its blocks: {show(names)}){fix}")
+                if name in held:
+                    raise PlanMismatchError(f"stage {s} holds block {name!r} again (stage "
+                                            f"{held[name]} holds it){fix}")
+                held[name] = s
+                expected = names[pos]  # pos < len(names): the names so far are distinct and known
+                if name != expected and expected not in planned:
+                    raise PlanMismatchError(f"block {expected!r} of {of} is in no stage (stage "
+                                            f"{s} holds {name!r} in its place){fix}")
+                if name != expected:
+                    raise PlanMismatchError(f"stage {s} holds block {name!r} where {of} has "
+                                            f"{expected!r}: the plan's blocks are out of "
+                                            f"order{fix}")
+                pos += 1
+        if pos < len(names):
+            missing, last = names[pos:], self.stages[-1]
+            more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+            raise PlanMismatchError(
+                f"block {missing[0]!r}{more} of {of} is in no stage (the last, stage "
+                f"{last.index}, ends with {last.blocks[-1]!r}){fix}"
+            )
+
     def __str__(self) -> str:
         rows = [("stage", "device", "blocks", "compute/mb", "memory", "sends/mb")]
         for s in self.stages:
@@ -383,8 +454,150 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        """Read a plan written by :meth:`save`."""
+        """Read a plan written by :meth:`save`.
+
+        Raises:
+            PlanFileError: the file is missing, not JSON, or a field is wrong; the message
+                names the file and the field. Whether the plan fits a model is checked where
+                the model is known (:meth:`check_model`, :meth:`check_blocks`).
+        """
         return _load(cls, "plan", path)
+
+
+# --------------------------------------------------------------------------- invariants
+# Each check raises RecordError with the field's path inside the record; the constructor adds
+# the record's name, and the JSON reader the path of the enclosing record and the file.
+
+
+def _checked(record: Any, check: Callable[[Any], None]) -> None:
+    try:
+        check(record)
+    except RecordError as exc:
+        raise RecordError(exc.path, exc.problem, type(record).__name__) from None
+
+
+def _check_device(d: DeviceInfo) -> None:
+    check_text(d.kind, "kind")
+    check_text(d.name, "name", empty=True)
+    if d.threads is not None:
+        check_size(d.threads, "threads")
+    if d.memory_bytes is not None:
+        check_bytes(d.memory_bytes, "memory_bytes")
+
+
+def _rows(block: BlockProfile) -> dict[str, Sequence[Any]]:
+    """The per-size measurements of ``block`` by field name (absent optional ones left out)."""
+    rows = {"fwd_ms": block.fwd_ms, "bwd_ms": block.bwd_ms, "saved_bytes": block.saved_bytes,
+            "output_bytes": block.output_bytes, "peak_bytes": block.peak_bytes,
+            "saved_shared_bytes": block.saved_shared_bytes}
+    return {name: row for name, row in rows.items() if row is not None}
+
+
+def _check_block(b: BlockProfile) -> None:
+    check_text(b.name, "name")
+    check_bytes(b.param_bytes, "param_bytes")
+    check_bytes(b.buffer_bytes, "buffer_bytes")
+    for field, row in _rows(b).items():
+        check_row(row, field, check_ms if field.endswith("_ms") else check_bytes)
+        check_length(row, field, len(b.fwd_ms), "values in fwd_ms")
+
+
+def _check_cut(c: CutProfile) -> None:
+    check_count(c.index, "index")
+    check_row(c.tensors, "tensors", lambda v, path: check_text(v, path))
+    check_row(c.bytes, "bytes", check_bytes)
+
+
+def _check_profile(p: Profile) -> None:
+    check_text(p.model, "model", empty=True)
+    check_text(p.fingerprint, "fingerprint", empty=True)
+    check_row(p.microbatch_sizes, "microbatch_sizes", check_size, nonempty=True)
+    if list(p.microbatch_sizes) != sorted(set(p.microbatch_sizes)):
+        raise RecordError("microbatch_sizes", f"is {list(p.microbatch_sizes)}: the sizes must be "
+                                              "distinct and ascending")
+    check_size(p.batch_size, "batch_size")
+    k = len(p.microbatch_sizes)
+    check_row(p.blocks, "blocks", _is(BlockProfile), nonempty=True)
+    for i, block in enumerate(p.blocks):
+        for field, row in _rows(block).items():
+            check_length(row, f"blocks[{i}].{field}", k, "microbatch_sizes")
+    check_unique([(f"blocks[{i}].name", b.name) for i, b in enumerate(p.blocks)], "block names")
+    check_row(p.cuts, "cuts", _is(CutProfile))
+    n = len(p.blocks)
+    if len(p.cuts) != n - 1:
+        raise RecordError("cuts", f"has {len(p.cuts)} entries for {n} blocks: a profile has one "
+                                  f"cut between consecutive blocks ({n - 1})")
+    for i, cut in enumerate(p.cuts):
+        if cut.index != i:
+            raise RecordError(f"cuts[{i}].index", f"is {cut.index}: cuts must be numbered 0 … "
+                                                  f"{n - 2} in order")
+        check_length(cut.bytes, f"cuts[{i}].bytes", k, "microbatch_sizes")
+    check_row(p.input_shapes, "input_shapes", lambda v, path: check_row(v, path, check_count))
+    check_row(p.input_dtypes, "input_dtypes", lambda v, path: check_text(v, path))
+    check_length(p.input_dtypes, "input_dtypes", len(p.input_shapes), "input_shapes")
+    if not isinstance(p.device, DeviceInfo):
+        raise RecordError("device", f"is {show(p.device)}: expected a DeviceInfo")
+    check_text(p.torch_version, "torch_version", empty=True)
+    check_text(p.source, "source")
+    check_count(p.warmup, "warmup")
+    check_count(p.repeats, "repeats")
+    check_ms(p.seconds, "seconds")
+
+
+def _check_stage(s: Stage) -> None:
+    check_count(s.index, "index")
+    check_text(s.device, "device")
+    check_row(s.blocks, "blocks", lambda v, path: check_text(v, path), nonempty=True)
+    for field in ("compute_ms", "forward_ms", "send_ms"):
+        check_ms(getattr(s, field), field)
+    if s.forward_ms > s.compute_ms * (1 + 1e-9) + 1e-12:
+        raise RecordError("forward_ms", f"is {s.forward_ms}, more than compute_ms "
+                                        f"{s.compute_ms} (forward + backward)")
+    check_bytes(s.send_bytes, "send_bytes")
+    check_bytes(s.memory_bytes, "memory_bytes")
+
+
+def _check_plan(p: Plan) -> None:
+    check_text(p.model, "model", empty=True)
+    check_text(p.fingerprint, "fingerprint", empty=True)
+    check_row(p.stages, "stages", _is(Stage), nonempty=True)
+    for i, stage in enumerate(p.stages):
+        if stage.index != i:
+            raise RecordError(f"stages[{i}].index", f"is {stage.index}: stages must be numbered "
+                                                    f"0 … {len(p.stages) - 1} in order")
+    check_unique([(f"stages[{i}].blocks[{j}]", name) for i, stage in enumerate(p.stages)
+                  for j, name in enumerate(stage.blocks)], "block names")
+    check_size(p.split_size, "split_size")
+    check_size(p.batch_size, "batch_size")
+    check_size(p.microbatches, "microbatches")
+    if p.split_size > p.batch_size:
+        raise RecordError("split_size", f"is {p.split_size}, larger than batch_size "
+                                        f"{p.batch_size}")
+    m = -(-p.batch_size // p.split_size)
+    if p.microbatches != m:
+        raise RecordError("microbatches", f"is {p.microbatches}: a batch of {p.batch_size} in "
+                                          f"micro-batches of {p.split_size} makes {m} "
+                                          "(ceil(batch_size / split_size))")
+    check_choice(p.schedule, "schedule", KNOWN_SCHEDULES)
+    check_choice(p.optimizer, "optimizer", KNOWN_OPTIMIZERS)
+    for field in ("predicted_step_ms", "single_device_ms", "bound_step_ms"):
+        check_ms(getattr(p, field), field)
+    check_text(p.solver, "solver")
+    check_row(p.candidates, "candidates", check_size, nonempty=True)
+    if p.split_size not in p.candidates:
+        raise RecordError("candidates", f"is {show(list(p.candidates))}: it must hold split_size "
+                                        f"{p.split_size}, the size chosen among them")
+    check_text(p.profile, "profile", empty=True)
+    if p.memory_limit_bytes is not None:
+        check_bytes(p.memory_limit_bytes, "memory_limit_bytes")
+
+
+def _is(cls: type) -> Callable[[Any, str], None]:
+    def check(value: Any, path: str) -> None:
+        if not isinstance(value, cls):
+            raise RecordError(path, f"is {show(value)}: expected a {cls.__name__}")
+
+    return check
 
 
 # --------------------------------------------------------------------------- JSON round trip
@@ -392,67 +605,99 @@ class Plan:
 
 def _save(value: Any, kind: str, path: str | Path) -> None:
     data = {"kind": kind, "format_version": FORMAT_VERSION, **dataclasses.asdict(value)}
-    text = json.dumps(data, indent=1)
+    text = json.dumps(data, indent=1, allow_nan=False)
     Path(path).write_text(text + "\n")
 
 
 def _load(cls: type[T], kind: str, path: str | Path) -> T:
+    """Read a record of ``kind`` from ``path``; every problem is a :class:`PlanFileError`
+    naming the file and, for a bad value, the field's path."""
     path = Path(path)
+    where = f"{kind} file {str(path)!r}"
     try:
-        data = json.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
-        raise PlanFileError(f"{kind} file {str(path)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlanFileError(f"{kind} file {str(path)!r} is not valid JSON: {exc}") from None
+        raise PlanFileError(f"{where} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanFileError(f"{where} cannot be read: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlanFileError(f"{where} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise PlanFileError(f"{where} is nested too deeply to be an autosplit {kind}") from None
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        raise PlanFileError(f"{where} is not valid JSON: {exc}") from None
     if not isinstance(data, dict) or data.get("kind") != kind:
-        found = data.get("kind") if isinstance(data, dict) else type(data).__name__
-        raise PlanFileError(f"{str(path)!r} is not an autosplit {kind} file (kind: {found!r})")
-    if data.get("format_version") != FORMAT_VERSION:
+        found = show(data.get("kind")) if isinstance(data, dict) else f"a {type(data).__name__}"
+        raise PlanFileError(f"{str(path)!r} is not an autosplit {kind} file (kind: {found})")
+    version = data.get("format_version")
+    if type(version) is not int or version != FORMAT_VERSION:
         raise PlanFileError(
-            f"{kind} file {str(path)!r} has format version {data.get('format_version')!r}; "
-            f"this autosplit reads version {FORMAT_VERSION}: make it again"
+            f"{where} has format version {show(version)}; this autosplit reads version "
+            f"{FORMAT_VERSION}: make it again"
         )
     try:
-        return _from_json(cls, {k: v for k, v in data.items() if k not in ("kind", "format_version")})
-    except (TypeError, ValueError, KeyError) as exc:
-        raise PlanFileError(f"{kind} file {str(path)!r} is malformed: {exc}") from None
+        fields = {k: v for k, v in data.items() if k not in ("kind", "format_version")}
+        return _from_json(cls, fields)
+    except RecordError as exc:
+        raise PlanFileError(f"{where}: {exc.bare()}") from None
 
 
-def _from_json(tp: Any, value: Any) -> Any:
-    """Rebuild a value of (annotated) type ``tp`` from its ``json.loads`` form."""
+def _from_json(tp: Any, value: Any, path: str = "") -> Any:
+    """Rebuild a value of (annotated) type ``tp`` from its ``json.loads`` form.
+
+    Raises:
+        RecordError: a value has the wrong type, a field is missing or unknown, or a record's
+            invariant does not hold; the error's path is ``path`` and the place below it.
+    """
     origin = typing.get_origin(tp)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise TypeError(f"expected an object for {tp.__name__}, got {type(value).__name__}")
+            raise RecordError(path, f"is {show(value)}: expected an object (a {tp.__name__})")
         hints = typing.get_type_hints(tp)
-        names = {f.name for f in dataclasses.fields(tp)}
-        unknown = set(value) - names
-        if unknown:
-            raise KeyError(f"unknown fields {sorted(unknown)} for {tp.__name__}")
-        return tp(**{k: _from_json(hints[k], v) for k, v in value.items()})
+        fields = dataclasses.fields(tp)
+        for key in value:
+            if key not in hints:
+                raise RecordError(join_path(path, str(key)), f"is not a field of a {tp.__name__} "
+                                  f"(its fields: {', '.join(f.name for f in fields)})")
+        kwargs = {k: _from_json(hints[k], v, join_path(path, k)) for k, v in value.items()}
+        for f in fields:
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            if required and f.name not in value:
+                raise RecordError(join_path(path, f.name), "is missing")
+        try:
+            return tp(**kwargs)
+        except RecordError as exc:
+            raise exc.within(path) from None
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _from_json(inner[0], value)
+        return _from_json(inner[0], value, path)
     if origin is tuple:
         if not isinstance(value, list):
-            raise TypeError(f"expected a list, got {type(value).__name__}")
+            raise RecordError(path, f"is {show(value)}: expected a list")
         args = typing.get_args(tp)
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_from_json(args[0], v) for v in value)
-        return tuple(_from_json(a, v) for a, v in zip(args, value, strict=True))
+            return tuple(_from_json(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise RecordError(path, f"has {len(value)} items: expected {len(args)}")
+        return tuple(_from_json(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"expected a number, got {value!r}")
-        return float(value)
+            raise RecordError(path, f"is {show(value)}: expected a number")
+        try:
+            return float(value)
+        except OverflowError:
+            raise RecordError(path, "is too large: expected a finite number") from None
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"expected an integer, got {value!r}")
+            raise RecordError(path, f"is {show(value)}: expected an integer")
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise TypeError(f"expected a string, got {value!r}")
+            raise RecordError(path, f"is {show(value)}: expected a string")
         return value
-    raise TypeError(f"cannot read a value of type {tp!r}")
+    raise TypeError(f"cannot read a value of type {tp!r}")  # internal: a record field's type
