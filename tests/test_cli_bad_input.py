@@ -100,15 +100,16 @@ ROWS: dict[str, Row] = {
     "run --timeout inf": Row(["run", "model.py", "--plan", "plan.json", "--timeout", "inf"],
                              "finite"),
     "run --lr nan": Row(["run", "model.py", "--plan", "plan.json", "--lr", "nan"], "finite"),
-    # files (record validation, done elsewhere, turns the exit-1 rows into exit 2)
+    # corrupt record files: refused on load, naming the field
     "profile with micro-batch size 0": Row([*P, "--profile", "zero.json", "-o", "p.json"],
-                                           codes=(1, 2), files={"zero.json": "@zero"}),
-    "deeply nested profile": Row([*P, "--profile", "deep.json", "-o", "p.json"], codes=(1, 2),
+                                           "microbatch_sizes", files={"zero.json": "@zero"}),
+    "deeply nested profile": Row([*P, "--profile", "deep.json", "-o", "p.json"], "nested",
                                  files={"deep.json": DEEP}),
-    "deeply nested plan": Row(["show", "deep.json"], codes=(1, 2), files={"deep.json": DEEP}),
-    "show a plan with an empty stage": Row(["show", "empty.json"], codes=(1, 2),
+    "deeply nested plan": Row(["show", "deep.json"], "nested", files={"deep.json": DEEP}),
+    "show a plan with an empty stage": Row(["show", "empty.json"], "blocks is empty",
                                            files={"empty.json": "@empty"}),
-    "run a plan with an empty stage": Row(["run", "model.py", "--plan", "empty.json"], codes=(1, 2),
+    "run a plan with an empty stage": Row(["run", "model.py", "--plan", "empty.json"],
+                                          "blocks is empty",
                                           files={"empty.json": "@empty"}),
     # model files that exit or parse the command line
     "sys.exit in build_model": Row(M, "called sys.exit(0) in build_model",
