@@ -1,14 +1,18 @@
-"""What every benchmark shares: a description of the machine, and writing results."""
+"""What every benchmark shares: a description of the machine, the example models, the command
+that made a result, and writing results."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def machine() -> dict[str, Any]:
@@ -60,3 +64,25 @@ def write_results(out: Path, stem: str, data: dict[str, Any], markdown: str) -> 
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n")
     (out / f"{stem}.md").write_text(markdown)
+
+
+def load_example(name: str) -> Any:
+    """A model file from examples/ as a module."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def command_line(script: str, argv: Sequence[str]) -> str:
+    """The command that made the results, without ``--out`` (a local path)."""
+    words, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--out":
+            skip = True
+        elif not word.startswith("--out="):
+            words.append(word)
+    return " ".join(["python", f"benchmarks/{script}", *words])

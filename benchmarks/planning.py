@@ -13,28 +13,16 @@ devices with the dynamic program and with the MILP. Solver scaling on synthetic 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, describe, machine, write_results  # noqa: E402
+from common import RESULTS, describe, load_example, machine, write_results  # noqa: E402
 
 import autosplit  # noqa: E402
 from autosplit.graph import trace  # noqa: E402
 from autosplit.profiler import profile_graph  # noqa: E402
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def load_example(name: str):  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def measure(name: str, model, inputs, stages: list[int], budget_s: float) -> dict:  # type: ignore[no-untyped-def]
     start = time.perf_counter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import subprocess
@@ -91,12 +92,13 @@ def test_tutorial_benchmark_in_process_smoke(tmp_path) -> None:
 def test_two_device_resnet_is_the_model() -> None:
     """The tutorial's hand split (whole batch or pipelined) computes what the ResNet computes."""
     tutorial = load_benchmark("tutorial")
+    two_devices = load_benchmark("two_devices")
     torch.manual_seed(0)
     resnet = torchvision.models.resnet18(num_classes=10).eval()
     x = torch.randn(6, 3, 32, 32)
     expected = resnet(x)
     for split in (None, 2, 4):
-        split_model = tutorial.TwoDeviceResNet(resnet, ["cpu", "cpu"], split).eval()
+        split_model = two_devices.TwoDeviceResNet(resnet, ["cpu", "cpu"], split).eval()
         torch.testing.assert_close(split_model(x), expected)
     assert tutorial.nearest_divisors(20, 48) == [16, 24]
     assert tutorial.nearest_divisors(20, 120) == [20]
@@ -142,15 +144,31 @@ def test_compare_without_torchgpipe_skips_its_rows(monkeypatch) -> None:
 
 
 def test_torchgpipe_layers_map_to_autosplit_blocks() -> None:
-    compare = load_benchmark("compare")
+    peer = load_benchmark("torchgpipe_peer")
     resnet = torchvision.models.resnet50()
-    owners = [owner for owner, _ in compare.flatten("resnet50", resnet)]
+    owners = [owner for owner, _ in peer.flatten("resnet50", resnet)]
     names = autosplit.trace(resnet).block_names
     assert len(owners) == 23 and list(dict.fromkeys(owners)) == list(names)
-    assert compare.to_block_balance([12, 11], owners, names) == ((10, 9), [])  # cut before layer3.1
-    balance, notes = compare.to_block_balance([3, 20], owners, names)  # between relu and maxpool
+    assert peer.to_block_balance([12, 11], owners, names) == ((10, 9), [])  # cut before layer3.1
+    balance, notes = peer.to_block_balance([3, 20], owners, names)  # between relu and maxpool
     assert balance == (2, 17) and "inside block bn1" in notes[0]
-    gpt = load_benchmark("tutorial").load_example("gpt").build_model("tiny")
-    owners = [owner for owner, _ in compare.flatten("gpt-tiny", gpt)]
+    gpt = load_benchmark("common").load_example("gpt").build_model("tiny")
+    owners = [owner for owner, _ in peer.flatten("gpt-tiny", gpt)]
     names = autosplit.trace(gpt).block_names
-    assert compare.to_block_balance([1, 4], owners, names) == ((2, 4), [])
+    assert peer.to_block_balance([1, 4], owners, names) == ((2, 4), [])
+
+
+def test_no_benchmark_script_imports_another() -> None:
+    """Scripts (files with a ``__main__`` block) share modules (harness, report, common, …), never
+    each other."""
+    files = {path.stem: path.read_text() for path in (ROOT / "benchmarks").glob("*.py")}
+    scripts = {name for name, text in files.items() if 'if __name__ == "__main__":' in text}
+    assert {"tutorial", "compare", "solvers", "planning", "analytic", "gpu_check"} <= scripts
+    for name, text in files.items():
+        imported = set()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+        assert not imported & scripts, f"benchmarks/{name}.py imports {imported & scripts}"

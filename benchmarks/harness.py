@@ -1,0 +1,369 @@
+"""The measuring harness every multi-process benchmark shares (``tutorial.py``, ``compare.py``).
+
+:func:`measure` launches the ranks once (``autosplit.distributed.launch``) and times groups of
+configurations in them: plans run one process per stage (a ``Trainer`` per rank), or the whole
+model on one device on rank 0, interleaved round by round (A B C, C B A, …) after untimed
+warm-up rounds. A timing is the slowest rank's wall time from a common barrier; one during which
+other processes took more than a share of the machine's CPU time (``/proc/stat``'s busy time
+minus the ranks' own) is taken again, every rank deciding alike on rank 0's reading.
+
+Also here: :class:`ModelSpec` (a model and its batch, rebuilt identically in every process),
+:func:`stage_check` (each stage of a plan timed alone in this process), :func:`summary`
+(mean, std, median, min, max) and the command-line options of the retake rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import load_example  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+
+from autosplit import distributed as D  # noqa: E402
+from autosplit.records import Plan  # noqa: E402
+
+LR = 0.001  # SGD's learning rate, the tutorial's
+
+
+# ------------------------------------------------------------------------------ the models
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model and its batch, rebuilt identically (seeded) in every process.
+
+    ``key``: ``resnet18`` / ``resnet50`` / ``resnet101`` (torchvision, images of
+    ``sample_shape``) or ``gpt-<size>`` (examples/gpt.py, token ids; ``sample_shape`` unused).
+    """
+
+    key: str
+    batch: int
+    sample_shape: tuple[int, ...] = (3, 64, 64)
+    seed: int = 0
+
+    @property
+    def describe(self) -> str:
+        if self.key.startswith("gpt-"):
+            return f"B={self.batch} × {self.make_inputs()[0].shape[1]} tokens"
+        return f"B={self.batch}, {'×'.join(map(str, self.sample_shape))}"
+
+    def build(self) -> nn.Module:
+        torch.manual_seed(self.seed)
+        if self.key.startswith("gpt-"):
+            return load_example("gpt").build_model(self.key[4:])
+        import torchvision
+
+        return getattr(torchvision.models, self.key)()
+
+    def make_inputs(self) -> tuple[torch.Tensor, ...]:
+        torch.manual_seed(self.seed + 1)
+        if self.key.startswith("gpt-"):
+            return tuple(load_example("gpt").example_inputs(self.batch, self.key[4:]))
+        return (torch.randn(self.batch, *self.sample_shape),)
+
+
+# ----------------------------------------------------------------- the measuring engine
+
+
+@dataclass(frozen=True)
+class Config:
+    """One thing to time: a plan run one process per stage, or (``plan=None``) the whole model
+    on one device (rank 0; the other ranks wait at a barrier)."""
+
+    label: str
+    plan: Plan | None
+
+
+@dataclass(frozen=True)
+class Group:
+    """Configurations of one model timed together, interleaved round by round.
+
+    Every configuration first runs ``warmup`` untimed rounds, then ``rounds`` timed ones; a
+    timing is ``steps`` training steps back to back (the slowest rank's wall time, every rank
+    starting after a barrier). Rounds alternate direction (A B C, C B A, …). A timing during
+    which other processes took more than ``max_others`` of the machine's CPU time is taken again
+    (at most ``retries`` times). With ``refine``, the ``refine`` fastest configurations by
+    median (and those in ``keep``) are timed ``refine_rounds`` more times afterwards,
+    interleaved among themselves.
+    """
+
+    name: str
+    spec: ModelSpec
+    configs: tuple[Config, ...]
+    rounds: int
+    warmup: int = 1
+    steps: int = 1
+    refine: int = 0
+    refine_rounds: int = 0
+    keep: tuple[str, ...] = ()
+    max_others: float = 0.10
+    retries: int = 3
+
+
+def measure(groups: Sequence[Group], nprocs: int = 2, backend: str = "gloo",
+            timeout_s: float = 600.0) -> dict[str, dict[str, Any]]:
+    """Launch ``nprocs`` ranks once and time every group in them (see :class:`Group`).
+
+    Returns ``{group name: {"times": {label: [s, …]}, "refined": {label: [s, …]}, "load": {…}}}``:
+    seconds per timing, the slowest rank's; ``load`` says how much CPU time other processes took
+    during the timed rounds (``others_share``: of all cores' time).
+    """
+    return D.launch(_rank_main, nprocs, list(groups), backend, timeout_s=timeout_s)[0]
+
+
+def _rank_main(groups: list[Group], backend: str) -> dict[str, Any] | None:
+    rank = dist.get_rank()
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    out = {}
+    for group in groups:
+        out[group.name] = _run_group(group, device, rank)
+        gc.collect()
+    return out if rank == 0 else None
+
+
+def sync(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (CUDA); nothing on a CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _runner(config: Config, model: nn.Module, inputs: tuple[torch.Tensor, ...], targets: Any,
+            device: torch.device, rank: int, steps: int) -> Any:
+    """A function that times ``steps`` training steps of ``config`` on this rank (seconds)."""
+    if config.plan is None:
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+        local_inputs = tuple(x.to(device) for x in inputs)
+        local_targets = tuple(t.to(device) for t in targets)
+
+        def run_single() -> float:
+            dist.barrier()
+            sync(device)
+            start = time.perf_counter()
+            if rank == 0:
+                for _ in range(steps):
+                    optimizer.zero_grad(set_to_none=True)
+                    D.tutorial_loss(model(*local_inputs), local_targets).backward()
+                    optimizer.step()
+                sync(device)
+            return time.perf_counter() - start
+
+        return run_single
+    trainer = D.Trainer(model, config.plan, D.tutorial_loss,
+                        lambda params: torch.optim.SGD(params, lr=LR), device=device)
+
+    def run_pipeline() -> float:
+        dist.barrier()
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            trainer.step(inputs if trainer.holds_first else None,
+                         targets if trainer.holds_last else None)
+        sync(device)
+        return time.perf_counter() - start
+
+    return run_pipeline
+
+
+def machine_cpu_seconds() -> tuple[float, float] | None:
+    """CPU time used on the whole machine so far (busy, and stolen by the hypervisor), in
+    core-seconds, from /proc/stat; ``None`` where there is none."""
+    try:
+        with open("/proc/stat") as fh:
+            values = [int(v) for v in fh.readline().split()[1:9]]
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = values
+    return (user + nice + system + irq + softirq) / tick, steal / tick
+
+
+
+def start_marks() -> dict[str, Any]:
+    """The wall clock, this process's CPU time and the machine's (:func:`machine_cpu_seconds`)
+    now, for :func:`add_machine_load` at the end of a measurement."""
+    return {"wall": time.perf_counter(), "own": time.process_time(),
+            "machine": machine_cpu_seconds()}
+
+
+def add_machine_load(load: dict[str, Any], marks: dict[str, Any],
+                     after: tuple[float, float] | None) -> None:
+    """Into ``load`` (which holds ``wall_s`` and ``ranks_cpu_s``): the machine's busy and stolen
+    CPU time since ``marks`` (core-seconds), what other processes took of it and their share of
+    all cores' time; nothing where /proc/stat cannot be read."""
+    if marks["machine"] is not None and after is not None:
+        busy = after[0] - marks["machine"][0]
+        load["machine_cpu_s"] = busy
+        load["steal_s"] = after[1] - marks["machine"][1]
+        load["others_cpu_s"] = max(0.0, busy - load["ranks_cpu_s"])
+        load["others_share"] = load["others_cpu_s"] / (load["wall_s"] * (os.cpu_count() or 1))
+
+
+def _checked(runner: Any, group: Group, rank: int, label: str) -> tuple[float, float, int]:
+    """Time ``runner`` once; while other processes take more than ``group.max_others`` of the
+    machine's CPU time during the timing, time it again (at most ``group.retries`` times, after
+    a pause that lets the other job pass). Every rank takes the same decision: the ranks' own
+    CPU time is gathered and rank 0's reading of the machine's decides.
+
+    Returns (seconds on this rank, the other processes' share of the kept timing, retries)."""
+    cores = os.cpu_count() or 1
+    for attempt in range(group.retries + 1):
+        before, own = machine_cpu_seconds(), time.process_time()
+        start = time.perf_counter()
+        seconds = runner()
+        wall = time.perf_counter() - start
+        own = time.process_time() - own
+        after = machine_cpu_seconds()
+        busy = after[0] - before[0] if before is not None and after is not None else None
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (own, busy, wall))
+        # decide on gathered values only (rank 0's clock and reading), so that every rank
+        # decides alike: a rank that retook a timing alone would wait for its peer forever
+        if gathered[0][1] is None:
+            return seconds, math.nan, attempt
+        others = max(0.0, gathered[0][1] - sum(g[0] for g in gathered))
+        share = others / (gathered[0][2] * cores)
+        # a tick of /proc/stat is 10 ms: very short timings cannot be judged
+        if share <= group.max_others or others < 0.05 or attempt == group.retries:
+            return seconds, share, attempt
+        if rank == 0:
+            print(f"  {group.name}: {label}: other processes took {share:.0%} of the CPU, "
+                  "timing it again", flush=True)
+        time.sleep(1.0 + attempt)
+
+def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count: int,
+            skip: int, rank: int, what: str) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Time ``count`` rounds after ``skip`` untimed ones (see :func:`_checked`); also what other
+    processes took of the machine during the timed rounds (the whole machine's busy CPU time
+    minus the ranks' own, discarded timings included)."""
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    shares: list[float] = []
+    retried = 0
+    marks: dict[str, Any] = {}
+    for r in range(skip + count):
+        if r == skip:
+            marks = start_marks()
+        order = list(labels) if r % 2 == 0 else list(reversed(labels))
+        start = time.perf_counter()
+        for label in order:
+            if r < skip:
+                runners[label]()
+                continue
+            seconds, share, retries = _checked(runners[label], group, rank, label)
+            times[label].append(seconds)
+            shares.append(share)
+            retried += retries
+        if rank == 0:
+            kind = "warm-up" if r < skip else f"{what} {r - skip + 1}/{count}"
+            print(f"  {group.name}: {kind} round of {len(order)} configurations "
+                  f"in {time.perf_counter() - start:.1f} s", flush=True)
+    wall = time.perf_counter() - marks["wall"]
+    own = time.process_time() - marks["own"]
+    after = machine_cpu_seconds()
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (times, own))  # every rank gets every rank's times
+    merged = {label: [max(col) for col in zip(*(g[0][label] for g in gathered))] for label in labels}
+    judged = [x for x in shares if not math.isnan(x)]
+    load: dict[str, Any] = {
+        "wall_s": wall, "ranks_cpu_s": sum(g[1] for g in gathered), "timings": len(shares),
+        "retried": retried, "max_others": group.max_others,
+        "kept_over_limit": sum(x > group.max_others for x in judged),
+        "max_kept_share": max(judged, default=math.nan),
+    }
+    add_machine_load(load, marks, after)
+    return merged, load
+
+
+def _run_group(group: Group, device: torch.device, rank: int) -> dict[str, Any]:
+    model = group.spec.build().to(device)
+    inputs = group.spec.make_inputs()
+    targets = D.tutorial_targets(model, inputs)
+    labels = [c.label for c in group.configs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"group {group.name}: configuration labels repeat")
+    runners: dict[str, Any] = {}
+    for config in group.configs:  # every rank builds them in the same order (collectives)
+        runners[config.label] = _runner(config, model, inputs, targets, device, rank, group.steps)
+    times, load = _rounds(group, labels, runners, group.rounds, group.warmup, rank, "round")
+    refined: dict[str, list[float]] = {}
+    if group.refine and group.refine_rounds:
+        # the same choice on every rank: all hold the same gathered times
+        ranked = sorted(labels, key=lambda lb: (statistics.median(times[lb]), labels.index(lb)))
+        chosen = ranked[: group.refine] + [lb for lb in group.keep if lb not in ranked[: group.refine]]
+        chosen = [lb for lb in labels if lb in chosen]  # original order
+        refined, refine_load = _rounds(group, chosen, runners, group.refine_rounds, 0, rank, "refine round")
+        load = {k: load[k] + refine_load[k] if k in ("wall_s", "ranks_cpu_s", "timings", "retried",
+                                                     "kept_over_limit", "machine_cpu_s", "steal_s",
+                                                     "others_cpu_s") else load[k]
+                for k in load if k in refine_load}
+        load["max_kept_share"] = max(load["max_kept_share"], refine_load["max_kept_share"])
+        if "others_cpu_s" in load:
+            load["others_share"] = load["others_cpu_s"] / (load["wall_s"] * (os.cpu_count() or 1))
+    del runners
+    return {"times": times, "refined": refined, "load": load}
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """Mean, population std (``np.std``, as the tutorial), median, min and max."""
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def stage_check(plan: Plan, model: nn.Module, inputs: tuple[torch.Tensor, ...], device: torch.device,
+                repeats: int = 3) -> list[float]:
+    """Each stage's forward + backward of one micro-batch with its blocks run together in this
+    process (one CPU thread), as a pipeline rank runs them: stage 0 computes no gradient for the
+    model's inputs, later stages do for what they receive. Median of ``repeats`` after a warm-up,
+    in ms: what the profile's per-block sums (``Stage.compute_ms``) predict."""
+    modules = D.stage_modules(model, plan)
+    values: tuple[torch.Tensor, ...] = tuple(x[: plan.split_size].to(device) for x in inputs)
+    result = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for s, module in enumerate(modules):
+            module.to(device)
+            times, out = [], None
+            for r in range(1 + repeats):
+                received = tuple(v.detach().requires_grad_(s > 0 and v.is_floating_point()) for v in values)
+                sync(device)
+                start = time.perf_counter()
+                out = module(*received)
+                leaves = [t for t in ((out,) if isinstance(out, torch.Tensor) else out) if t.requires_grad]
+                torch.autograd.backward(leaves, [torch.ones_like(t) for t in leaves])
+                sync(device)
+                if r:
+                    times.append((time.perf_counter() - start) * 1000)
+            result.append(statistics.median(times))
+            values = tuple(t.detach() for t in ((out,) if isinstance(out, torch.Tensor) else out))
+    finally:
+        torch.set_num_threads(threads)
+        model.zero_grad(set_to_none=True)
+    return result
+
+
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """--max-others and --retries: what to do about other processes on a shared machine."""
+    parser.add_argument("--max-others", type=float, default=0.10,
+                        help="retake a timing during which other processes used more than this "
+                             "share of the machine's CPU time (default 0.10)")
+    parser.add_argument("--retries", type=int, default=3,
+                        help="at most this many retakes per timing (default 3; 0: never)")

@@ -1,0 +1,53 @@
+"""Report writing that the benchmarks share: words for counts and for the machine's load, and
+matplotlib figures (headless, saved and closed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def plural(count: int, word: str, suffix: str = "s") -> str:
+    return f"{count} {word}{'' if count == 1 else suffix}"
+
+
+def load_sentence(load: dict[str, Any]) -> str:
+    """What other processes took of the machine while the timings ran, in words."""
+    if "others_share" not in load:
+        return ""
+    text = (f"During the timed rounds other processes used {load['others_share']:.0%} of the "
+            f"machine's CPU time ({load['others_cpu_s']:.0f} core-s in {load['wall_s']:.0f} s)")
+    if load.get("steal_s", 0) > 1:
+        text += f", and the hypervisor took {load['steal_s']:.0f} core-s"
+    if "retried" in load:
+        limit = f"{load['max_others']:.0%}"
+        text += (f"; {load['retried']} timing(s) during which they took more than {limit} were "
+                 "discarded and taken again")
+        if load["kept_over_limit"]:
+            text += (f", and {load['kept_over_limit']} of the {load['timings']} kept timings still "
+                     f"saw more than {limit} (up to {load['max_kept_share']:.0%}): read those rows "
+                     "with care")
+    return text + "."
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the headless Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def despine(ax: Any) -> None:
+    """No top or right frame line on ``ax``."""
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def save_figure(fig: Any, path: Path) -> str:
+    """Write ``fig`` to ``path`` (PNG at the figure's dpi), close it; the file's name."""
+    fig.savefig(path)
+    pyplot().close(fig)
+    return path.name
