@@ -8,6 +8,7 @@ from typing import Any
 
 
 def plural(count: int, word: str, suffix: str = "s") -> str:
+    """``count`` and ``word``, with ``suffix`` unless ``count`` is 1: "1 round", "3 rounds"."""
     return f"{count} {word}{'' if count == 1 else suffix}"
 
 
