@@ -259,8 +259,8 @@ class SharedWeight:
         mode: ``"one stage"`` (every user is on one stage: nothing to do) or ``"all-reduce"``
             (``autosplit run`` keeps a copy per rank holding a user and sums the copies'
             gradients over those ranks after each step's backward; in one process,
-            :func:`autosplit.partition` keeps one parameter that other devices read through a
-            differentiable ``.to()``).
+            :func:`autosplit.partition` and emitted code keep one parameter that other
+            devices read through a differentiable ``.to()``).
         bytes: its size in bytes.
         sync_ms: predicted time of the gradient all-reduce per step (0 for ``"one stage"``).
     """

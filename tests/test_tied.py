@@ -135,7 +135,8 @@ def test_partition_reads_a_tied_weight_on_another_device_through_to() -> None:
     assert_equivalent(model, pm, ref, _ids(8), plan.split_size)
 
 
-def test_emitted_module_trains_the_one_tied_weight(tmp_path: Path) -> None:
+@pytest.mark.parametrize("last", ["cpu", "cpu:0"])  # cpu:0: another device, as above
+def test_emitted_module_trains_the_one_tied_weight(tmp_path: Path, last: str) -> None:
     (tmp_path / "tied_lm.py").write_text(TIED_FILE)
     mf = autosplit.modelfile.load_model_file(str(tmp_path / "tied_lm.py"))
     model = mf.build()
@@ -143,11 +144,12 @@ def test_emitted_module_trains_the_one_tied_weight(tmp_path: Path) -> None:
     plan = _plan(model, 3)
     path = tmp_path / "pipelined.py"
     path.write_text(emit(plan, mf.ref, model=model))
-    spec = importlib.util.spec_from_file_location("tied_pipelined", path)
+    spec = importlib.util.spec_from_file_location(f"tied_pipelined_{last[-1]}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    pm = module.PipelinedTiedLM(model=model, devices=["cpu"] * 3)
+    pm = module.PipelinedTiedLM(model=model, devices=["cpu", "cpu", last])
+    assert list(pm.borrowed) == ([] if last == "cpu" else [2])
     assert_equivalent(model, pm, ref, _ids(8), plan.split_size)
 
 
