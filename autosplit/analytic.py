@@ -56,7 +56,7 @@ from autosplit import checks
 from autosplit.errors import ArgumentTypeError, InvalidInputError
 from autosplit.graph import BlockGraph, Granularity, trace
 from autosplit.profiler import check_inputs, check_microbatch_sizes, default_microbatch_sizes
-from autosplit.records import BlockProfile, CutProfile, DeviceInfo, Profile
+from autosplit.records import BlockProfile, CutProfile, DeviceInfo, Profile, SharedParam
 from autosplit.specs import DeviceSpec, op_time_s
 from autosplit.tensors import fresh_leaves, nbytes, tensor_leaves
 
@@ -193,6 +193,7 @@ class ModelCosts:
         dtype: the floating dtype the model was counted in, e.g. ``"torch.float32"``; it picks
             the peak FLOP/s of a device spec.
         seconds: wall time the counting took (s).
+        shared: parameters that several blocks use (tied weights), in ``dtype``.
     """
 
     model: str
@@ -210,6 +211,7 @@ class ModelCosts:
     input_dtypes: tuple[str, ...]
     dtype: str
     seconds: float = 0.0
+    shared: tuple[SharedParam, ...] = ()
 
     def at(self, size: int) -> tuple[BlockCost, ...]:
         """The block costs at micro-batch size ``size``.
@@ -423,6 +425,7 @@ def count_costs(
         input_dtypes=tuple(str(x.dtype) for x in meta_inputs),
         dtype=str(counted_dtype),
         seconds=round(time.perf_counter() - start, 3),
+        shared=graph.shared_params,
     )
 
 
@@ -557,6 +560,7 @@ def profile_from_costs(costs: ModelCosts, spec: DeviceSpec) -> Profile:
         warmup=0,
         repeats=0,
         seconds=costs.seconds,
+        shared=costs.shared,
     )
 
 

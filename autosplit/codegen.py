@@ -5,7 +5,9 @@ the model with the model file's own factory (no weights are written into it), ga
 model's own submodules into one stage per device — an ``nn.Sequential`` where the stage is a
 plain chain, else a small generated ``nn.Module`` whose ``forward`` is the stage's code — moves
 each stage with ``.to(device)``, and runs them as the tutorial's ``PipelineParallelResNet50``
-does, generalised to p stages.
+does, generalised to p stages. A weight that several stages share (tied embeddings) stays
+once, on the first such stage's device; stages on other devices read it through a
+differentiable ``.to()`` (``torch.func.functional_call``), so its gradient reaches it.
 
 Short stage code: the model is traced a second time with torch.fx, treating every block's
 module (``layer3.0``, ``fc`` …) as a leaf, so a stage is one line per block plus the small
@@ -59,7 +61,7 @@ _INPUTS = -1  # stage index of the model's inputs
 _GLOBALS = {
     "self", "model", "torch", "nn", "pytree", "functools", "importlib", "os", "sys",
     "model_module", "move", "concat", "DEVICES", "SPLIT_SIZE", "MODEL_FILE", "MODEL_PATH",
-    "MODEL_MODULE", "PARAMETERS",
+    "MODEL_MODULE", "PARAMETERS", "tied_weights",
 }
 # Locals of the pipelined forward: the model's input names must not shadow them either.
 _FORWARD_LOCALS = {"micro", "mb", "b", "m", "p", "s", "tick", "v", "last", "dev", "outputs"}
@@ -349,14 +351,22 @@ class _StageSplit:
                     entry[2].add(self.stage[node])
         return found
 
+    def tied_stages(self) -> set[int]:
+        """Stages that use a parameter an earlier stage uses too (tied weights)."""
+        return {
+            s for t, _, stages in self.weights().values() if isinstance(t, nn.Parameter)
+            for s in sorted(stages)[1:]
+        }
+
     def check_devices(self, devices: Sequence[str]) -> None:
-        """Refuse weights shared by stages on different devices (tied weights)."""
-        for _, holder, stages in self.weights().values():
+        """Refuse buffers shared by stages on different devices (a parameter shared so is
+        read through ``.to()``; a buffer updated in place cannot be)."""
+        for t, holder, stages in self.weights().values():
             places = {devices[s] for s in stages}
-            if len(places) > 1:
+            if len(places) > 1 and not isinstance(t, nn.Parameter):
                 raise CodegenError(
-                    f"{holder} holds weights that stages {sorted(stages)} share on different "
-                    f"devices ({', '.join(sorted(places))}); tied weights must stay on one "
+                    f"{holder} holds buffers that stages {sorted(stages)} share on different "
+                    f"devices ({', '.join(sorted(places))}); shared buffers must stay on one "
                     "device: give those stages the same device, or plan them onto one stage"
                 )
 
@@ -763,6 +773,22 @@ class _Writer:
 
     def _helpers(self) -> list[str]:
         out = []
+        if self.split.tied_stages():
+            out.append(_join(
+                "def tied_weights(stages, devices):",
+                '    """Weights several stages share (tied): each stays on the device of the first',
+                "    stage using it; returns, per later stage on another device, its names there.",
+                '    """',
+                "    home, borrowed = {}, {}",
+                "    for s, stage in enumerate(stages):",
+                "        for name, p in stage.named_parameters(remove_duplicate=False):",
+                "            first = home.setdefault(id(p), s)",
+                "            if devices[first] != devices[s]:",
+                "                borrowed.setdefault(s, {})[name] = p",
+                "                with torch.no_grad():",
+                "                    p.data = p.data.to(devices[first])",
+                "    return borrowed",
+            ))
         if self.needs_move:
             out.append(_join(
                 "def move(value, device):",
@@ -1056,6 +1082,13 @@ class _Writer:
             else:
                 module = build[0] if isinstance(build, list) else build
                 lines.append(f"        self.stage{s} = {module}{tail}")
+        tied = sorted(split.tied_stages())
+        if tied:
+            stage_list = ", ".join(f"self.stage{s}" for s in range(p))
+            lines += [
+                "        # tied weights live once; stages elsewhere read them through .to()",
+                f"        self.borrowed = tied_weights([{stage_list}], self.devices)",
+            ]
         lines += check + [""]
         lines += _call_lines(4, "def forward", ["self", *params], ":")
         lines += [
@@ -1095,12 +1128,32 @@ class _Writer:
             ]
             outs = [f"v[{_q(split.names[n])}]" for n in split.outputs_of(s)]
             lhs = ", ".join(outs) + " = " if outs else ""
-            if len(f"            {lhs}self.stage{s}(") <= LINE_LENGTH:
-                lines += _call_lines(12, f"{lhs}self.stage{s}", args)
+            call = f"self.stage{s}"
+            if s in tied:
+                call, args = "self.call", [str(s), *args]
+            if len(f"            {lhs}{call}(") <= LINE_LENGTH:
+                lines += _call_lines(12, f"{lhs}{call}", args)
             else:  # many values: the targets one per line, as ruff format writes them
                 lines += ["            (", *(f"                {o}," for o in outs)]
-                lines += _call_lines(12, f") = self.stage{s}", args)
+                lines += _call_lines(12, f") = {call}", args)
+        if tied:
+            lines += self._tied_call()
         return "\n".join(lines)
+
+    def _tied_call(self) -> list[str]:
+        return [
+            "",
+            "    def call(self, s, *args):",
+            '        """Stage s on args, reading tied weights that live on another device',
+            "        through a differentiable .to(): their gradient reaches the one parameter.",
+            '        """',
+            '        stage = getattr(self, f"stage{s}")',
+            "        if s not in self.borrowed:",
+            "            return stage(*args)",
+            "        dev = self.devices[s]",
+            "        moved = {n: w.to(dev) for n, w in self.borrowed[s].items()}",
+            "        return torch.func.functional_call(stage, moved, args)",
+        ]
 
     def _return_lines(self) -> list[str]:
         split = self.split

@@ -27,6 +27,7 @@ __all__ = [
     "block_time_ms",
     "block_memory_bytes",
     "transfer_ms",
+    "allreduce_ms",
     "step_ms",
     "single_device_ms",
 ]
@@ -74,6 +75,20 @@ def block_time_ms(block: BlockProfile, k: int) -> float:
 def block_memory_bytes(block: BlockProfile, k: int, factor: int, micro_batches: int) -> float:
     """Bytes ``block`` holds at its stage's peak (without the transient)."""
     return block.param_bytes * factor + block.buffer_bytes + block.saved_bytes[k] * micro_batches
+
+
+def allreduce_ms(nbytes: float, ranks: int, bandwidth_bytes_per_s: float) -> float:
+    """Time of a ring all-reduce of ``nbytes`` over ``ranks`` ranks, in ms.
+
+    Each rank sends and receives 2·(k − 1)/k · n bytes (k ranks, n bytes; Patarasuk & Yuan,
+    "Bandwidth optimal all-reduce algorithms for clusters of workstations", 2009); latency
+    is left out. 0 for a single rank.
+    """
+    if bandwidth_bytes_per_s <= 0:
+        raise InvalidInputError(f"bandwidth must be positive, got {bandwidth_bytes_per_s}")
+    if ranks <= 1:
+        return 0.0
+    return 2.0 * (ranks - 1) / ranks * nbytes / bandwidth_bytes_per_s * 1000.0
 
 
 def transfer_ms(nbytes: float, bandwidth_bytes_per_s: float) -> float:

@@ -465,6 +465,8 @@ class Trainer:
         self._local = stage_indices(len(plan.stages), self.rank, self.world_size)
         self._all = _stage_modules_of(graph, plan)
         self.modules = [self._all[i].to(self.device) for i in self._local]
+        self._names = {id(p): name for name, p in graph.module.named_parameters()}
+        self._shared = _shared_copies(graph, plan, self.rank, self.world_size, group)
         last = next((m for m in self.modules if m.is_last), None)
         self._loss = _LastStageLoss(loss_fn, last)
         _check_schedule(plan)
@@ -509,8 +511,9 @@ class Trainer:
                 )
             example.append(torch.empty(item[0], dtype=item[1], device="meta"))
         self.stages = _pipeline_stages(self._all, self._local, self.device, self.group, example)
-        self.schedule = build_schedule(self.stages, self.plan, self._loss,
-                                       scale_grads=self.scale_grads)
+        # the gradients are scaled once per parameter in step(): a schedule scales each stage's
+        # parameters, so a parameter that two stages of this rank use would be scaled twice
+        self.schedule = build_schedule(self.stages, self.plan, self._loss, scale_grads=False)
 
     @property
     def holds_first(self) -> bool:
@@ -523,13 +526,14 @@ class Trainer:
         return len(self.plan.stages) - 1 in self._local
 
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
-        """This rank's parameters, by their qualified names in the model."""
+        """This rank's parameters, by their qualified names in the model (a tied weight by
+        its first name, ``embed.weight`` for ``head.weight``, on every rank that holds it)."""
         seen: set[int] = set()
         for module in self.modules:
             for name, p in module.body.named_parameters():
                 if id(p) not in seen:
                     seen.add(id(p))
-                    yield name, p
+                    yield self._names.get(id(p), name), p
 
     def parameters(self) -> Iterator[nn.Parameter]:
         """This rank's parameters."""
@@ -594,12 +598,74 @@ class Trainer:
             )
         finally:
             self._loss.targets = []
+        self._finish_gradients()
         if self.optimizer is not None:
             self.optimizer.step()
         if not self.holds_last:
             return None
         total = torch.stack([loss.detach() for loss in losses]).sum()
         return total / len(losses) if self.scale_grads else total
+
+
+    def _finish_gradients(self) -> None:
+        """Sum every shared parameter's gradient over the ranks holding a copy, then divide
+        each gradient once by m (``scale_grads``): the gradients of the mean loss."""
+        for shared in self._shared:
+            if shared.param.grad is None:
+                shared.param.grad = torch.zeros_like(shared.param)
+            dist.all_reduce(shared.param.grad, group=shared.group)
+        if self.scale_grads and self.plan.microbatches > 1:
+            for p in self.parameters():
+                if p.grad is not None:
+                    p.grad.div_(self.plan.microbatches)
+
+
+@dataclass(frozen=True, slots=True)
+class _SharedCopy:
+    """A parameter that stages on several ranks use (tied weights): this rank's copy.
+
+    Attributes:
+        name: its qualified name in the model.
+        param: this rank's copy.
+        ranks: the pipeline ranks holding a copy (this one included).
+        group: the process group of those ranks.
+    """
+
+    name: str
+    param: nn.Parameter
+    ranks: tuple[int, ...]
+    group: Any
+
+
+def _shared_copies(
+    graph: BlockGraph, plan: Plan, rank: int, world: int, group: Any
+) -> list[_SharedCopy]:
+    """This rank's copies of parameters shared with other ranks, each with a process group.
+
+    One group per shared parameter whose users lie on stages of two or more ranks (stage s on
+    rank s mod world); a rank holding every user needs nothing. Every rank calls
+    ``new_group`` for every such parameter, in the graph's order (with a sub-group as the
+    pipeline, only the members, with local synchronisation). The copies start equal: the
+    first holder's values are broadcast to the others.
+    """
+    stage_of = [s for s, count in enumerate(plan.balance) for _ in range(count)]
+    params = dict(graph.module.named_parameters())
+    copies = []
+    for shared in graph.shared_params:
+        ranks = tuple(sorted({stage_of[i] % world for i in shared.blocks}))
+        if len(ranks) < 2:
+            continue
+        members = [r if group is None else dist.get_global_rank(group, r) for r in ranks]
+        if group is None:
+            pg = dist.new_group(members)
+        elif rank in ranks:
+            pg = dist.new_group(members, use_local_synchronization=True)
+        if rank in ranks:
+            param = params[shared.name]
+            with torch.no_grad():
+                dist.broadcast(param.data, src=members[0], group=pg)
+            copies.append(_SharedCopy(shared.name, param, ranks, pg))
+    return copies
 
 
 def _check_schedule(plan: Plan) -> None:

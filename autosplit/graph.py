@@ -17,6 +17,7 @@ they are an ``nn.Sequential`` or verifiably call their children one after the ot
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -29,9 +30,9 @@ from torch import nn
 
 from autosplit import checks
 from autosplit.errors import ArgumentTypeError, InvalidInputError, TraceError
-from autosplit.records import fingerprint_of
+from autosplit.records import SharedParam, fingerprint_of
 
-__all__ = ["Block", "Cut", "BlockGraph", "Segment", "trace", "Granularity"]
+__all__ = ["Block", "Cut", "BlockGraph", "Segment", "SharedParam", "trace", "Granularity"]
 
 Granularity = Literal["block", "layer"]
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
@@ -116,6 +117,42 @@ class BlockGraph:
                         seen.add(id(buf))
                         total += buf.numel() * buf.element_size()
         return total
+
+    def block_parameters(self, i: int) -> dict[int, nn.Parameter]:
+        """The parameters block ``i`` uses (via ``get_attr`` or a called module), by ``id``."""
+        names = set(self.blocks[i].nodes)
+        found: dict[int, nn.Parameter] = {}
+        for node in self.module.graph.nodes:
+            if node.name not in names:
+                continue
+            if node.op == "call_module":
+                params = list(self.module.get_submodule(str(node.target)).parameters())
+            elif node.op == "get_attr":
+                attr = _attr_of(self.module, str(node.target))
+                params = [attr] if isinstance(attr, nn.Parameter) else []
+            else:
+                continue
+            found.update((id(p), p) for p in params)
+        return found
+
+    @functools.cached_property
+    def shared_params(self) -> tuple[SharedParam, ...]:
+        """Parameters that more than one block uses (tied weights), in order of first use.
+
+        A parameter object counts once however many names reach it (``head.weight`` tied to
+        ``embed.weight`` is one :class:`SharedParam` named ``embed.weight``).
+        """
+        users: dict[int, list[int]] = {}
+        objects: dict[int, nn.Parameter] = {}
+        for block in self.blocks:
+            for key, param in self.block_parameters(block.index).items():
+                users.setdefault(key, []).append(block.index)
+                objects[key] = param
+        names = {id(p): n for n, p in self.module.named_parameters()}
+        return tuple(
+            SharedParam(names[key], tuple(blocks), _nbytes(objects[key]))
+            for key, blocks in users.items() if len(blocks) > 1
+        )
 
     def to_networkx(self) -> nx.DiGraph:
         """The fx data-flow graph; each node carries its ``block`` index (-1 inputs, n output)."""
@@ -283,6 +320,18 @@ def _module_path(gm: fx.GraphModule, node: fx.Node) -> str:
     if stack:
         return str(list(stack.values())[-1][0])
     return ""
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _attr_of(module: nn.Module, target: str) -> Any:
+    """The attribute ``target`` (``"a.b.weight"``) of ``module``, or ``None``."""
+    obj: Any = module
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+    return obj
 
 
 def _block_key(model: nn.Module, path: str, granularity: Granularity) -> str:

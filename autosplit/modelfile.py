@@ -26,7 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from autosplit.errors import InvalidInputError, ModelFileError
+from autosplit.errors import ModelFileError
 
 __all__ = [
     "ModelFile",

@@ -61,6 +61,7 @@ class PipelinedModule(nn.Module):
         self._options = options
         self._graph: BlockGraph | None = None
         self._segments: list[Segment] = []
+        self._borrowed: dict[int, dict[str, nn.Parameter]] = {}
         self._plan: Plan | None = None
         self._split_size = split_size
         if plan is not None:
@@ -82,6 +83,13 @@ class PipelinedModule(nn.Module):
     def stages(self) -> list[nn.Module]:
         """The stage modules, in pipeline order (they share the model's parameters)."""
         return [seg.module for seg in self._segments]
+
+    @property
+    def borrowed_weights(self) -> dict[int, tuple[str, ...]]:
+        """Stage s → the names (in its module) of the shared parameters it reads from another
+        device: a tied weight lives once, on the first stage using it, and other devices
+        use it through a differentiable ``.to()``, so its gradient reaches the one parameter."""
+        return {s: tuple(names) for s, names in self._borrowed.items()}
 
     def _graph_of_model(self, inputs: Sequence[torch.Tensor] | None) -> BlockGraph:
         if self._graph is None:
@@ -109,6 +117,7 @@ class PipelinedModule(nn.Module):
             segments.append(seg)
             first += count
         self._segments = segments
+        self._borrowed = _borrowed_weights(graph, plan.balance, self.devices, segments)
         self._plan = plan
 
     def _plan_from(self, inputs: tuple[torch.Tensor, ...]) -> Plan:
@@ -179,7 +188,12 @@ class PipelinedModule(nn.Module):
         seg = self._segments[s]
         dev = self.devices[s]
         args = [_to(env[name], dev) for name in seg.inputs]
-        outputs = seg.module(*args)
+        borrowed = self._borrowed.get(s)
+        if borrowed:
+            moved = {name: param.to(dev) for name, param in borrowed.items()}
+            outputs = torch.func.functional_call(seg.module, moved, tuple(args))
+        else:
+            outputs = seg.module(*args)
         env.update(zip(seg.outputs, outputs))
 
     def extra_repr(self) -> str:
@@ -189,6 +203,38 @@ class PipelinedModule(nn.Module):
             f"devices={[str(d) for d in self.devices]}, balance={list(self._plan.balance)}, "
             f"split_size={self.split_size}"
         )
+
+
+def _borrowed_weights(
+    graph: BlockGraph,
+    balance: Sequence[int],
+    devices: Sequence[torch.device],
+    segments: Sequence[Segment],
+) -> dict[int, dict[str, nn.Parameter]]:
+    """Put each shared parameter on the device of the first stage using it; for every other
+    stage on another device, the names under which its module reaches it.
+
+    ``Module.to`` moves a shared parameter with each stage holding it (the last move wins), so
+    it is moved back to its home here; stages elsewhere read it through ``.to()``.
+    """
+    stage_of = [s for s, count in enumerate(balance) for _ in range(count)]
+    params = dict(graph.module.named_parameters())
+    borrowed: dict[int, dict[str, nn.Parameter]] = {}
+    for shared in graph.shared_params:
+        param = params[shared.name]
+        stages = sorted({stage_of[i] for i in shared.blocks})
+        home = devices[stages[0]]
+        with torch.no_grad():
+            param.data = param.data.to(home)
+            if param.grad is not None:
+                param.grad = param.grad.to(home)
+        for s in stages[1:]:
+            if devices[s] == home:
+                continue
+            names = [n for n, p in segments[s].module.named_parameters(remove_duplicate=False)
+                     if p is param]
+            borrowed.setdefault(s, {}).update((n, param) for n in names)
+    return borrowed
 
 
 def _to(value: Any, dev: torch.device) -> Any:

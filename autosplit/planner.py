@@ -23,6 +23,7 @@ from autosplit import checks
 from autosplit.cost import (
     OPTIMIZER_STATE,
     SCHEDULES,
+    allreduce_ms,
     block_memory_bytes,
     block_time_ms,
     in_flight,
@@ -38,7 +39,7 @@ from autosplit.errors import (
     InvalidInputError,
     PlanMismatchError,
 )
-from autosplit.records import Plan, Profile, Stage
+from autosplit.records import Plan, Profile, SharedWeight, Stage
 from autosplit.simulator import simulate, simulate_plan
 from autosplit.solve import PartitionProblem, evaluate, min_capacity, solve_dp
 from autosplit.units import format_bytes, parse_bytes
@@ -199,12 +200,21 @@ def _costs(settings: PlanSettings, profile: Profile, b: int) -> tuple[tuple[floa
 def _memory(
     settings: PlanSettings, profile: Profile, k: int, m: int
 ) -> tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]]:
-    """Per-stage memory of each block, and the extra bytes when it is a stage's first block."""
+    """Per-stage memory of each block, and the extra bytes when it is a stage's first block.
+
+    A shared parameter (tied weights) is counted in every block that uses it, so a stage
+    holding any of its users counts its copy; a stage holding several users counts it more
+    than once here (the search errs on the safe side; :func:`_assemble` reports it once).
+    """
     factor = optimizer_factor(settings.optimizer)
     p = settings.gpus
     flights = [in_flight(settings.schedule, m, p, s) for s in range(p)]
+    copies = _copy_bytes(profile)
     held = tuple(
-        tuple(block_memory_bytes(blk, k, factor, flights[s]) for blk in profile.blocks)
+        tuple(
+            block_memory_bytes(blk, k, factor, flights[s]) + copies[i] * factor
+            for i, blk in enumerate(profile.blocks)
+        )
         for s in range(p)
     )
     first = tuple(
@@ -212,6 +222,47 @@ def _memory(
         for s in range(p)
     )
     return held, first
+
+
+def _copy_bytes(profile: Profile) -> list[int]:
+    """Bytes of shared parameters each block uses but does not count in ``param_bytes``."""
+    copies = [0] * len(profile.blocks)
+    for shared in profile.shared:
+        for i in shared.blocks[1:]:
+            copies[i] += shared.bytes
+    return copies
+
+
+def _shared_weights(
+    settings: PlanSettings, profile: Profile, bounds: Sequence[tuple[int, int]]
+) -> tuple[SharedWeight, ...]:
+    """Where each shared parameter is used, and how ``autosplit run`` keeps it equal.
+
+    Used on one stage: nothing to do. On several: every holder's gradient is summed with a
+    ring all-reduce over those stages' ranks after each step (``sync_ms``, at the link
+    bandwidth, assuming one stage per rank).
+    """
+    stage_of = [s for s, (first, end) in enumerate(bounds) for _ in range(first, end)]
+    weights = []
+    for shared in profile.shared:
+        stages = tuple(sorted({stage_of[i] for i in shared.blocks}))
+        mode = "one stage" if len(stages) == 1 else "all-reduce"
+        sync = allreduce_ms(shared.bytes, len(stages), settings.bandwidth_bytes_per_s)
+        weights.append(SharedWeight(shared.name, stages, mode, shared.bytes, sync))
+    return tuple(weights)
+
+
+def _counted_twice(
+    profile: Profile, bounds: Sequence[tuple[int, int]], factor: int
+) -> list[float]:
+    """Bytes per stage that :func:`_memory` counts more than once (shared parameters used by
+    several blocks of one stage): the copy is held once."""
+    extra = [0.0] * len(bounds)
+    for shared in profile.shared:
+        for s, (first, end) in enumerate(bounds):
+            users = sum(first <= i < end for i in shared.blocks)
+            extra[s] += max(users - 1, 0) * shared.bytes * factor
+    return extra
 
 
 def _transient(profile: Profile, k: int) -> float:
@@ -443,17 +494,24 @@ def _assemble(
     solver: str,
     candidates: tuple[int, ...],
 ) -> Plan:
+    """The Plan for ``balance`` at size index ``k``: stages with their predicted times and
+    memory, and the shared weights. The predicted step is the schedule's simulation plus the
+    all-reduce of every weight shared across stages (``SharedWeight.sync_ms``, ms): it runs
+    after the last backward, so nothing hides it. The search itself does not weigh it."""
     b = profile.microbatch_sizes[k]
     m = math.ceil(settings.batch_size / b)
     p = settings.gpus
     problem = _problem(settings, profile, k, m)
     part = evaluate(problem, balance)
     names = profile.block_names
+    twice = _counted_twice(profile, part.bounds, optimizer_factor(settings.optimizer))
     stages = []
     for s, (first, end) in enumerate(part.bounds):
         last = s == p - 1
         send = 0 if last else profile.cuts[end - 1].bytes[k]
-        held = part.stage_memory[s] + max(blk.output_bytes[k] for blk in profile.blocks[first:end])
+        held = part.stage_memory[s] - twice[s] + max(
+            blk.output_bytes[k] for blk in profile.blocks[first:end]
+        )
         stages.append(
             Stage(
                 index=s,
@@ -471,6 +529,7 @@ def _assemble(
         )
     single, _ = single_device_ms(profile, settings.batch_size)
     capacity = settings.capacity_bytes
+    shared = _shared_weights(settings, profile, part.bounds)
     plan = Plan(
         model=profile.model,
         fingerprint=profile.fingerprint,
@@ -486,8 +545,10 @@ def _assemble(
         profile=profile.describe(),
         memory_limit_bytes=None if capacity is None else int(min(capacity)),
         optimizer=settings.optimizer,
+        shared=shared,
     )
-    simulated = simulate_plan(plan).step_ms
+    # the shared weights' all-reduce runs after the pipeline's last backward: it adds up
+    simulated = simulate_plan(plan).step_ms + math.fsum(w.sync_ms for w in shared)
     return dataclasses.replace(
         plan, predicted_step_ms=simulated, bound_step_ms=step_ms(part.bottleneck, m, p)
     )

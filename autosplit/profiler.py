@@ -304,6 +304,7 @@ def profile_graph(
         warmup=warmup,
         repeats=repeats,
         seconds=round(time.perf_counter() - start, 3),
+        shared=graph.shared_params,
     )
 
 

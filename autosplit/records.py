@@ -51,6 +51,8 @@ __all__ = [
     "CutProfile",
     "Profile",
     "Stage",
+    "SharedParam",
+    "SharedWeight",
     "Plan",
     "fingerprint_of",
     "FORMAT_VERSION",
@@ -146,6 +148,22 @@ class CutProfile:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedParam:
+    """A parameter that several blocks use (a tied embedding and output layer …).
+
+    Attributes:
+        name: its qualified name in the model (the first of its names, ``"embed.weight"``).
+        blocks: indices of the blocks that use it (directly or through a module), ascending;
+            the first of them counts it in its ``param_bytes``.
+        bytes: its size in bytes.
+    """
+
+    name: str
+    blocks: tuple[int, ...]
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     """Per-block measurements of a model on one kind of device.
 
@@ -165,6 +183,7 @@ class Profile:
         warmup: untimed runs per block and size before timing.
         repeats: timed runs per block and size (the median is kept).
         seconds: wall time the profiling took (s).
+        shared: parameters that several blocks use (empty for models without tied weights).
     """
 
     model: str
@@ -181,6 +200,7 @@ class Profile:
     warmup: int = 1
     repeats: int = 3
     seconds: float = 0.0
+    shared: tuple[SharedParam, ...] = ()
 
     def __post_init__(self) -> None:
         _checked(self, _check_profile)
@@ -253,6 +273,53 @@ class Stage:
         _checked(self, _check_stage)
 
 
+SHARED_MODES = ("one stage", "all-reduce")
+
+
+@dataclass(frozen=True, slots=True)
+class SharedWeight:
+    """How a plan keeps a parameter that several stages use equal (a tied embedding …).
+
+    Attributes:
+        name: the parameter's qualified name in the model.
+        stages: the stages that use it, ascending.
+        mode: ``"one stage"`` (every user is on one stage: nothing to do) or ``"all-reduce"``
+            (``autosplit run`` keeps a copy per rank holding a user and sums the copies'
+            gradients over those ranks after each step's backward; in one process,
+            :func:`autosplit.partition` and emitted code keep one parameter that other
+            devices read through a differentiable ``.to()``).
+        bytes: its size in bytes.
+        sync_ms: predicted time of the gradient all-reduce per step (0 for ``"one stage"``).
+    """
+
+    name: str
+    stages: tuple[int, ...]
+    mode: str
+    bytes: int
+    sync_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in SHARED_MODES:
+            raise InvalidInputError(
+                f"shared weight {self.name!r} has mode {self.mode!r}: use one of "
+                f"{', '.join(map(repr, SHARED_MODES))}"
+            )
+
+    def describe(self) -> str:
+        """One line: where the weight is used and how it is kept equal."""
+        where = " and ".join(
+            [", ".join(map(str, self.stages[:-1])), str(self.stages[-1])]
+            if len(self.stages) > 1 else [str(self.stages[0])]
+        )
+        stages = f"stage{'s' if len(self.stages) > 1 else ''} {where}"
+        if self.mode == "one stage":
+            return f"shared weight {self.name}: {stages}, one copy ({format_bytes(self.bytes)})"
+        return (
+            f"shared weight {self.name}: {stages}, gradients all-reduced each step "
+            f"({format_bytes(self.bytes)}, {format_ms(self.sync_ms)})"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """Where to cut a model, how to place it and how to feed it.
@@ -267,7 +334,8 @@ class Plan:
         schedule: ``"gpipe"`` or ``"1f1b"``.
         predicted_step_ms: predicted time of one training step (forward + backward of B): the
             event simulation of the schedule (forward and backward of every micro-batch placed
-            op by op on its device; transfers delay the receiver).
+            op by op on its device; transfers delay the receiver), plus the all-reduce of
+            the weights shared across stages (``shared``).
         single_device_ms: predicted time of the same step on one device (best measured b).
         solver: which solver produced the cut points (``"dp"``, ``"milp"``, ``"manual"`` …).
         candidates: the micro-batch sizes the planner chose among.
@@ -277,6 +345,8 @@ class Plan:
         bound_step_ms: (m + p − 1) · t_max, the closed form the exact solvers minimise (t_max
             the slowest stage's time per micro-batch, transfer included); equal to the
             prediction for balanced stages, above it otherwise.
+        shared: the parameters several blocks use and how each is kept equal (empty for
+            models without tied weights; plans saved before this field load with none).
     """
 
     model: str
@@ -294,6 +364,7 @@ class Plan:
     memory_limit_bytes: int | None = None
     optimizer: str = "sgd"
     bound_step_ms: float = 0.0
+    shared: tuple[SharedWeight, ...] = ()
 
     def __post_init__(self) -> None:
         _checked(self, _check_plan)
@@ -445,6 +516,7 @@ class Plan:
                 f"memory limit {format_bytes(self.memory_limit_bytes)} per device · optimizer "
                 f"{self.optimizer}"
             )
+        lines += [weight.describe() for weight in self.shared]
         lines.append(f"profile {self.profile} · solver {self.solver}")
         return lines
 

@@ -109,3 +109,58 @@ class Branching(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.left(x) + self.right(x)
+
+
+class TiedLM(nn.Module):
+    """A GPT-like language model whose output layer IS the embedding (tied weights).
+
+    Token ids in, logits out: embedding → residual MLP blocks → LayerNorm → ``head``, whose
+    weight is the embedding's (``head.weight is embed.weight``), as in GPT-2.
+    """
+
+    def __init__(self, vocab: int = 11, width: int = 8, depth: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.GELU())
+            for _ in range(depth)
+        )
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.head(self.norm(h))
+
+
+class TiedFunctional(nn.Module):
+    """Tied weights read directly (``F.linear(h, self.embed.weight)``, a ``get_attr``)."""
+
+    def __init__(self, vocab: int = 11, width: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.mid = nn.Linear(width, width)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.mid(self.embed(ids)))
+        return nn.functional.linear(h, self.embed.weight)
+
+
+class ReusedLayer(nn.Module):
+    """One Linear called twice, early and late: blocks ``shared`` and ``shared#2`` share it."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.inp = nn.Linear(6, width)
+        self.shared = nn.Linear(width, width)
+        self.a = nn.Linear(width, width)
+        self.b = nn.Linear(width, width)
+        self.out = nn.Linear(width, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.shared(torch.tanh(self.inp(x))))
+        h = torch.tanh(self.b(torch.tanh(self.a(h))))
+        return self.out(torch.tanh(self.shared(h)))

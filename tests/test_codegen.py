@@ -20,7 +20,7 @@ from conftest import assert_equivalent, loss_of, reference_run
 from torch import nn
 
 import autosplit
-from autosplit.codegen import CodegenError, emit
+from autosplit.codegen import emit
 from autosplit.errors import InvalidInputError, PlanMismatchError
 from autosplit.modelfile import ModelFileError, load_model_file
 from autosplit.records import Plan
@@ -337,15 +337,25 @@ def test_devices_and_class_name(tmp_path: Path) -> None:
         module.TwoGpuToy(model=model, devices=["cpu"])
 
 
-def test_tied_weights_across_devices_are_refused(tmp_path: Path) -> None:
+def test_tied_weights_across_devices_are_read_through_to(tmp_path: Path) -> None:
     (tmp_path / "tied.py").write_text(TIED_MODEL)
     mf = load_model_file(str(tmp_path / "tied.py"))
     model = mf.build()
     inputs = (torch.randint(0, 10, (4, 3)),)
     plan = cut_at(make_plan(model, inputs, 2, 2), ["mid"])
-    with pytest.raises(CodegenError, match=r"stages \[0, 1\] share on different devices"):
-        emit(plan, mf.ref, model=model, devices=["cuda:0", "cuda:1"])
-    emit_and_check(tmp_path, mf.ref, model, inputs, plan)  # one device: shared weights are fine
+    source = emit(plan, mf.ref, model=model, devices=["cuda:0", "cuda:1"])
+    assert "self.borrowed = tied_weights([self.stage0, self.stage1], self.devices)" in source
+    assert "self.call(1, " in source
+    emit_and_check(tmp_path, mf.ref, model, inputs, plan)  # one device: nothing borrowed
+    # "cpu:0" is not "cpu" for torch.device equality: stage 1 counts as another device and
+    # reads the embedding's weight through .to(), the path GPUs take
+    module = load(source, tmp_path / "borrowed.py")
+    model = mf.build()  # fresh: no gradients yet
+    ref = copy.deepcopy(model)
+    pm = pipelined_class(module)(model=model, devices=["cpu", "cpu:0"])
+    assert list(pm.borrowed) == [1] and list(pm.borrowed[1].values()) == [model.emb.weight]
+    assert_equivalent(model, pm, ref, inputs, plan.split_size)
+    assert_ruff_clean(tmp_path / "borrowed.py")
 
 
 def test_main_block_runs_the_example_inputs(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torchvision
-from models import LongSkip, TokenModel, ToyModel, TwoInOut
+from models import LongSkip, ReusedLayer, TiedLM, TokenModel, ToyModel, TwoInOut
 from torch import nn
 from torch.utils import _pytree as pytree
 
@@ -75,7 +75,7 @@ def build(name: str) -> nn.Module:
     if name == "resnet18":
         return torchvision.models.resnet18(num_classes=10)
     return {"toy": ToyModel, "skip": LongSkip, "twoinout": TwoInOut, "ids": LateIds,
-            "tokens": TokenModel}[name]()
+            "tokens": TokenModel, "tied": TiedLM, "reused": ReusedLayer}[name]()
 
 
 def batch(name: str, rows: int) -> tuple[tuple[torch.Tensor, ...], Any]:
@@ -85,7 +85,7 @@ def batch(name: str, rows: int) -> tuple[tuple[torch.Tensor, ...], Any]:
         return (torch.randn(rows, 3, 32, 32, generator=gen),), torch.randn(rows, 10, generator=gen)
     if name == "toy":
         return (torch.randn(rows, 10, generator=gen),), torch.randn(rows, 5, generator=gen)
-    if name == "skip":
+    if name in ("skip", "reused"):
         return (torch.randn(rows, 6, generator=gen),), torch.randn(rows, 3, generator=gen)
     if name == "twoinout":
         x, y = torch.randn(rows, 4, generator=gen), torch.randn(rows, 3, generator=gen)
@@ -137,20 +137,26 @@ def _gather_to_rank0(value: Any) -> list[Any] | None:
     return gathered
 
 
+def train_and_gather(name: str, plan: Plan, steps: int, lr: float = 0.1) -> list[Any] | None:
+    """Train ``steps`` SGD steps of ``plan`` on this rank; rank 0 gets every rank's
+    ``(losses, snapshots, stage indices)``, the other ranks ``None``."""
+    model = build(name)
+    inputs, targets = batch(name, plan.split_size * plan.microbatches)
+    trainer = D.Trainer(model, plan, loss_fn, lambda ps: torch.optim.SGD(ps, lr=lr))
+    losses, snaps = [], []
+    for _ in range(steps):
+        loss = trainer.step(inputs if trainer.holds_first else None,
+                            targets if trainer.holds_last else None)
+        losses.append(None if loss is None else loss.cpu())
+        snaps.append(_snapshot(trainer))
+    return _gather_to_rank0((losses, snaps, [m.index for m in trainer.modules]))
+
+
 def _equivalence_worker(name: str, plans: list[Plan], steps: int) -> Any:
     """Train ``steps`` SGD steps per plan; rank 0 returns every rank's results merged."""
     merged = []
     for plan in plans:
-        model = build(name)
-        inputs, targets = batch(name, plan.split_size * plan.microbatches)
-        trainer = D.Trainer(model, plan, loss_fn, lambda ps: torch.optim.SGD(ps, lr=0.1))
-        losses, snaps = [], []
-        for _ in range(steps):
-            loss = trainer.step(inputs if trainer.holds_first else None,
-                                targets if trainer.holds_last else None)
-            losses.append(None if loss is None else loss.cpu())
-            snaps.append(_snapshot(trainer))
-        gathered = _gather_to_rank0((losses, snaps, [m.index for m in trainer.modules]))
+        gathered = train_and_gather(name, plan, steps)
         if gathered is not None:
             last = len(plan.stages) - 1
             loss_rows = [ls for ls, _, idx in gathered if last in idx]
@@ -169,7 +175,7 @@ def _equivalence_worker(name: str, plans: list[Plan], steps: int) -> Any:
     return merged if dist.get_rank() == 0 else None
 
 
-def reference(name: str, plan: Plan, steps: int) -> dict[str, Any]:
+def reference(name: str, plan: Plan, steps: int, lr: float = 0.1) -> dict[str, Any]:
     """The same training in this process: one model, the same micro-batches and loss.
 
     One intra-op thread, like every launched rank: kernels then sum in the same order (with
@@ -179,15 +185,15 @@ def reference(name: str, plan: Plan, steps: int) -> dict[str, Any]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _reference(name, plan, steps)
+        return _reference(name, plan, steps, lr)
     finally:
         torch.set_num_threads(threads)
 
 
-def _reference(name: str, plan: Plan, steps: int) -> dict[str, Any]:
+def _reference(name: str, plan: Plan, steps: int, lr: float) -> dict[str, Any]:
     model = build(name)
     inputs, targets = batch(name, plan.split_size * plan.microbatches)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
     b = plan.split_size
     input_mbs = list(zip(*(x.split(b) for x in inputs)))
     leaves, spec = pytree.tree_flatten(targets)
