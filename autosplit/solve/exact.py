@@ -248,7 +248,9 @@ def step_times(problem: StepProblem, balances: Sequence[Sequence[int]]) -> np.nd
     tables.cb = np.append(np.asarray(problem.comm_bwd, dtype=float), 0.0)
     bal = np.asarray(balances, dtype=np.int64).reshape(-1, problem.p)
     if bal.size and (bal.min() < 1 or np.any(bal.sum(axis=1) != problem.n)):
-        raise InvalidInputError(f"every balance needs {problem.p} positive counts summing to {problem.n}")
+        raise InvalidInputError(
+            f"every balance needs {problem.p} positive counts summing to {problem.n}"
+        )
     return _evaluate(problem, tables, bal)
 
 
@@ -362,7 +364,8 @@ class _Search:
             for s in range(k - 1, -1, -1):
                 pre_post = math.fsum(f[:s]) + math.fsum(b[:s]) + math.fsum(cuts[:s])
                 trip = tail + cuts[s] + after
-                bound = np.maximum(bound, pre_post + _device_1f1b(f[s], b[s], trip, m, min(m, p - s)))
+                busy = _device_1f1b(f[s], b[s], trip, m, min(m, p - s))
+                bound = np.maximum(bound, pre_post + busy)
                 tail += f[s] + b[s] + cuts[s]
         bound = np.where(ok, bound, np.inf)
         sizes = ends - j
