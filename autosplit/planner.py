@@ -1,10 +1,18 @@
 """From a Profile to a Plan: choose the cut points and the micro-batch size together.
 
-For every micro-batch size b that was measured (or the one the user fixed), an exact solver
-finds the cut points that minimise the bottleneck stage time at that b within each device's
-memory; the plan is the (b, cuts) pair with the smallest predicted step time
-(m + p − 1) · t_max (see :mod:`autosplit.cost`). Only measured sizes are candidates: per-sample
-cost has cliffs, so nothing is interpolated.
+What is optimised: the plan's ``predicted_step_ms``, the event simulation of one training step
+of the schedule (:func:`autosplit.simulator.simulate_plan`: GPipe or 1F1B, with each cut's
+transfer, on devices of different speeds or profiles). The plan returned has the smallest
+simulated step over every balance (contiguous, non-empty stages) and every measured
+micro-batch size b ≤ B, among the balances that fit each device's memory; ties (within a
+relative 1e-9) go to the smallest micro-batch size, then to the lexicographically smallest
+balance. Only measured sizes are candidates: per-sample cost has cliffs, so nothing is
+interpolated.
+
+How: for each b, the min-max solver (the dynamic program, or the PuLP MILP with
+``solver="milp"``) finds the cut that minimises the slowest stage t_max (the closed form
+(m + p − 1) · t_max, saved as ``bound_step_ms``); that cut seeds an exact branch and bound on
+the simulated step (:func:`autosplit.solve.exact.solve_step`), which makes the final choice.
 
 Devices may differ: each has a speed factor (its block times are the profile's divided by it)
 or its own profile of the same model, and its own memory. Stage s runs on device s.
@@ -13,7 +21,6 @@ or its own profile of the same model, and its own memory. Stage s runs on device
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -40,8 +47,9 @@ from autosplit.errors import (
     PlanMismatchError,
 )
 from autosplit.records import Plan, Profile, SharedWeight, Stage
-from autosplit.simulator import simulate, simulate_plan
+from autosplit.simulator import simulate_plan
 from autosplit.solve import PartitionProblem, evaluate, min_capacity, solve_dp
+from autosplit.solve.exact import StepProblem, solve_step
 from autosplit.units import format_bytes, parse_bytes
 
 __all__ = ["plan", "plan_with_balance", "PlanSettings", "SOLVERS"]
@@ -307,7 +315,10 @@ def plan(
     device_profiles: Sequence[Profile] | None = None,
     time_limit_s: float | None = None,
 ) -> Plan:
-    """The fastest predicted pipeline plan for ``profile`` on ``gpus`` devices.
+    """The plan with the smallest simulated step time for ``profile`` on ``gpus`` devices.
+
+    Exact over every balance and every measured micro-batch size b ≤ B within the memory
+    limits (see the module docstring); ``predicted_step_ms`` is that simulated step (ms).
 
     Args:
         profile: the measured profile.
@@ -320,8 +331,9 @@ def plan(
         optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"`` … (state held per parameter).
         split_size: fix the micro-batch size b (must have been profiled); ``None`` chooses.
         bandwidth_bytes_per_s: link bandwidth between consecutive stages.
-        solver: ``"dp"`` (exact dynamic program), ``"milp"`` (PuLP/CBC, same optimum) or
-            ``"auto"`` (the DP).
+        solver: the min-max solver whose cut seeds the exact search: ``"dp"`` (dynamic
+            program), ``"milp"`` (PuLP/CBC, same min-max optimum) or ``"auto"`` (the DP). The
+            plan is the same either way: the exact search on the simulated step decides.
         speeds: relative speed of each device (default all 1.0).
         device_profiles: one profile per device (same model, same sizes) for devices of
             different kinds; block times then come from each device's own profile.
@@ -365,88 +377,31 @@ def plan(
         except InfeasiblePlanError:
             failures.append(_explain(settings, profile, k, m))
             continue
-        schedule_ms = _ScheduleTime(settings, profile, k, m, problem)
-        balance = _refine(balance, schedule_ms, problem)
-        t = schedule_ms(balance)
-        if best is None or t < best[0]:
-            best = (t, k, balance, label)
+        found = solve_step(_step_problem(settings, profile, k, m, problem), balance,
+                           cutoff=math.inf if best is None else best[0])
+        if found is not None:  # strictly faster than every smaller size searched before
+            best = (found.step_ms, k, found.balance, label)
     if best is None:
         raise min(failures, key=lambda e: e.min_capacity_bytes or math.inf)
     _, k, balance, label = best
     return _assemble(settings, profile, balance, k, label, tuple(profile.microbatch_sizes[c] for c in candidates))
 
 
-class _ScheduleTime:
-    """The simulated step time (ms) of a balance at one micro-batch size: the planner's
-    prediction. Stage times come from prefix sums, so a candidate costs one simulation."""
-
-    def __init__(self, settings: PlanSettings, profile: Profile, k: int, m: int,
-                 problem: PartitionProblem) -> None:
-        b = profile.microbatch_sizes[k]
-        self.m, self.schedule, self.comm = m, settings.schedule, problem.comm
-        self.fwd, self.bwd = [], []
-        for s in range(settings.gpus):
-            prof = settings.profiles[s]
-            kk = prof.size_index(b)
-            speed = settings.speeds[s]
-            self.fwd.append(list(itertools.accumulate((blk.fwd_ms[kk] / speed for blk in prof.blocks), initial=0.0)))
-            self.bwd.append(list(itertools.accumulate((blk.bwd_ms[kk] / speed for blk in prof.blocks), initial=0.0)))
-        self.cache: dict[tuple[int, ...], float] = {}
-
-    def __call__(self, balance: tuple[int, ...]) -> float:
-        if balance not in self.cache:
-            bounds = list(itertools.accumulate(balance, initial=0))
-            pairs = list(zip(bounds, bounds[1:]))
-            comm = [self.comm[end - 1] / 2 for _, end in pairs[:-1]]
-            self.cache[balance] = simulate(
-                [self.fwd[s][e] - self.fwd[s][a] for s, (a, e) in enumerate(pairs)],
-                [self.bwd[s][e] - self.bwd[s][a] for s, (a, e) in enumerate(pairs)],
-                self.m, self.schedule, comm, comm,
-            ).step_ms
-        return self.cache[balance]
-
-
-def _refine(start: tuple[int, ...], schedule_ms: _ScheduleTime, problem: PartitionProblem,
-            max_rounds: int = 200) -> tuple[int, ...]:
-    """Improve the solver's balance on the simulated step time.
-
-    The exact solver minimises the slowest stage, t_max; the schedule's real step also depends
-    on how the forward and backward work is spread ((m − 1)·t_max is only the steady state).
-    With 2 stages every cut is tried; with more, cuts move one block at a time while that
-    shortens the simulated step. Memory limits stay respected; ties keep the earlier balance.
-    """
-    n, p = problem.n, problem.p
-
-    def fits(balance: tuple[int, ...]) -> bool:
-        if problem.capacity is None:
-            return True
-        part = evaluate(problem, balance)
-        return all(mem <= cap * (1 + 1e-12) for mem, cap in zip(part.stage_memory, problem.capacity))
-
-    best, best_t = start, schedule_ms(start)
-    if p == 2 and n <= 256:
-        for cut in range(1, n):
-            candidate = (cut, n - cut)
-            t = schedule_ms(candidate)
-            if t < best_t - 1e-9 and fits(candidate):
-                best, best_t = candidate, t
-        return best
-    for _ in range(max_rounds):
-        improved = False
-        for s in range(p - 1):
-            for delta in (-1, 1):
-                moved = list(best)
-                moved[s] += delta
-                moved[s + 1] -= delta
-                candidate = tuple(moved)
-                if min(candidate) < 1:
-                    continue
-                t = schedule_ms(candidate)
-                if t < best_t - 1e-9 and fits(candidate):
-                    best, best_t, improved = candidate, t, True
-        if not improved:
-            break
-    return best
+def _step_problem(settings: PlanSettings, profile: Profile, k: int, m: int,
+                  problem: PartitionProblem) -> StepProblem:
+    """The simulated-step problem at size index k: each device's block times from its own
+    profile and speed, each cut's transfer split evenly between forward and backward (as
+    :func:`autosplit.simulator.simulate_plan` does), and the min-max problem's memory."""
+    b = profile.microbatch_sizes[k]
+    fwd, bwd = [], []
+    for s in range(settings.gpus):
+        prof, speed = settings.profiles[s], settings.speeds[s]
+        kk = prof.size_index(b)
+        fwd.append(tuple(blk.fwd_ms[kk] / speed for blk in prof.blocks))
+        bwd.append(tuple(blk.bwd_ms[kk] / speed for blk in prof.blocks))
+    half = tuple(c / 2 for c in problem.comm)
+    return StepProblem(tuple(fwd), tuple(bwd), half, half, m, settings.schedule,
+                       problem.memory, problem.memory_first, problem.capacity)
 
 
 def plan_with_balance(

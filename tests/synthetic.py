@@ -16,22 +16,34 @@ def make_profile(
     saved_bytes_per_sample: Sequence[int] | None = None,
     cut_bytes_per_sample: Sequence[int] | None = None,
     fingerprint: str = "synthetic",
+    forward_share: Sequence[float] | None = None,
 ) -> Profile:
     """A profile of n blocks where block i costs ``ms_per_sample[i][k] · b`` ms at size index k.
 
-    Forward takes a third of that time and backward two thirds.
+    Forward takes ``forward_share[i]`` of that time (default a third) and backward the rest.
     """
     n = len(ms_per_sample)
     params = param_bytes or [0] * n
     saved = saved_bytes_per_sample or [0] * n
     cuts = cut_bytes_per_sample or [0] * (n - 1)
+
+    def fwd(i: int, k: int, b: int) -> float:
+        if forward_share is None:
+            return ms_per_sample[i][k] * b / 3
+        return ms_per_sample[i][k] * b * forward_share[i]
+
+    def bwd(i: int, k: int, b: int) -> float:
+        if forward_share is None:
+            return ms_per_sample[i][k] * b * 2 / 3
+        return ms_per_sample[i][k] * b * (1 - forward_share[i])
+
     blocks = tuple(
         BlockProfile(
             name=f"block{i}",
             param_bytes=params[i],
             buffer_bytes=0,
-            fwd_ms=tuple(ms_per_sample[i][k] * b / 3 for k, b in enumerate(sizes)),
-            bwd_ms=tuple(ms_per_sample[i][k] * b * 2 / 3 for k, b in enumerate(sizes)),
+            fwd_ms=tuple(fwd(i, k, b) for k, b in enumerate(sizes)),
+            bwd_ms=tuple(bwd(i, k, b) for k, b in enumerate(sizes)),
             saved_bytes=tuple(saved[i] * b for b in sizes),
             output_bytes=tuple(0 for _ in sizes),
         )

@@ -1,0 +1,400 @@
+"""The exact search for the cut that minimises the *simulated* step time (numbers, no torch).
+
+Symbols: n blocks, p stages (stage s on device s), m micro-batches; f_s, b_s the forward and
+backward time of one micro-batch on stage s (ms), cf_c, cb_c the forward and backward transfer
+over cut c (ms), t_s = f_s + b_s. The objective is :func:`autosplit.simulator.simulate`'s
+``step_ms`` for the balance, GPipe or 1F1B; :func:`step_times` evaluates it for many balances at
+once with the simulator's own arithmetic (same operations in the same order).
+
+Why not the min-max DP alone: the DP minimises t_max, but the simulated step is a longest path
+through the schedule's dependency graph. For GPipe the path has a closed form (proved by
+``tests/test_exact.py`` against the simulator on random instances): each device runs all its
+forwards, then all its backwards, so the longest path fills the pipeline once forward and once
+backward and spends its m − 1 remaining forward and backward ticks on the slowest stages,
+
+    step_gpipe = Σ_s t_s + Σ_c (cf_c + cb_c) + (m − 1) · (max_s f_s + max_s b_s),
+
+which is not a function of t_max alone (the slowest forward and backward may sit on different
+stages, and Σ_s t_s depends on the cut when devices differ). For 1F1B the longest path zigzags
+between stages and has no such form. So the search is a branch and bound over the balances:
+
+* stages are fixed left to right, stage 0's block count first, each level's children in
+  increasing block count: the search visits balances in lexicographic order;
+* a child is pruned when its stage exceeds the device's memory, when no split of the remaining
+  blocks fits, or when a lower bound on every completion's simulated step is not below the best
+  step found (ties: see below). The bounds, all ≤ the simulation for every completion:
+  - GPipe: the closed form with Σ_s t_s + Σ_c (cf_c + cb_c) of the unfixed stages replaced by
+    their smallest possible value (a min-sum DP over the remaining blocks, ``rest_sum``) and
+    max f + max b by max(fixed max f + fixed max b, the remaining blocks' smallest possible
+    slowest stage, ``rest_max``);
+  - 1F1B, per stage s: device s cannot start before its first input arrives
+    (pre_s = Σ_{r<s} f_r + cf_r), is busy m · t_s, waits before its first backward until that
+    micro-batch's round trip R_s through the later stages is back, less the w_s − 1 warm-up
+    forwards it runs meanwhile (w_s = min(m, p − s)), and its last backward still has to travel
+    back to stage 0 (post_s = Σ_{r<s} b_r + cb_r): step ≥ pre_s + post_s + m · t_s +
+    max(R_s − (w_s − 1) · f_s, 0), with the unfixed part of R_s bounded below by ``rest_sum``
+    and the unfixed stages' t by ``rest_max``;
+* complete balances are simulated exactly (vectorised over siblings).
+
+The search is seeded with a balance (the planner passes the min-max DP's or MILP's cut), so the
+first bound is already tight. Ties: two steps within a relative 1e-9 are equal, and among equal
+steps the lexicographically smallest balance wins (deterministic plans).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autosplit.errors import InvalidInputError
+from autosplit.simulator import SCHEDULES, schedule_order
+
+__all__ = ["TIE_RTOL", "StepProblem", "StepSolution", "step_times", "solve_step"]
+
+TIE_RTOL = 1e-9
+"""Steps within this relative difference are equal; the smaller balance then wins."""
+
+_MEMORY_RTOL = 1e-12  # the DP's tolerance on memory limits
+
+
+@dataclass(frozen=True, slots=True)
+class StepProblem:
+    """Choose the balance of n ordered blocks over p stages with the smallest simulated step.
+
+    Attributes:
+        fwd: ``fwd[s][i]`` forward time of block i on device s for one micro-batch (ms).
+        bwd: ``bwd[s][i]`` backward time (ms).
+        comm_fwd: ``comm_fwd[i]`` time to send the activations over a cut after block i (ms),
+            ``n - 1`` entries.
+        comm_bwd: ``comm_bwd[i]`` time to send the gradients back over that cut (ms).
+        m: micro-batches per step.
+        schedule: ``"gpipe"`` or ``"1f1b"``.
+        memory: ``memory[s][i]`` bytes block i holds on stage s, or ``None`` (only used with
+            ``capacity``).
+        memory_first: ``memory_first[s][i]`` extra bytes when block i starts stage s, or
+            ``None``.
+        capacity: ``capacity[s]`` bytes of device s, or ``None`` (no limit).
+    """
+
+    fwd: tuple[tuple[float, ...], ...]
+    bwd: tuple[tuple[float, ...], ...]
+    comm_fwd: tuple[float, ...]
+    comm_bwd: tuple[float, ...]
+    m: int
+    schedule: str
+    memory: tuple[tuple[float, ...], ...] | None = None
+    memory_first: tuple[tuple[float, ...], ...] | None = None
+    capacity: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        p, n = len(self.fwd), len(self.fwd[0]) if self.fwd else 0
+        if p < 1 or n < p:
+            raise InvalidInputError(f"need 1 ≤ p ≤ n, got p={p} stages for n={n} blocks")
+        if len(self.bwd) != p or any(len(r) != n for r in (*self.fwd, *self.bwd)):
+            raise InvalidInputError("fwd and bwd must both be p × n tables (one row per stage)")
+        if len(self.comm_fwd) != n - 1 or len(self.comm_bwd) != n - 1:
+            raise InvalidInputError(f"comm_fwd and comm_bwd need one entry per cut ({n - 1})")
+        if isinstance(self.m, bool) or not isinstance(self.m, int) or self.m < 1:
+            raise InvalidInputError(f"m (micro-batches) must be a positive integer, got {self.m!r}")
+        if self.schedule not in SCHEDULES:
+            raise InvalidInputError(
+                f"unknown schedule {self.schedule!r}: use one of {', '.join(SCHEDULES)}"
+            )
+        if (self.capacity is not None or self.memory_first is not None) and self.memory is None:
+            raise InvalidInputError("capacity and memory_first need memory as well")
+
+    @property
+    def n(self) -> int:
+        """Number of blocks."""
+        return len(self.fwd[0])
+
+    @property
+    def p(self) -> int:
+        """Number of stages."""
+        return len(self.fwd)
+
+
+@dataclass(frozen=True, slots=True)
+class StepSolution:
+    """The search's answer.
+
+    Attributes:
+        balance: blocks per stage.
+        step_ms: its simulated step time (ms).
+        nodes: partial balances the search expanded (a measure of its work).
+    """
+
+    balance: tuple[int, ...]
+    step_ms: float
+    nodes: int
+
+
+@functools.lru_cache(maxsize=64)
+def _op_order(schedule: str, m: int, p: int) -> tuple[tuple[str, int, int], ...]:
+    """Every op (kind, stage, micro-batch) once, in an order that respects each device's
+    schedule and every data dependency: the simulator's event loop without the times."""
+    orders = [schedule_order(schedule, m, p, s) for s in range(p)]
+    done: set[tuple[str, int, int]] = set()
+    cursor, out = [0] * p, []
+    while len(out) < 2 * m * p:
+        for s in range(p):
+            while cursor[s] < len(orders[s]):
+                kind, i = orders[s][cursor[s]]
+                if kind == "F":
+                    ready = s == 0 or ("F", s - 1, i) in done
+                else:
+                    ready = ("F", s, i) in done and (s == p - 1 or ("B", s + 1, i) in done)
+                if not ready:
+                    break
+                done.add((kind, s, i))
+                out.append((kind, s, i))
+                cursor[s] += 1
+    return tuple(out)
+
+
+def _simulate_many(fwd: np.ndarray, bwd: np.ndarray, cf: np.ndarray, cb: np.ndarray,
+                   m: int, schedule: str) -> np.ndarray:
+    """Step times (ms) of N pipelines at once: ``fwd``/``bwd`` are p × N stage times, ``cf``/
+    ``cb`` (p − 1) × N transfer times. The same max and + as :func:`simulate`, in its order."""
+    p, count = fwd.shape
+    free = np.zeros((p, count))
+    end_f: dict[tuple[int, int], np.ndarray] = {}
+    end_b: dict[tuple[int, int], np.ndarray] = {}
+    for kind, s, i in _op_order(schedule, m, p):
+        if kind == "F":
+            start = free[s] if s == 0 else np.maximum(free[s], end_f[s - 1, i] + cf[s - 1])
+            end_f[s, i] = free[s] = start + fwd[s]
+        else:
+            ready = end_f[s, i]
+            if s < p - 1:
+                ready = np.maximum(ready, end_b[s + 1, i] + cb[s])
+            end_b[s, i] = free[s] = np.maximum(free[s], ready) + bwd[s]
+    return free.max(axis=0)
+
+
+def _device_1f1b(f: np.ndarray | float, b: np.ndarray | float, trip: np.ndarray, m: int,
+                 w: int) -> np.ndarray:
+    """Lower bound (ms) on 1F1B's busy span of one device, from its first op's start to its
+    last op's end: f, b its forward and backward time, ``trip`` ≤ the round trip of a
+    micro-batch through the later stages and cuts, w its warm-up forwards.
+
+    The first backward B(0) waits for F(0)'s round trip while the device runs w − 1 forwards;
+    then (m − w) backward-forward pairs; the last backward B(m − 1) waits for F(m − 1)'s round
+    trip while the device runs w − 1 backwards. With w = m there are no pairs, and B(m − 1)
+    waits for F(m − 1) (the device's m-th forward) or follows B(0)'s m − 1 backwards.
+    """
+    if m > w:
+        return (f + np.maximum(trip, (w - 1) * f) + (m - w) * (f + b)
+                + np.maximum(trip, (w - 1) * b) + b)
+    return b + np.maximum(f + np.maximum(trip, (m - 1) * f) + (m - 1) * b, m * f + trip)
+
+
+class _Tables:
+    """Prefix sums and the two suffix DPs the bounds use (numpy, O(p · n²) element work)."""
+
+    def __init__(self, problem: StepProblem) -> None:
+        n, p = problem.n, problem.p
+        self.f = np.array([np.concatenate(([0.0], np.cumsum(r))) for r in problem.fwd])
+        self.b = np.array([np.concatenate(([0.0], np.cumsum(r))) for r in problem.bwd])
+        self.cf = np.append(np.asarray(problem.comm_fwd, dtype=float), 0.0)  # cf[n-1]: no cut
+        self.cb = np.append(np.asarray(problem.comm_bwd, dtype=float), 0.0)
+        self.fits = self._fits(problem)
+        # rest_max[r][e] / rest_sum[r][e]: blocks e … n-1 on stages r … p-1, memory respected:
+        # the smallest possible slowest t, and the smallest Σ t + Σ transfers between them.
+        self.rest_max = np.full((p + 1, n + 1), np.inf)
+        self.rest_sum = np.full((p + 1, n + 1), np.inf)
+        self.rest_max[p, n] = self.rest_sum[p, n] = 0.0
+        start = np.arange(n + 1)[:, None]
+        end = np.arange(n + 1)[None, :]
+        comm = np.append(0.0, self.cf + self.cb)  # comm[x] for a cut before block x (x ≥ 1)
+        comm[n] = 0.0
+        for r in range(p - 1, -1, -1):
+            t = (self.f[r] + self.b[r])[None, :] - (self.f[r] + self.b[r])[:, None]
+            ok = (end > start) & self.fits[r]
+            if r == p - 1:
+                ok &= end == n
+            hi = np.where(ok, np.maximum(t, self.rest_max[r + 1][None, :]), np.inf)
+            lo = np.where(ok, t + comm[None, :] + self.rest_sum[r + 1][None, :], np.inf)
+            self.rest_max[r] = hi.min(axis=1)
+            self.rest_sum[r] = lo.min(axis=1)
+
+    @staticmethod
+    def _fits(problem: StepProblem) -> np.ndarray:
+        """``fits[s][i][e]``: blocks i … e-1 fit on device s."""
+        n, p = problem.n, problem.p
+        if problem.memory is None or problem.capacity is None:
+            return np.ones((p, n + 1, n + 1), dtype=bool)
+        out = np.empty((p, n + 1, n + 1), dtype=bool)
+        for s in range(p):
+            mem = np.concatenate(([0.0], np.cumsum(problem.memory[s])))
+            first = np.zeros(n + 1)
+            if problem.memory_first is not None:
+                first[:n] = problem.memory_first[s]
+            held = mem[None, :] - mem[:, None] + first[:, None]
+            out[s] = held <= problem.capacity[s] * (1 + _MEMORY_RTOL)
+        return out
+
+
+def step_times(problem: StepProblem, balances: Sequence[Sequence[int]]) -> np.ndarray:
+    """The simulated step (ms) of each balance, vectorised (memory is not checked)."""
+    tables = _Tables.__new__(_Tables)  # prefix sums only
+    tables.f = np.array([np.concatenate(([0.0], np.cumsum(r))) for r in problem.fwd])
+    tables.b = np.array([np.concatenate(([0.0], np.cumsum(r))) for r in problem.bwd])
+    tables.cf = np.append(np.asarray(problem.comm_fwd, dtype=float), 0.0)
+    tables.cb = np.append(np.asarray(problem.comm_bwd, dtype=float), 0.0)
+    bal = np.asarray(balances, dtype=np.int64).reshape(-1, problem.p)
+    if bal.size and (bal.min() < 1 or np.any(bal.sum(axis=1) != problem.n)):
+        raise InvalidInputError(
+            f"every balance needs {problem.p} positive counts summing to {problem.n}"
+        )
+    return _evaluate(problem, tables, bal)
+
+
+def _evaluate(problem: StepProblem, tables: _Tables, bal: np.ndarray) -> np.ndarray:
+    p = problem.p
+    bounds = np.concatenate((np.zeros((len(bal), 1), dtype=np.int64), np.cumsum(bal, axis=1)), 1)
+    rows = np.arange(p)[:, None]
+    fwd = tables.f[rows, bounds.T[1:]] - tables.f[rows, bounds.T[:-1]]
+    bwd = tables.b[rows, bounds.T[1:]] - tables.b[rows, bounds.T[:-1]]
+    ends = bounds.T[1:-1] - 1
+    return _simulate_many(fwd, bwd, tables.cf[ends], tables.cb[ends], problem.m, problem.schedule)
+
+
+def solve_step(
+    problem: StepProblem,
+    seed: Sequence[int] | None = None,
+    cutoff: float = math.inf,
+) -> StepSolution | None:
+    """The balance with the smallest simulated step, within memory (branch and bound).
+
+    Args:
+        problem: the blocks, devices, schedule and limits.
+        seed: a feasible balance to start from (e.g. the min-max DP's cut); optional.
+        cutoff: only a step below ``cutoff · (1 − 1e-9)`` counts (the planner passes the best
+            step of the micro-batch sizes already searched, which win ties).
+
+    Returns:
+        The lexicographically smallest balance among those whose step equals the smallest
+        (within :data:`TIE_RTOL`), or ``None`` when no balance fits or none beats ``cutoff``.
+    """
+    return _Search(problem, _Tables(problem), seed, cutoff).run()
+
+
+class _Search:
+    """Depth-first branch and bound in lexicographic order (see the module docstring)."""
+
+    def __init__(self, problem: StepProblem, tables: _Tables, seed: Sequence[int] | None,
+                 cutoff: float) -> None:
+        self.problem, self.t = problem, tables
+        self.best: tuple[int, ...] | None = None
+        self.best_ms = cutoff
+        self.seed: tuple[int, ...] | None = None
+        self.nodes = 0
+        if seed is not None:
+            seed = tuple(int(c) for c in seed)
+            ms = float(_evaluate(problem, tables, np.asarray([seed]))[0])
+            if self._feasible(seed) and ms < cutoff * (1 - TIE_RTOL):
+                self.best, self.best_ms, self.seed = seed, ms, seed
+
+    def _feasible(self, balance: tuple[int, ...]) -> bool:
+        start = 0
+        for s, count in enumerate(balance):
+            if not self.t.fits[s][start][start + count]:
+                return False
+            start += count
+        return True
+
+    def run(self) -> StepSolution | None:
+        self._expand(0, 0, [], [], [])
+        if self.best is None:
+            return None
+        return StepSolution(self.best, self.best_ms, self.nodes)
+
+    def _keep(self, bound: np.ndarray, counts: np.ndarray, prefix: list[int]) -> np.ndarray:
+        """Children whose bound leaves room: strictly better, or equal and lexicographically
+        before the incumbent (only the seed can be after the search position)."""
+        tol = TIE_RTOL * self.best_ms if math.isfinite(self.best_ms) else 0.0
+        better = bound < self.best_ms - tol
+        if self.seed is None or self.best != self.seed:
+            return better
+        k = len(prefix)
+        head = tuple(prefix)
+        if head != self.seed[:k]:
+            if head > self.seed[:k]:
+                return better
+            return bound <= self.best_ms + tol
+        return better | ((counts <= self.seed[k]) & (bound <= self.best_ms + tol))
+
+    def _expand(self, k: int, j: int, counts: list[int], f: list[float], b: list[float]) -> None:
+        """Fix stage k's block count, given stages 0 … k-1 (``counts``, their ``f``, ``b``)."""
+        problem, t = self.problem, self.t
+        n, p, m = problem.n, problem.p, problem.m
+        self.nodes += 1
+        ends = np.arange(j + 1, n - (p - 1 - k) + 1) if k < p - 1 else np.array([n])
+        fk = t.f[k][ends] - t.f[k][j]
+        bk = t.b[k][ends] - t.b[k][j]
+        last = k == p - 1
+        cfk = np.zeros(len(ends)) if last else t.cf[ends - 1]
+        cbk = np.zeros(len(ends)) if last else t.cb[ends - 1]
+        ok = t.fits[k][j][ends] & np.isfinite(t.rest_sum[k + 1][ends])
+        rest_sum = np.where(ok, t.rest_sum[k + 1][ends], 0.0)  # pruned below when not ok
+        rest_max = np.where(ok, t.rest_max[k + 1][ends], 0.0)
+        cuts = [t.cf[c] + t.cb[c] for c in np.cumsum(counts) - 1] if counts else []
+        fixed = math.fsum(f) + math.fsum(b) + math.fsum(cuts)  # pre_k + post_k
+        after = fk + bk + cfk + cbk + rest_sum  # R_{k-1} less the fixed stages
+        if problem.schedule == "gpipe":
+            slow = np.maximum(max(f, default=0.0), fk) + np.maximum(max(b, default=0.0), bk)
+            bound = fixed + after + (m - 1) * np.maximum(slow, rest_max)
+        else:
+            after_k = cfk + cbk + rest_sum
+            bound = np.maximum.reduce([
+                fixed + _device_1f1b(fk, bk, after_k, m, min(m, p - k)),
+                fixed + fk + bk + cfk + cbk + m * rest_max,
+                # a path down with micro-batch 0, through one device's m forwards (or, on the
+                # way back, m backwards) and back with micro-batch m − 1
+                fixed + after + (m - 1) * np.maximum(
+                    np.maximum(max(f + b, default=0.0), np.maximum(fk, bk)), rest_max / 2
+                ),
+            ])
+            tail = 0.0  # Σ t and transfers of the fixed stages after s
+            for s in range(k - 1, -1, -1):
+                pre_post = math.fsum(f[:s]) + math.fsum(b[:s]) + math.fsum(cuts[:s])
+                trip = tail + cuts[s] + after
+                busy = _device_1f1b(f[s], b[s], trip, m, min(m, p - s))
+                bound = np.maximum(bound, pre_post + busy)
+                tail += f[s] + b[s] + cuts[s]
+        bound = np.where(ok, bound, np.inf)
+        sizes = ends - j
+        keep = np.flatnonzero(ok & self._keep(bound, sizes, counts))
+        if k >= p - 2:
+            self._leaves(counts, ends[keep])
+            return
+        for idx in keep:
+            if not self._keep(bound[idx:idx + 1], sizes[idx:idx + 1], counts)[0]:
+                continue  # the incumbent improved since the children were listed
+            self._expand(k + 1, int(ends[idx]), counts + [int(sizes[idx])],
+                         f + [float(fk[idx])], b + [float(bk[idx])])
+
+    def _leaves(self, counts: list[int], ends: np.ndarray) -> None:
+        """Simulate every complete balance whose stage p-2 (or p-1) ends at ``ends``."""
+        if not len(ends):
+            return
+        problem = self.problem
+        n, p = problem.n, problem.p
+        j = sum(counts)
+        rows = [counts + [int(e - j)] + ([n - int(e)] if len(counts) < p - 1 else []) for e in ends]
+        rows = [r for r in rows if self._feasible(tuple(r))]
+        if not rows:
+            return
+        steps = _evaluate(problem, self.t, np.asarray(rows))
+        for row, ms in zip(rows, steps.tolist()):
+            balance = tuple(row)
+            tol = TIE_RTOL * self.best_ms if math.isfinite(self.best_ms) else 0.0
+            if ms < self.best_ms - tol or (
+                self.best is not None and ms <= self.best_ms + tol and balance < self.best
+            ):
+                self.best, self.best_ms = balance, ms

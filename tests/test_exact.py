@@ -1,0 +1,158 @@
+"""The planner is exact on its own prediction: brute force over every balance and every
+measured micro-batch size agrees; the GPipe closed form and the vectorised simulation equal
+the event simulation."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import numpy as np
+import pytest
+from synthetic import make_profile
+
+import autosplit
+from autosplit.cost import in_flight, optimizer_factor, transfer_ms
+from autosplit.simulator import simulate
+from autosplit.solve.exact import TIE_RTOL, StepProblem, solve_step, step_times
+
+
+def compositions(n: int, p: int):
+    """Every balance of n blocks on p non-empty stages, in lexicographic order."""
+    for cuts in itertools.combinations(range(1, n), p - 1):
+        yield tuple(b - a for a, b in itertools.pairwise((0, *cuts, n)))
+
+
+def random_pipeline(rng: random.Random, schedule: str):
+    p, m = rng.randint(1, 6), rng.randint(1, 9)
+    scale = lambda: rng.choice([0.1, 1.0, 3.0])  # noqa: E731
+    f = [rng.random() * scale() for _ in range(p)]
+    b = [rng.random() * scale() for _ in range(p)]
+    cf = [rng.random() * rng.choice([0.0, 0.5, 2.0]) for _ in range(p - 1)]
+    cb = [rng.random() * rng.choice([0.0, 0.5, 2.0]) for _ in range(p - 1)]
+    return f, b, m, cf, cb
+
+
+def test_gpipe_step_has_a_closed_form() -> None:
+    """step = Σ (f + b) + Σ transfers + (m − 1) · (max f + max b), 1,000 random pipelines."""
+    rng = random.Random(0)
+    for _ in range(1000):
+        f, b, m, cf, cb = random_pipeline(rng, "gpipe")
+        closed = sum(f) + sum(b) + sum(cf) + sum(cb) + (m - 1) * (max(f) + max(b))
+        assert simulate(f, b, m, "gpipe", cf, cb).step_ms == pytest.approx(closed, rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_vectorised_simulation_equals_the_simulator(schedule: str) -> None:
+    rng = random.Random(1)
+    for _ in range(40):
+        n, p, m = rng.randint(2, 8), rng.randint(1, 4), rng.randint(1, 7)
+        p = min(p, n)
+        fwd = tuple(tuple(rng.random() for _ in range(n)) for _ in range(p))
+        bwd = tuple(tuple(rng.random() * 2 for _ in range(n)) for _ in range(p))
+        cf = tuple(rng.random() for _ in range(n - 1))
+        cb = tuple(rng.random() for _ in range(n - 1))
+        problem = StepProblem(fwd, bwd, cf, cb, m, schedule)
+        balances = list(compositions(n, p))
+        got = step_times(problem, balances)
+        for bal, value in zip(balances, got):
+            bounds = list(itertools.accumulate(bal, initial=0))
+            stages = list(itertools.pairwise(bounds))
+            want = simulate([sum(fwd[s][a:e]) for s, (a, e) in enumerate(stages)],
+                            [sum(bwd[s][a:e]) for s, (a, e) in enumerate(stages)], m, schedule,
+                            [cf[e - 1] for e in bounds[1:-1]], [cb[e - 1] for e in bounds[1:-1]])
+            assert value == pytest.approx(want.step_ms, rel=1e-12)
+
+
+def brute_force(prof: autosplit.Profile, p: int, kw: dict) -> tuple[float, int, tuple[int, ...]]:
+    """(step, b, balance): the smallest simulated step over every size and balance that fits,
+    ties to the smallest size, then the lexicographically smallest balance; the same numbers
+    as a printed plan (stage sums with fsum, transfers split evenly)."""
+    speeds, caps = kw["speeds"], kw.get("memory_per_gpu")
+    factor = optimizer_factor("sgd")
+    found = []
+    for k, b in enumerate(prof.microbatch_sizes):
+        m = math.ceil(prof.batch_size / b)
+        for bal in compositions(len(prof.blocks), p):
+            bounds = list(itertools.accumulate(bal, initial=0))
+            stages = list(itertools.pairwise(bounds))
+            if caps is not None and any(
+                math.fsum(blk.param_bytes * factor + blk.saved_bytes[k]
+                          * in_flight(kw["schedule"], m, p, s) for blk in prof.blocks[a:e])
+                > caps[s] for s, (a, e) in enumerate(stages)
+            ):
+                continue
+            fwd = [math.fsum(blk.fwd_ms[k] / speeds[s] for blk in prof.blocks[a:e])
+                   for s, (a, e) in enumerate(stages)]
+            total = [math.fsum((blk.fwd_ms[k] + blk.bwd_ms[k]) / speeds[s]
+                               for blk in prof.blocks[a:e]) for s, (a, e) in enumerate(stages)]
+            comm = [transfer_ms(prof.cuts[e - 1].bytes[k], kw["bandwidth_bytes_per_s"]) / 2
+                    for e in bounds[1:-1]]
+            bwd = [max(t - f, 0.0) for t, f in zip(total, fwd)]
+            found.append((simulate(fwd, bwd, m, kw["schedule"], comm, comm).step_ms, b, bal))
+    best = min(v for v, _, _ in found)
+    return next(x for x in found if x[0] <= best * (1 + TIE_RTOL))
+
+
+def random_case(rng: random.Random) -> tuple[autosplit.Profile, int, dict]:
+    n = rng.randint(5, 8)
+    p = rng.randint(2, min(5, n))
+    sizes = sorted(rng.sample([1, 2, 3, 4], rng.randint(1, 2)))
+    grid = lambda: rng.randint(1, 12) / 4  # noqa: E731  on a grid: exact ties happen
+    prof = make_profile(
+        sizes, [[grid() for _ in sizes] for _ in range(n)], batch_size=rng.choice([4, 6, 8]),
+        param_bytes=[rng.randint(0, 4) * 2**20 for _ in range(n)],
+        saved_bytes_per_sample=[rng.randint(0, 2) * 2**18 for _ in range(n)],
+        cut_bytes_per_sample=[rng.choice([0, 10**5, 10**6]) for _ in range(n - 1)],
+        forward_share=[rng.choice([0.25, 0.5, 0.75]) for _ in range(n)],
+    )
+    kw: dict = {
+        "schedule": rng.choice(["gpipe", "1f1b"]),
+        "speeds": [rng.choice([0.5, 1.0, 2.0]) for _ in range(p)],
+        "bandwidth_bytes_per_s": 1e9,
+    }
+    if rng.random() < 0.4:
+        kw["memory_per_gpu"] = [rng.randint(6, 40) * 2**20 for _ in range(p)]
+    return prof, p, kw
+
+
+def test_planner_equals_brute_force_on_random_profiles() -> None:
+    """p = 2 … 5, 5–8 blocks, 1–2 sizes, transfers, speeds, memory limits, both schedules."""
+    rng = random.Random(2024)
+    checked = 0
+    while checked < 500:
+        prof, p, kw = random_case(rng)
+        try:
+            plan = autosplit.plan(prof, gpus=p, **kw)
+        except autosplit.InfeasiblePlanError:
+            continue  # brute force agrees nothing fits: checked below on the feasible ones
+        step, b, balance = brute_force(prof, p, kw)
+        assert plan.predicted_step_ms == pytest.approx(step, rel=1e-9), (kw, plan.balance)
+        assert (plan.split_size, plan.balance) == (b, balance), kw
+        checked += 1
+
+
+def test_search_finds_the_lexicographically_first_optimum_from_any_seed() -> None:
+    rng = random.Random(7)
+    for _ in range(100):
+        n, p, m = rng.randint(3, 8), rng.randint(2, 4), rng.randint(1, 6)
+        p = min(p, n)
+        row = lambda: tuple(float(rng.randint(0, 2)) for _ in range(n))  # noqa: E731
+        comm = tuple(float(rng.randint(0, 2)) for _ in range(n - 1))
+        problem = StepProblem((row(),) * p, (row(),) * p, comm, comm, m,
+                              rng.choice(["gpipe", "1f1b"]))
+        balances = list(compositions(n, p))
+        steps = step_times(problem, balances)
+        want = balances[int(np.flatnonzero(steps <= steps.min() * (1 + TIE_RTOL))[0])]
+        for seed in (None, *rng.sample(balances, min(3, len(balances)))):
+            assert solve_step(problem, seed).balance == want
+
+
+def test_cutoff_and_memory_leave_nothing() -> None:
+    one = ((1.0, 1.0),)
+    problem = StepProblem(one * 2, one * 2, (0.0,), (0.0,), 2, "gpipe")
+    assert solve_step(problem, cutoff=1.0) is None  # no balance beats 1 ms
+    tight = StepProblem(one * 2, one * 2, (0.0,), (0.0,), 2, "gpipe",
+                        memory=((5.0, 5.0),) * 2, capacity=(4.0, 4.0))
+    assert solve_step(tight) is None
