@@ -84,6 +84,9 @@ class BlockProfile:
         saved_shared_bytes: bytes of this block's inputs that it keeps for backward and that
             the block producing them keeps too; a stage whose first block this is holds them
             again (its received copy). ``None`` means zero.
+        fwd_iqr_ms: interquartile range of the forward repeats at each size (ms): the spread
+            of ``fwd_ms``; ``None`` for profiles that did not record it (older or analytic).
+        bwd_iqr_ms: the same for ``bwd_ms``.
     """
 
     name: str
@@ -95,6 +98,8 @@ class BlockProfile:
     output_bytes: tuple[int, ...]
     peak_bytes: tuple[int, ...] | None = None
     saved_shared_bytes: tuple[int, ...] | None = None
+    fwd_iqr_ms: tuple[float, ...] | None = None
+    bwd_iqr_ms: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +219,11 @@ class Stage:
             gradient comes back); 0 for the last stage.
         send_ms: transfer time of one micro-batch across the outgoing cut, forward and backward.
         memory_bytes: predicted peak memory of the stage's device.
+        block_sum_ms: when the stage was verified, the sum of its blocks' profiled times that
+            the search used (``compute_ms`` is then the stage's blocks timed together);
+            ``None`` when not verified.
+        verified_spread: when verified, the relative spread of ``compute_ms`` (half its
+            interquartile range over its median, a fraction); ``None`` when not verified.
     """
 
     index: int
@@ -224,6 +234,8 @@ class Stage:
     send_bytes: int
     send_ms: float
     memory_bytes: int
+    block_sum_ms: float | None = None
+    verified_spread: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +262,12 @@ class Plan:
         bound_step_ms: (m + p − 1) · t_max, the closed form the exact solvers minimise (t_max
             the slowest stage's time per micro-batch, transfer included); equal to the
             prediction for balanced stages, above it otherwise.
+        verification: how the stage times were verified (timed together, interleaved, how
+            many rounds), or ``""`` when the prediction comes from block sums alone.
+        step_spread: relative spread of ``predicted_step_ms`` from the verified stage times'
+            spreads (a fraction), ``None`` when not verified.
+        single_device_spread: relative spread of ``single_device_ms`` when the whole model
+            was timed in one piece, else ``None``.
     """
 
     model: str
@@ -267,6 +285,9 @@ class Plan:
     memory_limit_bytes: int | None = None
     optimizer: str = "sgd"
     bound_step_ms: float = 0.0
+    verification: str = ""
+    step_spread: float | None = None
+    single_device_spread: float | None = None
 
     @property
     def balance(self) -> tuple[int, ...]:
@@ -355,16 +376,26 @@ class Plan:
 
     def summary_lines(self) -> list[str]:
         """The lines shown under the stage table: batch split, step time, bubble, speed-up."""
+        from autosplit.claims import ratio_with_spread, spread_text
+
         p = len(self.stages)
+        claim = ratio_with_spread(
+            self.single_device_ms, self.single_device_spread, self.predicted_step_ms,
+            self.step_spread,
+        ) if self.single_device_ms > 0 and self.predicted_step_ms > 0 else None
+        over_one = claim.text if claim else "–"
+        how = "verified stage times" if self.verification else "block sums"
         lines = [
             f"batch {self.batch_size} → {self.microbatches} micro-batch"
             f"{'es' if self.microbatches != 1 else ''} of {self.split_size} "
             f"(chosen from {', '.join(map(str, self.candidates))}) · schedule {self.schedule}",
-            f"predicted step {format_ms(self.predicted_step_ms)} · bubble "
-            f"{self.bubble_fraction:.0%} · speed-up over one device ×{self.speedup:.2f} "
-            f"(ideal ×{p:.2f})",
+            f"predicted step {format_ms(self.predicted_step_ms)}{spread_text(self.step_spread)} "
+            f"({how}) · bubble {self.bubble_fraction:.0%} · "
+            f"vs one device: {over_one} (ideal ×{p:.2f})",
         ]
-        if self.speedup < 1:
+        if self.verification:
+            lines.append(f"verified: {self.verification}")
+        if self.speedup < 1 and claim is not None and not claim.within_noise:
             lines.append(
                 "pipelining does not pay off here: one device is predicted faster (transfers and "
                 "the bubble cost more than the split saves); try fewer devices or a larger batch"
