@@ -365,9 +365,7 @@ class _SizeState:
         self.saved_before: dict[int, torch.Tensor] = {}
 
     def args(self, graph: BlockGraph, seg: Segment) -> list[Any]:
-        return fresh_leaves(
-            [self.env[name] for name in seg.inputs], [name not in graph.inputs for name in seg.inputs]
-        )
+        return segment_args(graph, self.env, seg)
 
     def advance(self, graph: BlockGraph, seg: Segment, outputs: Any) -> None:
         """Keep block ``seg``'s outputs and forget what no later block reads."""
@@ -380,6 +378,14 @@ class _SizeState:
             self.env = {k: v for k, v in self.env.items() if k in keep}
             live = {_storage(v) for v in self.env.values() if isinstance(v, torch.Tensor)}
             self.saved_before = {k: t for k, t in self.saved_before.items() if k in live}
+
+
+def segment_args(graph: BlockGraph, env: dict[str, Any], seg: Segment) -> list[Any]:
+    """The inputs of ``seg`` from ``env`` as fresh leaves: received activations require grad,
+    the model's own inputs do not."""
+    return fresh_leaves(
+        [env[name] for name in seg.inputs], [name not in graph.inputs for name in seg.inputs]
+    )
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -424,9 +430,7 @@ def _warm_up(graph: BlockGraph, segments: Sequence[Segment], state: _SizeState,
     env = dict(state.env)
     estimate = []
     for seg in segments:
-        args = fresh_leaves(
-            [env[name] for name in seg.inputs], [name not in graph.inputs for name in seg.inputs]
-        )
+        args = segment_args(graph, env, seg)
         t0 = _wall(dev)
         outputs = seg.module(*args)
         grads_for = [t for t in tensor_leaves(outputs) if t.requires_grad]

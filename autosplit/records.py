@@ -357,6 +357,8 @@ class Plan:
             )
 
     def __str__(self) -> str:
+        from autosplit.claims import spread_text
+
         rows = [("stage", "device", "blocks", "compute/mb", "memory", "sends/mb")]
         for s in self.stages:
             span = s.blocks[0] if len(s.blocks) == 1 else f"{s.blocks[0]} … {s.blocks[-1]}"
@@ -365,7 +367,7 @@ class Plan:
                     str(s.index),
                     s.device,
                     f"{span} ({len(s.blocks)})",
-                    format_ms(s.compute_ms),
+                    format_ms(s.compute_ms) + spread_text(s.verified_spread),
                     format_bytes(s.memory_bytes),
                     format_bytes(s.send_bytes) if s.index < len(self.stages) - 1 else "–",
                 )

@@ -36,7 +36,7 @@ def stage_table(plan: Plan) -> Table:
             str(s.index),
             s.device,
             f"{_span(s.blocks)} ({len(s.blocks)})",
-            format_ms(s.compute_ms),
+            format_ms(s.compute_ms) + spread_text(s.verified_spread),
             format_bytes(s.memory_bytes),
             "–" if s.index == last else format_bytes(s.send_bytes),
         )

@@ -38,7 +38,6 @@ from autosplit.graph import BlockGraph, Segment
 from autosplit.profiler import check_inputs
 from autosplit.records import Plan, Profile
 from autosplit.simulator import simulate_plan
-from autosplit.tensors import fresh_leaves
 
 __all__ = ["StageTime", "time_stages", "verify_plans", "verify_and_choose"]
 
@@ -148,8 +147,7 @@ def time_stages(
                         break
                 for j, r in enumerate(runs):  # A B A B …: every run once per round
                     seg: Segment = segments[r]
-                    args = fresh_leaves([envs[r[2]][n] for n in seg.inputs],
-                                        [n not in work.inputs for n in seg.inputs])
+                    args = profiler.segment_args(work, envs[r[2]], seg)
                     _, f_ms, b_ms = profiler.timed_run(seg, args, dev)
                     if k >= warmup:
                         fwd[r].append(f_ms)

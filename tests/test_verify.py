@@ -217,6 +217,17 @@ def test_verified_times_are_measured_and_round_trip(small, tmp_path) -> None:
     assert "verified stage times" in str(verified)
 
 
+def test_verification_leaves_the_model_as_it_was(small) -> None:
+    model, x, prof = small
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    verify_plans(trace(model), x, prof, {"p": autosplit.plan(prof, 2)}, rounds=1, max_rounds=1)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # BatchNorm statistics too
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(rng, torch.get_rng_state())
+
+
 def test_partition_verifies_unless_told_not_to() -> None:
     torch.manual_seed(0)
     x = torch.randn(8, 6)
@@ -245,6 +256,11 @@ def test_cli_plan_verifies_and_no_verify_skips(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert "(block sums)" in out and "verified:" not in out
     assert Plan.load(out_plan).verification == ""
+    prof = tmp_path / "profile.json"
+    assert main(["profile", TOY, *FAST, "-o", str(prof)]) == 0
+    capsys.readouterr()
+    assert main(["plan", TOY, "--gpus", "2", "--profile", str(prof), "-o", str(out_plan)]) == 0
+    assert "(block sums)" in capsys.readouterr().out  # a saved profile: not verified here
 
 
 def test_cli_compare_verifies_every_plan(tmp_path, capsys) -> None:
