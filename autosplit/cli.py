@@ -67,7 +67,7 @@ def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), help="with an estimated device: count the model in this precision (default: as built)")
     p.add_argument("--microbatch-sizes", type=_int_list, metavar="B1,B2,…", help="micro-batch sizes to measure (default: chosen from the batch)")
     p.add_argument("--threads", type=_positive_int, default=1, help="threads of a CPU worker while profiling (default 1)")
-    p.add_argument("--repeats", type=_positive_int, default=3, help="timed runs per block and size; the median is kept (default 3)")
+    p.add_argument("--repeats", type=_positive_int, default=3, help="timed runs per block and size, at least; more (up to 3×) while their spread is above 5%%; the median is kept (default 3)")
     p.add_argument("--budget", type=float, default=40.0, metavar="SECONDS", help="stop starting new default sizes after this long (default 40)")
 
 

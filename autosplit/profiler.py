@@ -169,8 +169,10 @@ def profile(
         max_repeats: the most (default ``3 * repeats``): rounds go on while a figure's
             interquartile range is above 5 % of its median and the budget allows.
         threads: intra-op threads of the CPU worker during measurement.
-        budget_s: seconds after which no further default size is started (the first size is
-            always measured; explicitly given sizes are all measured). ``None``: no limit.
+        budget_s: time budget (s): default sizes are kept, in order, while their measurement
+            (estimated from the untimed run of the whole model) fits in it, and extra rounds
+            past ``repeats`` stop when it is spent. The first size is always measured;
+            explicitly given sizes are all measured. ``None``: no limit.
         include: sizes to measure first, whatever the budget (e.g. a hand-written split's).
         granularity: see :func:`autosplit.graph.trace`.
         leaf_modules: see :func:`autosplit.graph.trace`.
