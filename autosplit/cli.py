@@ -113,7 +113,9 @@ def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), help="with an estimated device: count the model in this precision (default: as built)")
     p.add_argument("--microbatch-sizes", type=_int_list, metavar="B1,B2,…", help="micro-batch sizes to measure (default: chosen from the batch)")
     p.add_argument("--threads", type=_positive_int, default=1, help="threads of a CPU worker while profiling (default 1)")
-    p.add_argument("--repeats", type=_positive_int, default=3, help="timed runs per block and size; the median is kept (default 3)")
+    p.add_argument("--repeats", type=_positive_int, default=3,
+                   help="timed runs per block and size, at least; more (up to 3×) while their "
+                        "spread is above 5%%; the median is kept (default 3)")
     p.add_argument("--budget", type=_budget_seconds, default=40.0, metavar="SECONDS",
                    help="stop starting new default sizes after this long (default 40)")
 
@@ -159,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="plan.json", help="where to write the plan (default plan.json)")
     p.add_argument("--emit", metavar="FILE.py", help="also write the pipelined model as readable Python")
     p.add_argument("--plot", metavar="FILE.png", help="also draw the schedule timeline, time per stage and memory per device")
+    p.add_argument("--no-verify", action="store_true", help="skip timing the best candidates' stages as they run (predictions then come from block sums)")
     p.set_defaults(run=_cmd_plan)
 
     p = sub.add_parser("compare", help="autosplit's plan beside a hand-written split and the peers' heuristics",
@@ -178,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=_positive_int, default=2, help="with --measure: timed steps per plan, taken in turn A B A B (default 2)")
     p.add_argument("--timeout", type=_positive_float, default=300.0, metavar="SECONDS",
                    help="with --measure: how long a rank waits for a peer (default 300)")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip timing every plan's stages as they run (predictions then come "
+                        "from block sums)")
     p.set_defaults(run=_cmd_compare)
 
     p = sub.add_parser("show", help="print a saved plan", description="Print the stage table of a plan file.")
@@ -440,8 +446,40 @@ def _manual_reference(prof: Profile, source: Any, args: argparse.Namespace,
     return label + ")", plan
 
 
+def _verifies(args: argparse.Namespace, prof: Profile) -> bool:
+    """Verify stage times: on by default for a profile measured by this command."""
+    return not args.no_verify and prof.source == "measured" and not args.profile
+
+
+def _verify(args: argparse.Namespace, model: Any, inputs: Any, prof: Profile,
+            candidates: Sequence[Plan], others: dict[str, Plan],
+            console: Console) -> tuple[Plan, dict[str, Plan]]:
+    """Time the candidates' and the other plans' stages as they run; the best by that."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from autosplit.graph import trace
+    from autosplit.profiler import check_inputs
+    from autosplit.verify import verify_and_choose
+
+    inputs = check_inputs(inputs)
+    what = f"the {len(candidates)} best candidate{'s' if len(candidates) > 1 else ''}"
+    if others:
+        what += f" and {', '.join(others)}"
+    with Progress(TextColumn("verifying {task.description}"), BarColumn(),
+                  TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(),
+                  console=console) as bar:
+        task = bar.add_task(f"{what}, stage by stage", total=None)
+        result = verify_and_choose(
+            trace(model, example_inputs=inputs), inputs, prof, candidates, others,
+            device=args.device, threads=args.threads, budget_s=args.budget,
+            progress=lambda done, total, _: bar.update(task, completed=done, total=total),
+        )
+        bar.update(task, completed=1, total=1)
+    return result
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from autosplit.planner import plan as make_plan
+    from autosplit.planner import plan_candidates
     from autosplit.report import print_plan
 
     console = _console()
@@ -459,8 +497,15 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         optimizer=args.optimizer,
         bandwidth_bytes_per_s=bandwidth,
     )
-    plan = make_plan(prof, args.gpus, split_size=args.split_size, solver=args.solver, **kwargs)
+    verify = _verifies(args, prof)
+    candidates = plan_candidates(prof, args.gpus, top_k=3 if verify else 1,
+                                 split_size=args.split_size, solver=args.solver, **kwargs)
+    plan = candidates[0]
     reference = _manual_reference(prof, source, args, kwargs)
+    if verify:
+        others = {} if reference is None else {reference[0]: reference[1]}
+        plan, checked = _verify(args, model, inputs, prof, candidates, others, console)
+        reference = None if reference is None else (reference[0], checked[reference[0]])
     code = None
     if args.emit:
         from autosplit.codegen import emit
@@ -540,7 +585,7 @@ def _one_device_note(console: Console, prof: Profile, memory: float, kwargs: dic
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from autosplit.comparison import baseline_plans, compare
-    from autosplit.planner import plan as make_plan
+    from autosplit.planner import plan_candidates
     from autosplit.report import comparison_table
 
     console = _console()
@@ -557,17 +602,25 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         schedule=args.schedule,
         optimizer=args.optimizer,
     )
-    plans = {"autosplit": make_plan(prof, args.gpus, **kwargs)}
+    verify = _verifies(args, prof)
+    candidates = plan_candidates(prof, args.gpus, top_k=3 if verify else 1, **kwargs)
+    plans = {"autosplit": candidates[0]}
     reference = _manual_reference(prof, source, args, kwargs)
     if reference is not None:
         plans["hand split"] = reference[1]
     plans.update(baseline_plans(prof, args.gpus, **kwargs))
+    if verify:
+        others = {k: v for k, v in plans.items() if k != "autosplit"}
+        best, checked = _verify(args, model, inputs, prof, candidates, others, console)
+        plans = {"autosplit": best, **checked}
     measured = _measure_plans(args, plans, console) if args.measure else None
     rows = compare(prof, plans, measured)
     console.print()
     console.print(comparison_table([(r.name, r.plan, r.measured_step_ms) for r in rows]))
     console.print()
-    console.print(f" all predicted by one cost model from the profile ({prof.describe()})")
+    how = ("stage times verified: each plan's stages timed as they run, taking turns"
+           if verify else "from block sums")
+    console.print(f" all predicted by one simulator, {how} (profile {prof.describe()})")
     if args.plot:
         from autosplit.figures import comparison_figure
 

@@ -141,9 +141,7 @@ class PipelinedModule(nn.Module):
             bandwidth = min(
                 measure_link_bandwidth(a, b) for a, b in zip(self.devices, self.devices[1:])
             )
-        return make_plan(
-            prof,
-            len(self.devices),
+        options = dict(
             bandwidth_bytes_per_s=bandwidth,
             devices=[str(d) for d in self.devices],
             memory_per_gpu=opts.get("memory_per_gpu"),
@@ -153,6 +151,16 @@ class PipelinedModule(nn.Module):
                 self._split_size, int(inputs[0].shape[0])
             ),
         )
+        if not opts.get("verify", True):
+            return make_plan(prof, len(self.devices), **options)  # type: ignore[arg-type]
+        from autosplit.planner import plan_candidates
+        from autosplit.verify import verify_and_choose
+
+        candidates = plan_candidates(prof, len(self.devices), **options)  # type: ignore[arg-type]
+        threads = opts.get("profile_options", {}).get("threads", 1)
+        best, _ = verify_and_choose(graph, inputs, prof, candidates, device=self.devices[0],
+                                    threads=threads)
+        return best
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         """Run the batch through the pipeline in micro-batches of ``split_size``."""
@@ -279,6 +287,7 @@ def partition(
     granularity: Granularity = "block",
     leaf_modules: Sequence[type[nn.Module] | str] = (),
     profile_options: dict[str, Any] | None = None,
+    verify: bool = True,
 ) -> PipelinedModule:
     """Split ``model`` into a pipeline over several devices.
 
@@ -301,6 +310,9 @@ def partition(
         microbatch_sizes: sizes to profile (default chosen from the batch).
         granularity, leaf_modules: passed to :func:`autosplit.graph.trace`.
         profile_options: extra keyword arguments for :func:`autosplit.profile`.
+        verify: when profiling, time the stages of the best few candidates as they run and
+            choose among them on that (see :mod:`autosplit.verify`); ``False`` plans from
+            block sums alone.
 
     Raises:
         ArgumentTypeError: an argument of the wrong type (``gpus="2"``, ``gpus=2.0``,
@@ -350,6 +362,7 @@ def partition(
         "granularity": granularity,
         "leaf_modules": tuple(leaf_modules),
         "profile_options": dict(profile_options or {}),
+        "verify": checks.instance_of("verify", verify, bool, "True or False"),
     }
     pm = PipelinedModule(model, plan=plan, devices=devs, split_size=split_size, options=options)
     if plan is None:

@@ -52,7 +52,7 @@ from autosplit.solve import PartitionProblem, evaluate, min_capacity, solve_dp
 from autosplit.solve.exact import StepProblem, solve_step
 from autosplit.units import format_bytes, parse_bytes
 
-__all__ = ["plan", "plan_with_balance", "PlanSettings", "SOLVERS"]
+__all__ = ["plan", "plan_candidates", "plan_with_balance", "PlanSettings", "SOLVERS"]
 
 SOLVERS = ("dp", "milp", "auto")
 
@@ -527,3 +527,34 @@ def _explain(settings: PlanSettings, profile: Profile, k: int, m: int) -> Infeas
         stage=s,
         blocks=(names[first], names[end - 1]),
     )
+
+
+def plan_candidates(profile: Profile, gpus: int = 2, *, top_k: int = 3,
+                    **options: object) -> tuple[Plan, ...]:
+    """The ``top_k`` best plans by block sums, at distinct micro-batch sizes, best first.
+
+    The first is :func:`plan`'s own choice; the others are :func:`plan` with ``split_size``
+    fixed to each other measured size, ranked by predicted step. Block sums misjudge sizes by
+    different amounts, so these are the candidates worth timing stage by stage
+    (:mod:`autosplit.verify`) before one is chosen. ``options`` are :func:`plan`'s keyword
+    arguments; with ``split_size`` given there is one candidate.
+
+    Raises:
+        As :func:`plan`.
+    """
+    top_k = checks.positive_int("top_k", top_k)
+    best = plan(profile, gpus, **options)  # type: ignore[arg-type]
+    if options.get("split_size") is not None or top_k == 1:
+        return (best,)
+    batch = best.batch_size
+    others = []
+    for b in profile.microbatch_sizes:
+        if b == best.split_size or b > batch:
+            continue
+        try:
+            other = plan(profile, gpus, **{**options, "split_size": b})  # type: ignore[arg-type]
+        except InfeasiblePlanError:
+            continue
+        others.append(dataclasses.replace(other, candidates=best.candidates))
+    others.sort(key=lambda p: (p.predicted_step_ms, p.split_size))
+    return (best, *others[: top_k - 1])

@@ -113,6 +113,9 @@ class BlockProfile:
         saved_shared_bytes: bytes of this block's inputs that it keeps for backward and that
             the block producing them keeps too; a stage whose first block this is holds them
             again (its received copy). ``None`` means zero.
+        fwd_iqr_ms: interquartile range of the forward repeats at each size (ms): the spread
+            of ``fwd_ms``; ``None`` for profiles that did not record it (older or analytic).
+        bwd_iqr_ms: the same for ``bwd_ms``.
     """
 
     name: str
@@ -124,6 +127,8 @@ class BlockProfile:
     output_bytes: tuple[int, ...]
     peak_bytes: tuple[int, ...] | None = None
     saved_shared_bytes: tuple[int, ...] | None = None
+    fwd_iqr_ms: tuple[float, ...] | None = None
+    bwd_iqr_ms: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         _checked(self, _check_block)
@@ -258,6 +263,11 @@ class Stage:
             gradient comes back); 0 for the last stage.
         send_ms: transfer time of one micro-batch across the outgoing cut, forward and backward.
         memory_bytes: predicted peak memory of the stage's device.
+        block_sum_ms: when the stage was verified, the sum of its blocks' profiled times that
+            the search used (``compute_ms`` is then the stage's blocks timed together);
+            ``None`` when not verified.
+        verified_spread: when verified, the relative spread of ``compute_ms`` (half its
+            interquartile range over its median, a fraction); ``None`` when not verified.
     """
 
     index: int
@@ -268,6 +278,8 @@ class Stage:
     send_bytes: int
     send_ms: float
     memory_bytes: int
+    block_sum_ms: float | None = None
+    verified_spread: float | None = None
 
     def __post_init__(self) -> None:
         _checked(self, _check_stage)
@@ -299,11 +311,7 @@ class SharedWeight:
     sync_ms: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.mode not in SHARED_MODES:
-            raise InvalidInputError(
-                f"shared weight {self.name!r} has mode {self.mode!r}: use one of "
-                f"{', '.join(map(repr, SHARED_MODES))}"
-            )
+        _checked(self, _check_shared_weight)
 
     def describe(self) -> str:
         """One line: where the weight is used and how it is kept equal."""
@@ -347,6 +355,12 @@ class Plan:
             prediction for balanced stages, above it otherwise.
         shared: the parameters several blocks use and how each is kept equal (empty for
             models without tied weights; plans saved before this field load with none).
+        verification: how the stage times were verified (timed together, interleaved, how
+            many rounds), or ``""`` when the prediction comes from block sums alone.
+        step_spread: relative spread of ``predicted_step_ms`` from the verified stage times'
+            spreads (a fraction), ``None`` when not verified.
+        single_device_spread: relative spread of ``single_device_ms`` when the whole model
+            was timed in one piece, else ``None``.
     """
 
     model: str
@@ -365,6 +379,9 @@ class Plan:
     optimizer: str = "sgd"
     bound_step_ms: float = 0.0
     shared: tuple[SharedWeight, ...] = ()
+    verification: str = ""
+    step_spread: float | None = None
+    single_device_spread: float | None = None
 
     def __post_init__(self) -> None:
         _checked(self, _check_plan)
@@ -478,6 +495,8 @@ class Plan:
             )
 
     def __str__(self) -> str:
+        from autosplit.claims import spread_text
+
         rows = [("stage", "device", "blocks", "compute/mb", "memory", "sends/mb")]
         for s in self.stages:
             span = s.blocks[0] if len(s.blocks) == 1 else f"{s.blocks[0]} … {s.blocks[-1]}"
@@ -486,7 +505,7 @@ class Plan:
                     str(s.index),
                     s.device,
                     f"{span} ({len(s.blocks)})",
-                    format_ms(s.compute_ms),
+                    format_ms(s.compute_ms) + spread_text(s.verified_spread),
                     format_bytes(s.memory_bytes),
                     format_bytes(s.send_bytes) if s.index < len(self.stages) - 1 else "–",
                 )
@@ -497,16 +516,26 @@ class Plan:
 
     def summary_lines(self) -> list[str]:
         """The lines shown under the stage table: batch split, step time, bubble, speed-up."""
+        from autosplit.claims import ratio_with_spread, spread_text
+
         p = len(self.stages)
+        claim = ratio_with_spread(
+            self.single_device_ms, self.single_device_spread, self.predicted_step_ms,
+            self.step_spread,
+        ) if self.single_device_ms > 0 and self.predicted_step_ms > 0 else None
+        over_one = claim.text if claim else "–"
+        how = "verified stage times" if self.verification else "block sums"
         lines = [
             f"batch {self.batch_size} → {self.microbatches} micro-batch"
             f"{'es' if self.microbatches != 1 else ''} of {self.split_size} "
             f"(chosen from {', '.join(map(str, self.candidates))}) · schedule {self.schedule}",
-            f"predicted step {format_ms(self.predicted_step_ms)} · bubble "
-            f"{self.bubble_fraction:.0%} · speed-up over one device ×{self.speedup:.2f} "
-            f"(ideal ×{p:.2f})",
+            f"predicted step {format_ms(self.predicted_step_ms)}{spread_text(self.step_spread)} "
+            f"({how}) · bubble {self.bubble_fraction:.0%} · "
+            f"vs one device: {over_one} (ideal ×{p:.2f})",
         ]
-        if self.speedup < 1:
+        if self.verification:
+            lines.append(f"verified: {self.verification}")
+        if self.speedup < 1 and claim is not None and not claim.within_noise:
             lines.append(
                 "pipelining does not pay off here: one device is predicted faster (transfers and "
                 "the bubble cost more than the split saves); try fewer devices or a larger batch"
@@ -561,7 +590,8 @@ def _rows(block: BlockProfile) -> dict[str, Sequence[Any]]:
     """The per-size measurements of ``block`` by field name (absent optional ones left out)."""
     rows = {"fwd_ms": block.fwd_ms, "bwd_ms": block.bwd_ms, "saved_bytes": block.saved_bytes,
             "output_bytes": block.output_bytes, "peak_bytes": block.peak_bytes,
-            "saved_shared_bytes": block.saved_shared_bytes}
+            "saved_shared_bytes": block.saved_shared_bytes, "fwd_iqr_ms": block.fwd_iqr_ms,
+            "bwd_iqr_ms": block.bwd_iqr_ms}
     return {name: row for name, row in rows.items() if row is not None}
 
 
@@ -627,6 +657,19 @@ def _check_stage(s: Stage) -> None:
                                         f"{s.compute_ms} (forward + backward)")
     check_bytes(s.send_bytes, "send_bytes")
     check_bytes(s.memory_bytes, "memory_bytes")
+    for field in ("block_sum_ms", "verified_spread"):
+        if getattr(s, field) is not None:
+            check_ms(getattr(s, field), field)
+
+
+def _check_shared_weight(w: SharedWeight) -> None:
+    check_text(w.name, "name")
+    check_row(w.stages, "stages", check_count, nonempty=True)
+    if list(w.stages) != sorted(set(w.stages)):
+        raise RecordError("stages", f"is {list(w.stages)}: stages must be distinct and ascending")
+    check_choice(w.mode, "mode", SHARED_MODES)
+    check_bytes(w.bytes, "bytes")
+    check_ms(w.sync_ms, "sync_ms")
 
 
 def _check_plan(p: Plan) -> None:
@@ -662,6 +705,15 @@ def _check_plan(p: Plan) -> None:
     check_text(p.profile, "profile", empty=True)
     if p.memory_limit_bytes is not None:
         check_bytes(p.memory_limit_bytes, "memory_limit_bytes")
+    check_row(p.shared, "shared", _is(SharedWeight))
+    for i, weight in enumerate(p.shared):
+        if weight.stages[-1] >= len(p.stages):
+            raise RecordError(f"shared[{i}].stages", f"is {list(weight.stages)}: the plan has "
+                                                     f"{len(p.stages)} stages")
+    check_text(p.verification, "verification", empty=True)
+    for field in ("step_spread", "single_device_spread"):
+        if getattr(p, field) is not None:
+            check_ms(getattr(p, field), field)
 
 
 def _is(cls: type) -> Callable[[Any, str], None]:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from autosplit.claims import ratio_with_spread, spread_text
 from autosplit.records import Plan
 from autosplit.units import format_bytes, format_ms
 
@@ -35,7 +36,7 @@ def stage_table(plan: Plan) -> Table:
             str(s.index),
             s.device,
             f"{_span(s.blocks)} ({len(s.blocks)})",
-            format_ms(s.compute_ms),
+            format_ms(s.compute_ms) + spread_text(s.verified_spread),
             format_bytes(s.memory_bytes),
             "–" if s.index == last else format_bytes(s.send_bytes),
         )
@@ -49,10 +50,12 @@ def print_plan(console: Console, plan: Plan, reference: tuple[str, Plan] | None 
     lines = plan.summary_lines()
     if reference is not None:
         label, other = reference
-        ratio = other.predicted_step_ms / plan.predicted_step_ms
-        word = "faster" if ratio >= 1 else "slower"
+        claim = ratio_with_spread(
+            other.predicted_step_ms, other.step_spread, plan.predicted_step_ms, plan.step_spread
+        )
         lines.insert(
-            2, f"vs {label}: predicted ×{ratio:.2f} {word} ({format_ms(other.predicted_step_ms)})"
+            2, f"vs {label}: {claim.text} ({format_ms(other.predicted_step_ms)}"
+            f"{spread_text(other.step_spread)})"
         )
     for line in lines:
         console.print(" " + line, highlight=False)
@@ -60,7 +63,7 @@ def print_plan(console: Console, plan: Plan, reference: tuple[str, Plan] | None 
 
 def comparison_table(rows: Sequence[tuple[str, Plan, float | None]]) -> Table:
     """One row per plan: cut points, split, predicted (and measured) step time, memory."""
-    best = min(plan.predicted_step_ms for _, plan, _ in rows)
+    best_plan = min((plan for _, plan, _ in rows), key=lambda p: p.predicted_step_ms)
     measured_any = any(m is not None for _, _, m in rows)
     table = Table(box=None, header_style="bold", pad_edge=False)
     columns = [
@@ -83,8 +86,8 @@ def comparison_table(rows: Sequence[tuple[str, Plan, float | None]]) -> Table:
             label,
             ", ".join(plan.split_points) or "–",
             f"{plan.microbatches}×{plan.split_size}",
-            format_ms(plan.predicted_step_ms),
-            f"×{plan.predicted_step_ms / best:.2f}",
+            format_ms(plan.predicted_step_ms) + spread_text(plan.step_spread),
+            _vs_best(plan, best_plan),
             format_ms(bottleneck),
             f"{plan.bubble_fraction:.0%}",
             format_bytes(max(s.memory_bytes for s in plan.stages)),
@@ -93,3 +96,17 @@ def comparison_table(rows: Sequence[tuple[str, Plan, float | None]]) -> Table:
             cells.append("–" if measured is None else format_ms(measured))
         table.add_row(*cells)
     return table
+
+
+def _vs_best(plan: Plan, best: Plan) -> str:
+    """How much slower than the best plan, or "within noise" when the spreads overlap."""
+    if plan is best:
+        return "best"
+    claim = ratio_with_spread(
+        plan.predicted_step_ms, plan.step_spread, best.predicted_step_ms, best.step_spread
+    )
+    if claim.within_noise:
+        return "within noise"
+    if not claim.known:
+        return f"×{claim.ratio:.2f}"
+    return f"×{claim.ratio:.2f} ± {(claim.high - claim.low) / 2:.2f}"

@@ -1,0 +1,279 @@
+"""Measure what is claimed: time the stages of candidate plans as they will run.
+
+Block sums drive the search, but a stage's blocks run together are not the sum of the blocks
+timed one by one (caches, allocator and kernel choices differ), and by a different amount at
+each micro-batch size. So before a plan is printed or saved, each stage of the best few
+candidates, and of every plan shown beside them, is timed as it will run: its contiguous
+blocks together (:meth:`~autosplit.graph.BlockGraph.extract`), forward and backward, at the
+plan's micro-batch size b. The stage runs take turns (A B A B …, round after round) so that
+drift hits all of them alike, and rounds go on while a stage's interquartile range exceeds
+5 % of its median, up to a cap and a time budget.
+
+Each plan is then predicted again by the same simulator (:mod:`autosplit.simulator`) from
+these stage times; transfers keep the plan's modelled link time. The whole model is timed in
+one piece too, at the single device's micro-batch size, for the "over one device" figure.
+
+Spreads are relative: half the interquartile range over the median (a fraction).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from autosplit import checks
+from autosplit import profiler
+from autosplit.cost import single_device_ms
+from autosplit.devices import resolve_device
+from autosplit.errors import InvalidInputError
+from autosplit.graph import BlockGraph, Segment
+from autosplit.profiler import check_inputs
+from autosplit.records import Plan, Profile
+from autosplit.simulator import simulate_plan
+
+__all__ = ["StageTime", "time_stages", "verify_plans", "verify_and_choose"]
+
+StageRun = tuple[int, int, int]
+"""``(first, end, b)``: blocks ``first … end-1`` run together on a micro-batch of b."""
+
+
+@dataclass(frozen=True, slots=True)
+class StageTime:
+    """A stage timed as it runs.
+
+    Attributes:
+        forward_ms: median forward time of one micro-batch (ms).
+        backward_ms: median backward time (ms).
+        spread: half the interquartile range of forward + backward over its median (fraction).
+        rounds: timed runs taken.
+    """
+
+    forward_ms: float
+    backward_ms: float
+    spread: float
+    rounds: int
+
+    @property
+    def compute_ms(self) -> float:
+        """Forward + backward (ms)."""
+        return self.forward_ms + self.backward_ms
+
+
+def _inputs_at(graph: BlockGraph, inputs: Sequence[torch.Tensor], b: int,
+               runs: Sequence[StageRun], dev: torch.device) -> dict[str, Any]:
+    """The values every stage run at size b reads, made by running the blocks before it."""
+    needed = {name for first, end, size in runs if size == b
+              for name in graph.extract(first, end).inputs}
+    env: dict[str, Any] = {n: x[:b].to(dev).clone() for n, x in zip(graph.inputs, inputs)}
+    kept = {n: v for n, v in env.items() if n in needed}
+    last = max((first for first, _, size in runs if size == b), default=0)
+    with torch.no_grad():
+        for i in range(last):
+            seg = graph.extract(i, i + 1)
+            outputs = seg.module(*(env[n] for n in seg.inputs))
+            env.update(zip(seg.outputs, outputs))
+            kept.update({n: env[n] for n in seg.outputs if n in needed})
+            live = set(graph.cuts[i].tensors) | set(graph.inputs)
+            env = {n: v for n, v in env.items() if n in live}
+    return kept
+
+
+def _spread(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return (q3 - q1) / 2 / median if median > 0 else 0.0
+
+
+def time_stages(
+    graph: BlockGraph,
+    example_inputs: Any,
+    runs: Sequence[StageRun],
+    *,
+    device: str | torch.device | None = None,
+    threads: int = 1,
+    warmup: int = 1,
+    rounds: int = 3,
+    max_rounds: int = 10,
+    budget_s: float | None = 60.0,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> dict[StageRun, StageTime]:
+    """Time each stage run ``(first, end, b)``, taking turns round after round.
+
+    Works on a private copy of the model (the model is left as it was). ``rounds`` timed
+    rounds at least, after ``warmup`` untimed ones; more, up to ``max_rounds``, while a run's
+    interquartile range exceeds 5 % of its median and ``budget_s`` seconds are not spent.
+
+    Raises:
+        InvalidInputError: a block range outside the model, a b above the example batch.
+    """
+    inputs = check_inputs(example_inputs)
+    runs = list(dict.fromkeys(runs))
+    checks.positive_int("rounds", rounds)
+    checks.non_negative_int("warmup", warmup)
+    batch = int(inputs[0].shape[0])
+    for first, end, b in runs:
+        graph.extract(first, end)  # checks the range
+        profiler.check_microbatch_sizes([b], batch, "b")
+    dev = resolve_device(device)
+    start = time.perf_counter()
+    old_threads = torch.get_num_threads()
+    rng = [dev.index or 0] if dev.type == "cuda" else []
+    fwd: dict[StageRun, list[float]] = {r: [] for r in runs}
+    bwd: dict[StageRun, list[float]] = {r: [] for r in runs}
+    try:
+        if dev.type == "cpu":
+            torch.set_num_threads(threads)
+        on_device = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
+        with torch.random.fork_rng(devices=rng), on_device:
+            work = profiler.private_copy(graph, dev)
+            envs = {b: _inputs_at(work, inputs, b, runs, dev) for b in {r[2] for r in runs}}
+            segments = {r: work.extract(r[0], r[1]) for r in runs}
+            total = warmup + max(rounds, max_rounds)
+            for k in range(total):
+                if k >= warmup + rounds:
+                    settled = all(profiler.spread_settled(_sums(fwd[r], bwd[r])) for r in runs)
+                    elapsed = time.perf_counter() - start
+                    per_round = elapsed / k
+                    if settled or (budget_s is not None and elapsed + per_round > budget_s):
+                        break
+                for j, r in enumerate(runs):  # A B A B …: every run once per round
+                    seg: Segment = segments[r]
+                    args = profiler.segment_args(work, envs[r[2]], seg)
+                    _, f_ms, b_ms = profiler.timed_run(seg, args, dev)
+                    if k >= warmup:
+                        fwd[r].append(f_ms)
+                        bwd[r].append(b_ms)
+                    if progress is not None:
+                        progress(k * len(runs) + j + 1, total * len(runs), f"round {k + 1}")
+    finally:
+        torch.set_num_threads(old_threads)
+    return {
+        r: StageTime(statistics.median(fwd[r]), statistics.median(bwd[r]),
+                     _spread(_sums(fwd[r], bwd[r])), len(fwd[r]))
+        for r in runs
+    }
+
+
+def _sums(a: Sequence[float], b: Sequence[float]) -> list[float]:
+    return [x + y for x, y in zip(a, b)]
+
+
+def _stage_runs(plan: Plan) -> list[StageRun]:
+    runs, first = [], 0
+    for count in plan.balance:
+        runs.append((first, first + count, plan.split_size))
+        first += count
+    return runs
+
+
+def _scaled(plan: Plan, times: Sequence[StageTime], factor: int) -> Plan:
+    """The plan with each stage's time moved by ``factor`` (−1, 0, +1) times its spread."""
+    stages = tuple(
+        dataclasses.replace(
+            s,
+            compute_ms=t.compute_ms * max(1 + factor * t.spread, 0.0),
+            forward_ms=t.forward_ms * max(1 + factor * t.spread, 0.0),
+            block_sum_ms=s.compute_ms if s.block_sum_ms is None else s.block_sum_ms,
+            verified_spread=t.spread,
+        )
+        for s, t in zip(plan.stages, times)
+    )
+    return dataclasses.replace(plan, stages=stages)
+
+
+def verify_plans(
+    graph: BlockGraph,
+    example_inputs: Any,
+    profile: Profile,
+    plans: Mapping[str, Plan],
+    **options: Any,
+) -> dict[str, Plan]:
+    """Every plan with its stages timed as they run and its step predicted again from them.
+
+    Each returned plan's stages have ``compute_ms`` / ``forward_ms`` from the stage runs,
+    ``block_sum_ms`` from the search and ``verified_spread``; ``predicted_step_ms`` is the
+    schedule simulation of those times, ``step_spread`` its spread (the simulation of every
+    stage at median ± spread), ``single_device_ms`` the whole model timed in one piece at the
+    single device's micro-batch size, and ``verification`` says how. ``options`` are
+    :func:`time_stages`'s keyword arguments.
+
+    Raises:
+        PlanMismatchError: a plan is of another model than ``graph``.
+        As :func:`time_stages`.
+    """
+    checks.instance_of("profile", profile, Profile, "an autosplit Profile")
+    for plan in plans.values():
+        plan.check_model(graph.fingerprint, graph.model_name)
+    n = len(graph.blocks)
+    singles = {}
+    for name, plan in plans.items():
+        _, b_one = single_device_ms(profile, plan.batch_size)
+        singles[name] = (0, n, b_one)
+    runs = [r for plan in plans.values() for r in _stage_runs(plan)] + list(singles.values())
+    times = time_stages(graph, example_inputs, runs, **options)
+    rounds = min(t.rounds for t in times.values())
+    distinct = len(dict.fromkeys(runs))
+    out = {}
+    for name, plan in plans.items():
+        stage_times = [times[r] for r in _stage_runs(plan)]
+        mid, low, high = (_scaled(plan, stage_times, f) for f in (0, -1, 1))
+        step = simulate_plan(mid).step_ms
+        spread = (simulate_plan(high).step_ms - simulate_plan(low).step_ms) / 2 / step
+        one = times[singles[name]]
+        m_one = math.ceil(plan.batch_size / singles[name][2])
+        p = len(plan.stages)
+        out[name] = dataclasses.replace(
+            mid,
+            predicted_step_ms=step,
+            step_spread=spread,
+            single_device_ms=m_one * one.compute_ms,
+            single_device_spread=one.spread,
+            bound_step_ms=(plan.microbatches + p - 1)
+            * max(s.compute_ms + s.send_ms for s in mid.stages),
+            verification=(
+                f"each stage's blocks timed together at b={plan.split_size}, forward and "
+                f"backward, {distinct} stage runs taking turns over ≥ {rounds} rounds; "
+                f"block sums gave {plan.predicted_step_ms:.0f} ms"
+            ),
+        )
+    return out
+
+
+def verify_and_choose(
+    graph: BlockGraph,
+    example_inputs: Any,
+    profile: Profile,
+    candidates: Sequence[Plan],
+    others: Mapping[str, Plan] | None = None,
+    **options: Any,
+) -> tuple[Plan, dict[str, Plan]]:
+    """Verify the candidates and the plans shown beside them in one interleaved session;
+    return the candidate with the shortest verified step (ties: the earlier, i.e. the better
+    by block sums) and the other plans verified, by name.
+
+    Raises:
+        InvalidInputError: no candidate; as :func:`verify_plans`.
+    """
+    if not candidates:
+        raise InvalidInputError("no candidate plan to verify")
+    named = {f"candidate {i}": c for i, c in enumerate(candidates)}
+    verified = verify_plans(graph, example_inputs, profile, {**named, **(others or {})},
+                            **options)
+    scored = [verified[name] for name in named]
+    best = min(scored, key=lambda p: p.predicted_step_ms)
+    if len(scored) > 1:
+        sizes = ", ".join(str(c.split_size) for c in candidates)
+        best = dataclasses.replace(
+            best, verification=f"{best.verification}; chosen among the {len(scored)} best "
+            f"candidates by block sums (b = {sizes}) on the verified step",
+        )
+    return best, {name: verified[name] for name in (others or {})}

@@ -1,0 +1,270 @@
+"""Claims come with their spread; stages are verified as they run, taking turns; profiles
+measure sizes interleaved. No test here depends on the machine's speed: timings come from a
+fake clock or are only checked to be positive."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from models import LongSkip
+from torch import nn
+
+import autosplit
+from autosplit import profiler
+from autosplit.cli import main
+from autosplit.claims import ratio_with_spread, spread_text
+from autosplit.comparison import manual_plan
+from autosplit.cost import single_device_ms
+from autosplit.graph import trace
+from autosplit.planner import plan_candidates
+from autosplit.records import Plan, Profile
+from autosplit.verify import time_stages, verify_and_choose, verify_plans
+
+# ------------------------------------------------------------------------ claims (hand numbers)
+
+
+def test_a_clear_difference_reads_as_a_ratio_with_its_spread() -> None:
+    claim = ratio_with_spread(150.0, 0.02, 100.0, 0.02)
+    assert claim.ratio == pytest.approx(1.5)
+    assert claim.low == pytest.approx(150 * 0.98 / (100 * 1.02))
+    assert claim.high == pytest.approx(150 * 1.02 / (100 * 0.98))
+    assert not claim.within_noise and claim.known
+    assert claim.text == "×1.50 ± 0.06 faster"
+
+
+def test_a_difference_inside_the_spread_is_within_noise() -> None:
+    claim = ratio_with_spread(102.0, 0.03, 100.0, 0.03)
+    assert claim.within_noise
+    assert claim.text.startswith("within noise (×1.02")
+    assert "faster" not in claim.text
+
+
+def test_a_slower_plan_reads_the_other_way_round() -> None:
+    claim = ratio_with_spread(100.0, 0.01, 200.0, 0.01)
+    assert claim.ratio == pytest.approx(0.5)
+    assert claim.text.startswith("×2.00 ± ") and claim.text.endswith(" slower")
+
+
+def test_an_unknown_spread_says_it_is_not_verified() -> None:
+    claim = ratio_with_spread(152.0, None, 100.0, 0.01)
+    assert not claim.known and not claim.within_noise
+    assert claim.low == claim.high == pytest.approx(1.52)
+    assert "not verified" in claim.text
+
+
+def test_a_spread_above_the_median_leaves_everything_open() -> None:
+    claim = ratio_with_spread(150.0, 0.1, 100.0, 1.4)
+    assert claim.within_noise and claim.high == float("inf")
+    assert claim.text == "within noise (×1.50, ×0.56 … ∞)"
+    claim = ratio_with_spread(300.0, 0.1, 100.0, 1.4)  # 270 / 240 at worst: still faster
+    assert not claim.within_noise and claim.text == "at least ×1.12 faster"
+
+
+@pytest.mark.parametrize("args", [(0.0, 0.1, 1.0, 0.1), (1.0, float("inf"), 1.0, 0.1),
+                                  (1.0, -0.1, 1.0, 0.1), (float("nan"), 0.1, 1.0, 0.1)])
+def test_claims_refuse_impossible_numbers(args: tuple) -> None:
+    with pytest.raises(ValueError):
+        ratio_with_spread(*args)
+
+
+def test_spread_text() -> None:
+    assert spread_text(None) == ""
+    assert spread_text(0.034) == " ± 3%"
+    assert spread_text(0.001) == " ± <1%"
+
+
+# ------------------------------------------------------------------ a fake clock and a recorder
+
+CALLS: list[int] = []
+
+
+class Recorder(nn.Module):
+    """Records the batch size of every call (a leaf module, so it runs, not traced through)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        CALLS.append(int(x.shape[0]))
+        return x * 1.0
+
+
+class Recorded(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.rec = Recorder()
+        self.b = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.rec(self.a(x)))
+
+
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every timed interval lasts exactly 1 s: the timings no longer depend on the machine."""
+    ticks = itertools.count()
+    monkeypatch.setattr(profiler, "_clock", lambda dev: float(next(ticks)))
+    CALLS.clear()
+
+
+def test_profile_sizes_take_turns_round_after_round(fake_clock: None) -> None:
+    model = Recorded()
+    graph = trace(model, leaf_modules=[Recorder])
+    prof = profiler.profile_graph(graph, torch.randn(6, 4), microbatch_sizes=[2, 3, 6],
+                                  warmup=1, repeats=3, budget_s=None)
+    # the whole model once (untimed, at the first size), then the recorder's block: sizes take
+    # turns, the order rotating each round (warm-up round, then three timed ones, whose spread
+    # is 0: no more)
+    assert CALLS == [2, 2, 3, 6, 3, 6, 2, 6, 2, 3, 2, 3, 6]
+    for block in prof.blocks:
+        assert block.fwd_ms == block.bwd_ms == (1000.0, 1000.0, 1000.0)
+        assert block.fwd_iqr_ms == block.bwd_iqr_ms == (0.0, 0.0, 0.0)
+
+
+def test_profile_repeats_until_the_spread_is_small_or_the_cap(monkeypatch) -> None:
+    noisy = itertools.cycle([1.0, 5.0, 9.0])  # a wide spread: never settles
+    ticks = [0.0]
+
+    def clock(dev: torch.device) -> float:
+        ticks[0] += next(noisy) / 1000.0
+        return ticks[0]
+
+    monkeypatch.setattr(profiler, "_clock", clock)
+    CALLS.clear()
+    graph = trace(Recorded(), leaf_modules=[Recorder])
+    profiler.profile_graph(graph, torch.randn(4, 4), microbatch_sizes=[2, 4], warmup=0,
+                           repeats=3, max_repeats=5, budget_s=None)
+    assert CALLS[1:] == [2, 4, 4, 2, 2, 4, 4, 2, 2, 4]  # 5 rounds: the cap
+
+
+def test_profiles_without_spreads_still_load(tmp_path) -> None:
+    prof = autosplit.profile(LongSkip(), torch.randn(4, 6), microbatch_sizes=[2, 4],
+                             warmup=0, repeats=1)
+    assert all(len(b.fwd_iqr_ms) == 2 and min(b.fwd_iqr_ms) >= 0 for b in prof.blocks)
+    path = tmp_path / "p.json"
+    prof.save(path)
+    text = path.read_text().replace('"fwd_iqr_ms"', '"_a"').replace('"bwd_iqr_ms"', '"_b"')
+    import json
+
+    data = json.loads(text)
+    for block in data["blocks"]:
+        block.pop("_a"), block.pop("_b")
+    path.write_text(json.dumps(data))
+    assert Profile.load(path).blocks[0].fwd_iqr_ms is None
+
+
+# ------------------------------------------------------------------------------ verification
+
+
+@pytest.fixture(scope="module")
+def small() -> tuple:
+    torch.manual_seed(0)
+    model = LongSkip()
+    x = torch.randn(8, 6)
+    prof = autosplit.profile(model, x, microbatch_sizes=[2, 4, 8], warmup=0, repeats=1)
+    return model, x, prof
+
+
+def test_stage_runs_take_turns_a_b_a_b(small, monkeypatch) -> None:
+    model, x, _ = small
+    order: list[tuple[int, int, int]] = []
+    real = profiler.timed_run
+
+    def recording(seg, args, dev, hooks=None):
+        order.append((seg.first, seg.end, int(args[0].shape[0])))
+        return real(seg, args, dev, hooks)
+
+    monkeypatch.setattr(profiler, "timed_run", recording)
+    runs = [(0, 3, 4), (3, 7, 4), (0, 7, 8)]
+    times = time_stages(trace(model), x, runs, warmup=1, rounds=2, max_rounds=2)
+    assert order == runs * 3  # one warm-up round, then two timed: A B C A B C A B C
+    assert all(t.forward_ms > 0 and t.backward_ms > 0 and t.rounds == 2 for t in times.values())
+
+
+def test_verified_plans_record_their_stage_times(small, fake_clock) -> None:
+    model, x, prof = small
+    graph = trace(model)
+    candidates = plan_candidates(prof, 2, top_k=3)
+    assert len({c.split_size for c in candidates}) == len(candidates) == 3
+    hand = manual_plan(prof, [prof.block_names[3]], 4)
+    best, others = verify_and_choose(graph, x, prof, candidates, {"hand": hand}, rounds=3,
+                                     max_rounds=3)
+    assert best.split_size in {c.split_size for c in candidates}
+    checked = others["hand"]
+    for plan in (best, checked):
+        assert plan.verification and plan.step_spread == 0.0
+        # the fake clock makes every forward and every backward last 1 s
+        assert all(s.compute_ms == 2000.0 and s.forward_ms == 1000.0 for s in plan.stages)
+        assert all(s.block_sum_ms is not None and s.verified_spread == 0.0 for s in plan.stages)
+        b_one = single_device_ms(prof, plan.batch_size)[1]  # the one device's size
+        assert plan.single_device_ms == 2000.0 * plan.batch_size / b_one
+    # equal stage times: the step is the simulation of them, (m + p − 1) · 2 s for GPipe
+    assert checked.predicted_step_ms == pytest.approx((checked.microbatches + 1) * 2000.0, abs=1)
+    # the fewest micro-batches wins when every stage costs the same, whatever the block sums
+    assert best.microbatches == min(c.microbatches for c in candidates)
+
+
+def test_verified_times_are_measured_and_round_trip(small, tmp_path) -> None:
+    model, x, prof = small
+    plan = autosplit.plan(prof, 2)
+    verified = verify_plans(trace(model), x, prof, {"p": plan}, rounds=3, max_rounds=3)["p"]
+    assert all(s.compute_ms > 0 and 0 <= s.verified_spread for s in verified.stages)
+    assert verified.predicted_step_ms > 0 and verified.single_device_ms > 0
+    assert "b=" in verified.verification
+    verified.save(tmp_path / "plan.json")
+    assert Plan.load(tmp_path / "plan.json") == verified
+    assert "verified stage times" in str(verified)
+
+
+def test_verification_leaves_the_model_as_it_was(small) -> None:
+    model, x, prof = small
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    verify_plans(trace(model), x, prof, {"p": autosplit.plan(prof, 2)}, rounds=1, max_rounds=1)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # BatchNorm statistics too
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(rng, torch.get_rng_state())
+
+
+def test_partition_verifies_unless_told_not_to() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(8, 6)
+    options = {"warmup": 0, "repeats": 1}
+    pm = autosplit.partition(LongSkip(), x, devices=["cpu", "cpu"], profile_options=options)
+    assert pm.plan.verification and pm.plan.step_spread is not None
+    pm = autosplit.partition(LongSkip(), x, devices=["cpu", "cpu"], profile_options=options,
+                             verify=False)
+    assert pm.plan.verification == "" and pm.plan.step_spread is None
+    assert all(s.block_sum_ms is None for s in pm.plan.stages)
+
+
+# ------------------------------------------------------------------------------ command line
+
+TOY = str(Path(__file__).resolve().parent.parent / "examples" / "toy.py")
+FAST = ["--microbatch-sizes", "2,4", "--repeats", "1", "--budget", "5"]
+
+
+def test_cli_plan_verifies_and_no_verify_skips(tmp_path, capsys) -> None:
+    out_plan = tmp_path / "plan.json"
+    assert main(["plan", TOY, "--gpus", "2", *FAST, "-o", str(out_plan)]) == 0
+    out = capsys.readouterr().out
+    assert "verified stage times" in out and "vs one device:" in out
+    assert Plan.load(out_plan).verification
+    assert main(["plan", TOY, "--gpus", "2", *FAST, "--no-verify", "-o", str(out_plan)]) == 0
+    out = capsys.readouterr().out
+    assert "(block sums)" in out and "verified:" not in out
+    assert Plan.load(out_plan).verification == ""
+    prof = tmp_path / "profile.json"
+    assert main(["profile", TOY, *FAST, "-o", str(prof)]) == 0
+    capsys.readouterr()
+    assert main(["plan", TOY, "--gpus", "2", "--profile", str(prof), "-o", str(out_plan)]) == 0
+    assert "(block sums)" in capsys.readouterr().out  # a saved profile: not verified here
+
+
+def test_cli_compare_verifies_every_plan(tmp_path, capsys) -> None:
+    assert main(["compare", TOY, "--gpus", "2", *FAST, "--manual", "net2"]) == 0
+    out = capsys.readouterr().out
+    assert "stage times verified" in out
+    assert "±" in out or "within noise" in out
