@@ -521,7 +521,7 @@ def _measure_interleaved(
         saved: dict[int, dict[int, torch.Tensor]] = {b: {} for b in states}
         kept: dict[int, Any] = {}
         peak = dict.fromkeys(states, 0)
-        run = 0
+        run, round_s = 0, 0.0
         while states:
             if run >= warmup + repeats:
                 done = all(spread_settled(fwd[b]) and spread_settled(bwd[b]) for b in states)

@@ -137,7 +137,7 @@ def check_text(value: Any, path: str, *, empty: bool = False) -> None:
 def check_choice(value: Any, path: str, choices: Sequence[str]) -> None:
     """One of ``choices``."""
     if not isinstance(value, str) or value not in choices:
-        raise RecordError(path, f"is {show(value)}: use one of {', '.join(choices)}")
+        raise RecordError(path, f"is {show(value)}: use one of {', '.join(map(repr, choices))}")
 
 
 def check_row(
