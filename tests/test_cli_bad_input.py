@@ -275,14 +275,14 @@ def test_interrupt_and_internal_error_are_one_line(
     def interrupted(args: Any) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_cmd_show", interrupted)
+    monkeypatch.setattr(cli.show, "show_command", interrupted)
     code, err = _run(["show", "plan.json"], capsys)
     assert code == 130 and _assert_one_line(err, 2) == "error: interrupted"
 
     def bug(args: Any) -> int:
         raise KeyError("oops")
 
-    monkeypatch.setattr(cli, "_cmd_show", bug)
+    monkeypatch.setattr(cli.show, "show_command", bug)
     code, err = _run(["show", "plan.json"], capsys)
     assert code == 1
     assert _assert_one_line(err, code) == ("internal error: KeyError: 'oops' (run with --debug "

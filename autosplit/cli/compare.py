@@ -1,0 +1,93 @@
+"""``autosplit compare``: autosplit's plan beside a hand-written split and the baselines,
+predicted by one simulator and, with ``--measure``, trained side by side."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+
+from autosplit.cli.common import device_spec, load_model, make_console, model_args
+from autosplit.cli.measuring import profile_for, verifies, verify_plans
+from autosplit.cli.profile_plan import manual_reference
+from autosplit.records import Plan
+
+__all__ = ["compare_command"]
+
+
+def _measure_plans(args: argparse.Namespace, plans: dict[str, Plan],
+                   console: Console) -> dict[str, float]:
+    """Train every plan side by side on the multi-process runtime: median step time (ms)."""
+    import statistics
+
+    import torch
+
+    from autosplit.distributed import RunSpec, launch, measure_plans
+
+    runnable = {k: p for k, p in plans.items() if p.batch_size == p.microbatches * p.split_size}
+    for name in plans.keys() - runnable.keys():
+        console.print(f" {name}: not measured (its micro-batches are not all of one size)")
+    if not runnable:
+        return {}
+    first = next(iter(runnable.values()))
+    backend = "nccl" if torch.cuda.device_count() >= args.gpus else "gloo"
+    shape = tuple(args.input_shape) if args.input_shape else None
+    spec = RunSpec(args.model, args.entry, first, input_shape=shape,
+                   model_args=tuple(model_args(args).items()))
+    console.print(f"measuring {len(runnable)} plans on {args.gpus} ranks ({backend}), "
+                  f"{args.rounds} timed step(s) each, taken in turn …")
+    results = launch(measure_plans, args.gpus, spec, list(runnable.values()), args.rounds,
+                     backend=backend, timeout_s=args.timeout,
+                     threads=1 if backend == "gloo" else None)
+    times = results[0]
+    return {name: 1000.0 * statistics.median(t) for name, t in zip(runnable, times)}
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    """``autosplit compare``: print the comparison table; draw it with ``--plot``."""
+    from autosplit.comparison import baseline_plans, compare
+    from autosplit.planner import plan_candidates
+    from autosplit.report import comparison_table
+
+    console = make_console()
+    memory = args.memory
+    spec = None if args.profile else device_spec(args)
+    if spec is not None:
+        memory = memory or spec.memory_bytes
+    source, model, inputs = load_model(args, on_meta=spec is not None)
+    size = args.manual_split_size or source.manual_split_size
+    prof = profile_for(args, source, model, inputs, console, size)
+    kwargs: dict[str, Any] = dict(
+        batch_size=args.batch_size or prof.batch_size,
+        memory_per_gpu=memory,
+        schedule=args.schedule,
+        optimizer=args.optimizer,
+    )
+    verify = verifies(args, prof)
+    candidates = plan_candidates(prof, args.gpus, top_k=3 if verify else 1, **kwargs)
+    plans = {"autosplit": candidates[0]}
+    reference = manual_reference(prof, source, args, kwargs)
+    if reference is not None:
+        plans["hand split"] = reference[1]
+    plans.update(baseline_plans(prof, args.gpus, **kwargs))
+    if verify:
+        others = {k: v for k, v in plans.items() if k != "autosplit"}
+        best, checked = verify_plans(args, model, inputs, prof, candidates, others, console)
+        plans = {"autosplit": best, **checked}
+    measured = _measure_plans(args, plans, console) if args.measure else None
+    rows = compare(prof, plans, measured)
+    console.print()
+    console.print(comparison_table([(r.name, r.plan, r.measured_step_ms) for r in rows]))
+    console.print()
+    how = ("stage times verified: each plan's stages timed as they run, taking turns"
+           if verify else "from block sums")
+    console.print(f" all predicted by one simulator, {how} (profile {prof.describe()})")
+    if args.plot:
+        from autosplit.figures import comparison_figure
+
+        title = (f"{prof.model} on {args.gpus} devices, batch {kwargs['batch_size']}: "
+                 "predicted step time")
+        args.outputs.commit({"--plot": lambda path: comparison_figure(rows, path, title)})
+        console.print(f" wrote {args.plot}")
+    return 0

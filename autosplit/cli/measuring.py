@@ -1,0 +1,146 @@
+"""Where the planning commands get their numbers: a profile measured with a progress bar, an
+analytic estimate or a ``--profile`` file, and the candidates' stages timed as they run."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+
+from autosplit.cli.common import device_spec
+from autosplit.errors import InvalidInputError
+from autosplit.records import Plan, Profile
+
+__all__ = ["estimate", "device_note", "measure", "profile_for", "verifies", "verify_plans"]
+
+
+def estimate(args: argparse.Namespace, spec: Any, model: Any, inputs: Any, stages: int,
+             console: Console) -> Profile:
+    """An analytic profile of ``model`` on ``spec`` (FLOPs and bytes counted on meta)."""
+    import time
+
+    import torch
+
+    from autosplit.analytic import analytic_profile
+
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    start = time.perf_counter()
+    prof = analytic_profile(
+        model, inputs, spec, microbatch_sizes=getattr(args, "microbatch_sizes", None),
+        stages=stages, dtype=dtypes.get(getattr(args, "dtype", None) or ""),
+    )
+    console.print(
+        f"estimated {prof.model} on {spec.label()} from its FLOPs and bytes (an estimate, not a "
+        f"measurement) · micro-batch sizes {', '.join(map(str, prof.microbatch_sizes))} · "
+        f"{time.perf_counter() - start:.1f} s"
+    )
+    return prof
+
+
+def device_note(console: Console, gpus: int, device: str | None) -> None:
+    """Say that CPU workers stand in for devices when there are too few CUDA devices."""
+    import torch
+
+    if (device is None or device.startswith("cpu")) and torch.cuda.device_count() < gpus:
+        console.print(
+            f"no CUDA device{'s' if gpus > 1 else ''} for {gpus} stages: profiling on CPU, one "
+            f"worker per device; planning for {gpus} such devices"
+        )
+
+
+def _progress(what: str, console: Console, **options: Any) -> Any:
+    """A progress bar ``<what> {description} ━━━ 40% 0:00:03``."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn(f"{what} {{task.description}}"), BarColumn(),
+                    TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(),
+                    console=console, **options)
+
+
+def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, console: Console,
+            include: int | None = None) -> Profile:
+    """Profile ``model`` with a progress bar; ``include`` is a micro-batch size to measure
+    too (when it fits the batch)."""
+    from autosplit.graph import trace
+    from autosplit.profiler import check_inputs, profile_graph
+
+    inputs = check_inputs(inputs)
+    graph = trace(model, example_inputs=inputs)
+    with _progress("profiling", console, transient=False) as bar:
+        task = bar.add_task(f"{graph.model_name} · {len(graph.blocks)} blocks", total=None)
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total)
+
+        prof = profile_graph(
+            graph,
+            inputs,
+            device=args.device,
+            microbatch_sizes=args.microbatch_sizes,
+            include=[include] if include and include <= int(inputs[0].shape[0]) else [],
+            stages=stages,
+            repeats=args.repeats,
+            threads=args.threads,
+            budget_s=args.budget,
+            progress=progress,
+        )
+        bar.update(task, completed=1, total=1)
+    console.print(
+        f"measured micro-batch sizes {', '.join(map(str, prof.microbatch_sizes))} in "
+        f"{prof.seconds:.1f} s"
+    )
+    return prof
+
+
+def profile_for(args: argparse.Namespace, source: Any, model: Any, inputs: Any,
+                console: Console, must_measure: int | None = None) -> Profile:
+    """The profile to plan from: ``--profile`` (checked against the model) or a measurement.
+
+    ``must_measure`` is a micro-batch size the measurement has to include (a hand split's).
+    """
+    from autosplit.graph import trace
+
+    if args.profile:
+        prof = Profile.load(args.profile)
+        fingerprint = trace(model).fingerprint
+        if prof.fingerprint != fingerprint:
+            raise InvalidInputError(
+                f"profile {args.profile!r} was made for another model ({prof.model}, fingerprint "
+                f"{prof.fingerprint}); {args.model} has fingerprint {fingerprint}: profile it again"
+            )
+        return prof
+    spec = device_spec(args)
+    if spec is not None:
+        return estimate(args, spec, model, inputs, args.gpus, console)
+    device_note(console, args.gpus, args.device)
+    return measure(args, model, inputs, args.gpus, console, must_measure)
+
+
+def verifies(args: argparse.Namespace, prof: Profile) -> bool:
+    """Verify stage times: on by default for a profile measured by this command."""
+    return not args.no_verify and prof.source == "measured" and not args.profile
+
+
+def verify_plans(args: argparse.Namespace, model: Any, inputs: Any, prof: Profile,
+                 candidates: Sequence[Plan], others: dict[str, Plan],
+                 console: Console) -> tuple[Plan, dict[str, Plan]]:
+    """Time the candidates' and the other plans' stages as they run; the best by that."""
+    from autosplit.graph import trace
+    from autosplit.profiler import check_inputs
+    from autosplit.verify import verify_and_choose
+
+    inputs = check_inputs(inputs)
+    what = f"the {len(candidates)} best candidate{'s' if len(candidates) > 1 else ''}"
+    if others:
+        what += f" and {', '.join(others)}"
+    with _progress("verifying", console) as bar:
+        task = bar.add_task(f"{what}, stage by stage", total=None)
+        result = verify_and_choose(
+            trace(model, example_inputs=inputs), inputs, prof, candidates, others,
+            device=args.device, threads=args.threads, budget_s=args.budget,
+            progress=lambda done, total, _: bar.update(task, completed=done, total=total),
+        )
+        bar.update(task, completed=1, total=1)
+    return result

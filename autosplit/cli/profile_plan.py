@@ -1,0 +1,157 @@
+"""``autosplit profile`` and ``autosplit plan``, and the hand-written split a plan is shown
+beside."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+from rich.console import Console
+
+from autosplit.cli.common import device_spec, load_model, make_console
+from autosplit.cli.measuring import (
+    device_note,
+    estimate,
+    measure,
+    profile_for,
+    verifies,
+    verify_plans,
+)
+from autosplit.errors import InvalidInputError
+from autosplit.records import Plan, Profile
+
+__all__ = ["profile_command", "plan_command", "manual_reference"]
+
+
+def profile_command(args: argparse.Namespace) -> int:
+    """``autosplit profile``: measure (or estimate) every block; write the profile."""
+    console = make_console()
+    spec = device_spec(args)
+    _, model, inputs = load_model(args, on_meta=spec is not None)
+    if spec is not None:
+        prof = estimate(args, spec, model, inputs, args.gpus, console)
+    else:
+        device_note(console, args.gpus, args.device)
+        prof = measure(args, model, inputs, args.gpus, console)
+    args.outputs.commit({"-o": prof.save})
+    console.print(f"wrote {args.output}")
+    return 0
+
+
+def manual_reference(prof: Profile, source: Any, args: argparse.Namespace,
+                     kwargs: dict[str, Any]) -> tuple[str, Plan] | None:
+    """The hand-written split of ``--manual`` or the model file, scored; None if there is none."""
+    from autosplit.comparison import manual_plan
+
+    points = getattr(args, "manual", None) or source.manual_split
+    explicit = getattr(args, "manual_split_size", None)
+    if not points or len(points) + 1 != args.gpus:
+        if getattr(args, "manual", None):
+            raise InvalidInputError(
+                f"--manual gives {len(points)} split point(s), i.e. {len(points) + 1} stages, "
+                f"but --gpus is {args.gpus}"
+            )
+        if explicit is not None:
+            found = (f"the model file's MANUAL_SPLIT has {len(points) + 1} stages, not "
+                     f"--gpus {args.gpus}") if points else "the model file has no MANUAL_SPLIT"
+            raise InvalidInputError(f"--manual-split-size {explicit} needs a hand split: {found}; "
+                                    "give its first blocks with --manual BLOCK")
+        return None  # no hand split, or the model file's is for another device count
+    batch = kwargs["batch_size"]
+    if explicit is not None and explicit > batch:
+        raise InvalidInputError(f"--manual-split-size {explicit} is larger than the batch "
+                                f"{batch}: give a smaller one or a larger --batch-size")
+    if explicit is not None and explicit not in prof.microbatch_sizes:
+        sizes = ",".join(map(str, sorted({*prof.microbatch_sizes, explicit})))
+        raise InvalidInputError(
+            f"--manual-split-size {explicit} was not profiled: the profile has micro-batch sizes "
+            f"{', '.join(map(str, prof.microbatch_sizes))}; pick one of them or profile with "
+            f"--microbatch-sizes {sizes}"
+        )
+    size, why = explicit or source.manual_split_size, ""
+    if size is not None and size > batch:
+        why = f"is larger than the batch {batch}"
+    elif size is not None and size not in prof.microbatch_sizes:
+        why = "was not profiled"
+    plan = manual_plan(prof, points, None if why else size, **kwargs)
+    label = f"hand split (cut at {', '.join(points)}, split {plan.split_size}"
+    if why:  # the model file's size: the hand split gets its best measured one instead
+        label += f"; its MANUAL_SPLIT_SIZE {size} {why}"
+    return label + ")", plan
+
+
+def _one_device_note(console: Console, prof: Profile, memory: float,
+                     kwargs: dict[str, Any]) -> None:
+    """Say whether one device of ``memory`` bytes could hold the model, and what it needs."""
+    from autosplit.errors import InfeasiblePlanError
+    from autosplit.planner import plan as make_plan
+    from autosplit.units import format_bytes
+
+    try:
+        make_plan(prof, 1, **{**kwargs, "memory_per_gpu": memory})
+    except InfeasiblePlanError as exc:
+        console.print(
+            f" one device of {format_bytes(memory)} cannot hold it: it needs "
+            f"{format_bytes(exc.min_capacity_bytes)} ({kwargs.get('optimizer', 'sgd')} state "
+            "included)"
+        )
+    else:
+        console.print(f" one device of {format_bytes(memory)} could hold it too")
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    """``autosplit plan``: profile (or read, or estimate), plan, print; write the plan and,
+    on request, the emitted code and the figure."""
+    from autosplit.planner import plan_candidates
+    from autosplit.report import print_plan
+
+    console = make_console()
+    memory, bandwidth = args.memory, args.bandwidth  # bytes, bytes per second (or None)
+    spec = None if args.profile else device_spec(args)
+    if spec is not None:
+        memory = memory or spec.memory_bytes
+        bandwidth = bandwidth or spec.link_bandwidth_bytes_per_s
+    source, model, inputs = load_model(args, on_meta=spec is not None)
+    prof = profile_for(args, source, model, inputs, console, source.manual_split_size)
+    kwargs: dict[str, Any] = dict(
+        batch_size=args.batch_size or prof.batch_size,
+        memory_per_gpu=memory,
+        schedule=args.schedule,
+        optimizer=args.optimizer,
+        bandwidth_bytes_per_s=bandwidth,
+    )
+    verify = verifies(args, prof)
+    candidates = plan_candidates(prof, args.gpus, top_k=3 if verify else 1,
+                                 split_size=args.split_size, solver=args.solver, **kwargs)
+    plan = candidates[0]
+    reference = manual_reference(prof, source, args, kwargs)
+    if verify:
+        others = {} if reference is None else {reference[0]: reference[1]}
+        plan, checked = verify_plans(args, model, inputs, prof, candidates, others, console)
+        reference = None if reference is None else (reference[0], checked[reference[0]])
+    code = None
+    if args.emit:
+        from autosplit.codegen import emit
+
+        code = emit(plan, source.ref, model=model, command=shlex.join(["autosplit", *args.argv]))
+    console.print()
+    print_plan(console, plan, reference)
+    if memory is not None and args.gpus > 1:
+        _one_device_note(console, prof, memory, kwargs)
+    writes: dict[str, Any] = {"-o": plan.save}
+    if code is not None:
+        writes["--emit"] = lambda path: path.write_text(code)
+    if args.plot:
+        from autosplit.figures import plan_figure
+
+        writes["--plot"] = lambda path: plan_figure(plan, path)
+    written = args.outputs.commit(writes)
+    console.print()
+    hints = []
+    if not args.emit:
+        hints.append("emit code with --emit pipelined_model.py")
+    if not args.plot:
+        hints.append("see it with --plot plan.png")
+    console.print(f" wrote {', '.join(written)}" + "".join(f" · {h}" for h in hints))
+    return 0
