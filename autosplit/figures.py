@@ -131,9 +131,11 @@ def comparison_figure(rows: Sequence[ComparisonRow], path: str | Path, title: st
                color=BACKWARD, label="measured")
         for x, m in zip(xs, measured):
             if m is not None:
-                ax.text(x + offset, m / scale, f"{m / scale:.3g}", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(list(xs), [f"{r.name}\n{', '.join(r.plan.split_points) or '–'} · "
-                             f"{r.plan.microbatches}×{r.plan.split_size}" for r in rows], fontsize=8)
+                ax.text(x + offset, m / scale, f"{m / scale:.3g}", ha="center", va="bottom",
+                        fontsize=8)
+    labels = [f"{r.name}\n{', '.join(r.plan.split_points) or '–'} · "
+              f"{r.plan.microbatches}×{r.plan.split_size}" for r in rows]
+    ax.set_xticks(list(xs), labels, fontsize=8)
     ax.set_ylabel(f"training step ({unit})")
     ax.set_title(title or "plans compared (lower is faster)", loc="left", fontsize=10)
     ax.legend(fontsize=8, frameon=False)

@@ -160,7 +160,8 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _accepted(fn: Callable[..., Any], kwargs: dict[str, Any], strict: str | None, ref: str) -> dict[str, Any]:
+def _accepted(fn: Callable[..., Any], kwargs: dict[str, Any], strict: str | None,
+              ref: str) -> dict[str, Any]:
     """The keyword arguments ``fn`` takes; with ``strict``, an unknown one is an error."""
     if not kwargs:
         return {}
@@ -250,7 +251,8 @@ def load_model_file(target: str, entry: str | None = None) -> ModelFile:
             "returning an nn.Module, or name the factory with --entry FILE:CALLABLE"
         )
     value = getattr(module, found)
-    factory: Callable[[], Any] = value if callable(value) and not _is_module(value) else (lambda: value)
+    factory: Callable[[], Any] = (value if callable(value) and not _is_module(value)
+                                  else (lambda: value))
     inputs = getattr(module, INPUT_NAMES[0], None)
     default = None
     if callable(inputs):
@@ -269,7 +271,8 @@ def load_model_file(target: str, entry: str | None = None) -> ModelFile:
     ):
         raise ModelFileError(f"{shown}: MANUAL_SPLIT must be a list of block names, got {split!r}")
     if split_size is not None and (not isinstance(split_size, int) or split_size < 1):
-        raise ModelFileError(f"{shown}: MANUAL_SPLIT_SIZE must be a positive integer, got {split_size!r}")
+        raise ModelFileError(
+            f"{shown}: MANUAL_SPLIT_SIZE must be a positive integer, got {split_size!r}")
     return ModelFile(
         path=path,
         module_name=module.__name__,

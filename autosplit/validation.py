@@ -2,10 +2,10 @@
 
 Each check raises :class:`RecordError` naming the field by its path inside the record
 (``stages[1].blocks``, ``blocks[3].fwd_ms[0]``) and saying what is wrong with the value and
-what it must be. The records call these from ``__post_init__``, so a record built in Python is
-checked as one read from JSON; :mod:`autosplit.records` prefixes the path of a nested record
-while reading and turns the error into a :class:`~autosplit.errors.PlanFileError` naming the
-file.
+what it must be. The records call their invariants (``check_profile``, ``check_plan`` …, at
+the end of this module) from ``__post_init__``, so a record built in Python is checked as one
+read from JSON; :mod:`autosplit.record_json` prefixes the path of a nested record while reading
+and turns the error into a :class:`~autosplit.errors.PlanFileError` naming the file.
 
 This module sits below :mod:`autosplit.records` and imports nothing of autosplit but errors.
 """
@@ -17,7 +17,7 @@ import reprlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from autosplit.errors import InvalidInputError
+from autosplit.errors import InvalidInputError, PlanMismatchError
 
 __all__ = [
     "KNOWN_SCHEDULES",
@@ -35,10 +35,24 @@ __all__ = [
     "check_row",
     "check_length",
     "check_unique",
+    "SHARED_MODES",
+    "checked",
+    "is_a",
+    "check_device",
+    "check_block",
+    "check_cut",
+    "check_profile",
+    "check_stage",
+    "check_shared_weight",
+    "check_plan",
+    "check_plan_blocks",
 ]
 
 KNOWN_SCHEDULES = ("gpipe", "1f1b")
 """Schedule names a plan may carry (:func:`autosplit.cost.in_flight` knows these)."""
+
+SHARED_MODES = ("one stage", "all-reduce")
+"""How a plan keeps a weight that several stages use equal (see ``SharedWeight.mode``)."""
 
 KNOWN_OPTIMIZERS = ("none", "sgd", "sgd-momentum", "adagrad", "adam", "adamw", "adam-mixed")
 """Optimizer names a plan may carry: the keys of :data:`autosplit.cost.OPTIMIZER_STATE`."""
@@ -166,3 +180,220 @@ def check_unique(names: Sequence[tuple[str, str]], what: str) -> None:
             raise RecordError(path, f"{show(name)} is repeated ({seen[name]} has it too): "
                                     f"{what} must be unique")
         seen[name] = path
+
+
+# --------------------------------------------------------------------------- record invariants
+# Each check raises RecordError with the field's path inside the record; the constructor adds
+# the record's name (``checked``), and the JSON reader the path of the enclosing record and the
+# file. The records pass their part classes in, so that this module needs none of them.
+
+
+
+def checked(record: Any, check: Callable[[Any], None]) -> None:
+    """Run ``check(record)``; its :class:`RecordError` names the record's class."""
+    try:
+        check(record)
+    except RecordError as exc:
+        raise RecordError(exc.path, exc.problem, type(record).__name__) from None
+
+
+def check_device(d: Any) -> None:
+    """The fields of a DeviceInfo."""
+    check_text(d.kind, "kind")
+    check_text(d.name, "name", empty=True)
+    if d.threads is not None:
+        check_size(d.threads, "threads")
+    if d.memory_bytes is not None:
+        check_bytes(d.memory_bytes, "memory_bytes")
+
+
+def _rows(block: Any) -> dict[str, Sequence[Any]]:
+    """The per-size measurements of ``block`` by field name (absent optional ones left out)."""
+    rows = {"fwd_ms": block.fwd_ms, "bwd_ms": block.bwd_ms, "saved_bytes": block.saved_bytes,
+            "output_bytes": block.output_bytes, "peak_bytes": block.peak_bytes,
+            "saved_shared_bytes": block.saved_shared_bytes, "fwd_iqr_ms": block.fwd_iqr_ms,
+            "bwd_iqr_ms": block.bwd_iqr_ms}
+    return {name: row for name, row in rows.items() if row is not None}
+
+
+def check_block(b: Any) -> None:
+    """The fields of a BlockProfile: every per-size row as long as ``fwd_ms``."""
+    check_text(b.name, "name")
+    check_bytes(b.param_bytes, "param_bytes")
+    check_bytes(b.buffer_bytes, "buffer_bytes")
+    for field, row in _rows(b).items():
+        check_row(row, field, check_ms if field.endswith("_ms") else check_bytes)
+        check_length(row, field, len(b.fwd_ms), "values in fwd_ms")
+
+
+def check_cut(c: Any) -> None:
+    """The fields of a CutProfile."""
+    check_count(c.index, "index")
+    check_row(c.tensors, "tensors", lambda v, path: check_text(v, path))
+    check_row(c.bytes, "bytes", check_bytes)
+
+
+def check_profile(p: Any, *, block_type: type, cut_type: type, device_type: type) -> None:
+    """The fields of a Profile whose parts are of the classes ``block_type``, ``cut_type``
+    and ``device_type``: rows aligned with ``microbatch_sizes``, one cut between consecutive
+    blocks."""
+    check_text(p.model, "model", empty=True)
+    check_text(p.fingerprint, "fingerprint", empty=True)
+    check_row(p.microbatch_sizes, "microbatch_sizes", check_size, nonempty=True)
+    if list(p.microbatch_sizes) != sorted(set(p.microbatch_sizes)):
+        raise RecordError("microbatch_sizes", f"is {list(p.microbatch_sizes)}: the sizes must be "
+                                              "distinct and ascending")
+    check_size(p.batch_size, "batch_size")
+    k = len(p.microbatch_sizes)
+    check_row(p.blocks, "blocks", is_a(block_type), nonempty=True)
+    for i, block in enumerate(p.blocks):
+        for field, row in _rows(block).items():
+            check_length(row, f"blocks[{i}].{field}", k, "microbatch_sizes")
+    check_unique([(f"blocks[{i}].name", b.name) for i, b in enumerate(p.blocks)], "block names")
+    check_row(p.cuts, "cuts", is_a(cut_type))
+    n = len(p.blocks)
+    if len(p.cuts) != n - 1:
+        raise RecordError("cuts", f"has {len(p.cuts)} entries for {n} blocks: a profile has one "
+                                  f"cut between consecutive blocks ({n - 1})")
+    for i, cut in enumerate(p.cuts):
+        if cut.index != i:
+            raise RecordError(f"cuts[{i}].index", f"is {cut.index}: cuts must be numbered 0 … "
+                                                  f"{n - 2} in order")
+        check_length(cut.bytes, f"cuts[{i}].bytes", k, "microbatch_sizes")
+    check_row(p.input_shapes, "input_shapes", lambda v, path: check_row(v, path, check_count))
+    check_row(p.input_dtypes, "input_dtypes", lambda v, path: check_text(v, path))
+    check_length(p.input_dtypes, "input_dtypes", len(p.input_shapes), "input_shapes")
+    if not isinstance(p.device, device_type):
+        raise RecordError("device", f"is {show(p.device)}: expected a {device_type.__name__}")
+    check_text(p.torch_version, "torch_version", empty=True)
+    check_text(p.source, "source")
+    check_count(p.warmup, "warmup")
+    check_count(p.repeats, "repeats")
+    check_ms(p.seconds, "seconds")
+
+
+def check_stage(s: Any) -> None:
+    """The fields of a Stage: its forward part no longer than its compute time."""
+    check_count(s.index, "index")
+    check_text(s.device, "device")
+    check_row(s.blocks, "blocks", lambda v, path: check_text(v, path), nonempty=True)
+    for field in ("compute_ms", "forward_ms", "send_ms"):
+        check_ms(getattr(s, field), field)
+    if s.forward_ms > s.compute_ms * (1 + 1e-9) + 1e-12:
+        raise RecordError("forward_ms", f"is {s.forward_ms}, more than compute_ms "
+                                        f"{s.compute_ms} (forward + backward)")
+    check_bytes(s.send_bytes, "send_bytes")
+    check_bytes(s.memory_bytes, "memory_bytes")
+    for field in ("block_sum_ms", "verified_spread"):
+        if getattr(s, field) is not None:
+            check_ms(getattr(s, field), field)
+
+
+def check_shared_weight(w: Any) -> None:
+    """The fields of a SharedWeight."""
+    check_text(w.name, "name")
+    check_row(w.stages, "stages", check_count, nonempty=True)
+    if list(w.stages) != sorted(set(w.stages)):
+        raise RecordError("stages", f"is {list(w.stages)}: stages must be distinct and ascending")
+    check_choice(w.mode, "mode", SHARED_MODES)
+    check_bytes(w.bytes, "bytes")
+    check_ms(w.sync_ms, "sync_ms")
+
+
+def check_plan(p: Any, *, stage_type: type, weight_type: type) -> None:
+    """The fields of a Plan whose parts are of the classes ``stage_type`` and
+    ``weight_type``: stages numbered in order, unique blocks, m = ceil(B / b), ``split_size``
+    among the candidates."""
+    check_text(p.model, "model", empty=True)
+    check_text(p.fingerprint, "fingerprint", empty=True)
+    check_row(p.stages, "stages", is_a(stage_type), nonempty=True)
+    for i, stage in enumerate(p.stages):
+        if stage.index != i:
+            raise RecordError(f"stages[{i}].index", f"is {stage.index}: stages must be numbered "
+                                                    f"0 … {len(p.stages) - 1} in order")
+    check_unique([(f"stages[{i}].blocks[{j}]", name) for i, stage in enumerate(p.stages)
+                  for j, name in enumerate(stage.blocks)], "block names")
+    check_size(p.split_size, "split_size")
+    check_size(p.batch_size, "batch_size")
+    check_size(p.microbatches, "microbatches")
+    if p.split_size > p.batch_size:
+        raise RecordError("split_size", f"is {p.split_size}, larger than batch_size "
+                                        f"{p.batch_size}")
+    m = -(-p.batch_size // p.split_size)
+    if p.microbatches != m:
+        raise RecordError("microbatches", f"is {p.microbatches}: a batch of {p.batch_size} in "
+                                          f"micro-batches of {p.split_size} makes {m} "
+                                          "(ceil(batch_size / split_size))")
+    check_choice(p.schedule, "schedule", KNOWN_SCHEDULES)
+    check_choice(p.optimizer, "optimizer", KNOWN_OPTIMIZERS)
+    for field in ("predicted_step_ms", "single_device_ms", "bound_step_ms"):
+        check_ms(getattr(p, field), field)
+    check_text(p.solver, "solver")
+    check_row(p.candidates, "candidates", check_size, nonempty=True)
+    if p.split_size not in p.candidates:
+        raise RecordError("candidates", f"is {show(list(p.candidates))}: it must hold split_size "
+                                        f"{p.split_size}, the size chosen among them")
+    check_text(p.profile, "profile", empty=True)
+    if p.memory_limit_bytes is not None:
+        check_bytes(p.memory_limit_bytes, "memory_limit_bytes")
+    check_row(p.shared, "shared", is_a(weight_type))
+    for i, weight in enumerate(p.shared):
+        if weight.stages[-1] >= len(p.stages):
+            raise RecordError(f"shared[{i}].stages", f"is {list(weight.stages)}: the plan has "
+                                                     f"{len(p.stages)} stages")
+    check_text(p.verification, "verification", empty=True)
+    for field in ("step_spread", "single_device_spread"):
+        if getattr(p, field) is not None:
+            check_ms(getattr(p, field), field)
+
+
+def is_a(cls: type) -> Callable[[Any, str], None]:
+    """A check for :func:`check_row`: the value is a ``cls``."""
+
+    def check(value: Any, path: str) -> None:
+        if not isinstance(value, cls):
+            raise RecordError(path, f"is {show(value)}: expected a {cls.__name__}")
+
+    return check
+
+
+def check_plan_blocks(stages: Sequence[Any], block_names: Sequence[str], model: str = "") -> None:
+    """Raise :class:`PlanMismatchError` unless the ``stages``' blocks, concatenated in order,
+    are exactly ``block_names`` (the traced model's blocks); ``model`` names it in messages.
+
+    The message names the stage and the block: one the model does not have, one held twice,
+    one out of order, or a model block that no stage holds.
+    """
+    names = list(block_names)
+    known = set(names)
+    planned = {name for stage in stages for name in stage.blocks}
+    fix = ": make a new plan for this model"
+    of = f"the model{' ' + model if model else ''}"
+    held: dict[str, int] = {}
+    pos = 0
+    for stage in stages:
+        s = stage.index
+        for name in stage.blocks:
+            if name not in known:
+                raise PlanMismatchError(f"stage {s} holds block {name!r}, which {of} does "
+                                        f"not have (its blocks: {show(names)}){fix}")
+            if name in held:
+                raise PlanMismatchError(f"stage {s} holds block {name!r} again (stage "
+                                        f"{held[name]} holds it){fix}")
+            held[name] = s
+            expected = names[pos]  # pos < len(names): the names so far are distinct and known
+            if name != expected and expected not in planned:
+                raise PlanMismatchError(f"block {expected!r} of {of} is in no stage (stage "
+                                        f"{s} holds {name!r} in its place){fix}")
+            if name != expected:
+                raise PlanMismatchError(f"stage {s} holds block {name!r} where {of} has "
+                                        f"{expected!r}: the plan's blocks are out of "
+                                        f"order{fix}")
+            pos += 1
+    if pos < len(names):
+        missing, last = names[pos:], stages[-1]
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise PlanMismatchError(
+            f"block {missing[0]!r}{more} of {of} is in no stage (the last, stage "
+            f"{last.index}, ends with {last.blocks[-1]!r}){fix}"
+        )

@@ -1,0 +1,69 @@
+"""A plan as plain text: the stage table and the summary lines under it (``str(plan)``).
+
+The terminal's rich tables are :mod:`autosplit.report`; this module sits below
+:mod:`autosplit.records` (whose ``Plan.__str__`` and ``Plan.summary_lines`` call it) and
+imports nothing of autosplit but claims and units.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autosplit.claims import ratio_with_spread, spread_text
+from autosplit.units import format_bytes, format_ms
+
+__all__ = ["plan_text", "summary_lines"]
+
+
+def plan_text(plan: Any) -> str:
+    """The stage table and the summary lines, as ``str(plan)`` shows them."""
+    rows = [("stage", "device", "blocks", "compute/mb", "memory", "sends/mb")]
+    for s in plan.stages:
+        span = s.blocks[0] if len(s.blocks) == 1 else f"{s.blocks[0]} … {s.blocks[-1]}"
+        rows.append(
+            (
+                str(s.index),
+                s.device,
+                f"{span} ({len(s.blocks)})",
+                format_ms(s.compute_ms) + spread_text(s.verified_spread),
+                format_bytes(s.memory_bytes),
+                format_bytes(s.send_bytes) if s.index < len(plan.stages) - 1 else "–",
+            )
+        )
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines + summary_lines(plan))
+
+
+def summary_lines(plan: Any) -> list[str]:
+    """The lines shown under the stage table: batch split, step time, bubble, speed-up."""
+    p = len(plan.stages)
+    claim = ratio_with_spread(
+        plan.single_device_ms, plan.single_device_spread, plan.predicted_step_ms,
+        plan.step_spread,
+    ) if plan.single_device_ms > 0 and plan.predicted_step_ms > 0 else None
+    over_one = claim.text if claim else "–"
+    how = "verified stage times" if plan.verification else "block sums"
+    lines = [
+        f"batch {plan.batch_size} → {plan.microbatches} micro-batch"
+        f"{'es' if plan.microbatches != 1 else ''} of {plan.split_size} "
+        f"(chosen from {', '.join(map(str, plan.candidates))}) · schedule {plan.schedule}",
+        f"predicted step {format_ms(plan.predicted_step_ms)}{spread_text(plan.step_spread)} "
+        f"({how}) · bubble {plan.bubble_fraction:.0%} · "
+        f"vs one device: {over_one} (ideal ×{p:.2f})",
+    ]
+    if plan.verification:
+        lines.append(f"verified: {plan.verification}")
+    if plan.speedup < 1 and claim is not None and not claim.within_noise:
+        lines.append(
+            "pipelining does not pay off here: one device is predicted faster (transfers and "
+            "the bubble cost more than the split saves); try fewer devices or a larger batch"
+        )
+    if plan.memory_limit_bytes is not None:
+        lines.append(
+            f"memory limit {format_bytes(plan.memory_limit_bytes)} per device · optimizer "
+            f"{plan.optimizer}"
+        )
+    lines += [weight.describe() for weight in plan.shared]
+    lines.append(f"profile {plan.profile} · solver {plan.solver}")
+    return lines
