@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torchvision
 
@@ -172,3 +173,57 @@ def test_no_benchmark_script_imports_another() -> None:
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 imported.add(node.module.split(".")[0])
         assert not imported & scripts, f"benchmarks/{name}.py imports {imported & scripts}"
+
+
+def test_accuracy_benchmark_smoke(tmp_path) -> None:
+    run_benchmark("accuracy.py", tmp_path)
+    data = json.loads((tmp_path / "accuracy_smoke.json").read_text())
+    with_torchgpipe = importlib.util.find_spec("torchgpipe") is not None
+    models = {m["key"]: m for m in data["models"]}
+    assert set(models) == {"resnet18", "bigvocab"}
+    for key, model in models.items():
+        assert len(model["profiles"]) == data["settings"]["profiles"] == 2
+        expected = {"autosplit", "uniform", "by parameters", "one device"}
+        expected |= {"torchgpipe"} if with_torchgpipe else set()
+        expected |= {"hand split"} if key == "resnet18" else set()
+        for prof in model["profiles"]:
+            assert set(prof["plans"]) == expected
+            assert all(r["predicted_ms"] > 0 and r["label"] in model["measured"]
+                       for r in prof["plans"].values())
+        assert all(m["median_ms"] > 0 and m["n"] == 1 for m in model["measured"].values())
+        assert len(model["step_errors"]) == 2 * len(expected)
+        assert all(e["error"] >= 0 for e in model["step_errors"])
+        agree = model["agreement"]
+        assert 1 <= agree["distinct"] <= 2 and 1 <= agree["agreeing"] <= 2
+    assert [g["met"] in (True, False) for g in data["goals"]] == [True] * 4
+    assert data["settings"]["torchgpipe"] == ("0.0.7" if with_torchgpipe else None)
+    text = (tmp_path / "accuracy_smoke.md").read_text()
+    assert "## Goals" in text and "| profile | autosplit / |" in text
+
+
+def test_accuracy_smoke_never_writes_to_results() -> None:
+    results = ROOT / "benchmarks" / "results"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy.py"), "--smoke",
+                           "--out", str(results)], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 2 and "--smoke never writes to benchmarks/results" in done.stderr
+
+
+def test_torchgpipe_peer_balances_a_resnet_and_the_big_vocabulary_model() -> None:
+    """torchgpipe 0.0.7's balance_by_time through the adapter (pip install '.[test]' has it)."""
+    peer = load_benchmark("torchgpipe_peer")
+    bigvocab = load_benchmark("common").load_example("bigvocab")
+    torch.manual_seed(0)
+    resnet, gpt = torchvision.models.resnet18(), bigvocab.build_model("tiny")
+    owners = [owner for owner, _ in peer.flatten("gpt-bigvocab", gpt)]
+    assert list(dict.fromkeys(owners)) == list(autosplit.trace(gpt).block_names)[1:]
+    if peer.balance_by_time is None:
+        pytest.skip("torchgpipe is not installed (pip install torchgpipe==0.0.7)")
+    cases = [("resnet18", resnet, (torch.randn(4, 3, 32, 32),)),
+             ("gpt-bigvocab", gpt, bigvocab.example_inputs(4, "tiny"))]
+    for key, model, inputs in cases:
+        names = autosplit.trace(model).block_names
+        got = peer.torchgpipe_balance(key, model, inputs, 2, names, torch.device("cpu"))
+        assert len(got["layer_balance"]) == 2 and sum(got["layer_balance"]) == got["layers"]
+        assert len(got["balance"]) == 2 and sum(got["balance"]) == len(names)
+        assert min(got["balance"]) >= 1 and got["sample_rows"] == 2

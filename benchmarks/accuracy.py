@@ -1,0 +1,295 @@
+"""How accurate autosplit's predictions are: predicted against measured step times on 2 CPU
+workers, for several independent profiles of each model.
+
+For each model, ``--profiles`` independent profiles (``autosplit.profile``, one CPU worker of one
+thread); for each profile the plans below, predicted by autosplit from that profile:
+
+* autosplit's plan, made as ``autosplit plan`` makes it: the best candidates by block sums
+  (``plan_candidates``), their stages and those of every other plan timed as they run
+  (``autosplit.verify.verify_and_choose``), the fastest verified candidate kept;
+* the hand split where the model file has one (examples/resnet50.py's ``MANUAL_SPLIT``);
+* uniform block counts and balanced parameter bytes (``baseline_plans``);
+* torchgpipe 0.0.7's ``balance_by_time`` (``torchgpipe_peer.py``, optional) at the split size of
+  autosplit's best candidate by block sums;
+* one device (predicted: the verification's whole-model timing).
+
+Every distinct plan of every profile is then trained for real, one process per stage
+(``harness.py``: two gloo ranks, GPipe, interleaved rounds A B … B A after a warm-up round, a
+timing disturbed by other processes taken again). Reported: the median and p90 of
+|predicted − measured| / measured over every (profile, plan); each profile's predicted ratio
+autosplit / other plan against the measured ratio; whether the profiles gave the same plan (or
+plans within 1 % measured). Models (``--models``): ResNet50 (B=120, 3×128×128), ResNet101
+(B=48, 3×64×64), GPT small (examples/gpt.py, B=64 × 64 tokens) and examples/bigvocab.py (a
+32,000-token vocabulary on 2 small blocks, B=32 × 32 tokens).
+
+    python benchmarks/accuracy.py            # writes benchmarks/results/accuracy.{json,md}
+    python benchmarks/accuracy.py --smoke --out /tmp/acc   # toy sizes in seconds (tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+from accuracy_cases import (
+    AUTO,
+    GOALS,
+    HAND,
+    ONE,
+    Case,
+    agreement,
+    default_cases,
+    errors,
+    goals,
+    plan_key,
+    quantile,
+    smoke_cases,
+    spread,
+)
+from common import RESULTS, command_line, describe, machine, write_results
+from harness import Config, Group, add_load_arguments, measure
+from report import load_sentence, plural
+from torchgpipe_peer import INSTALL_TORCHGPIPE, TORCHGPIPE, balance_by_time, torchgpipe_balance
+
+import autosplit
+from autosplit.planner import plan_candidates
+from autosplit.records import Plan, Profile
+from autosplit.verify import verify_and_choose
+
+TORCHGPIPE_ROW = "torchgpipe"
+
+
+def plans_of(case: Case, profile: Profile, model: Any, inputs: tuple[torch.Tensor, ...],
+             device: torch.device) -> tuple[list[Plan], dict[str, Plan], dict[str, Any]]:
+    """autosplit's candidates and the other plans made from ``profile``; torchgpipe's notes."""
+    candidates = list(plan_candidates(profile, 2, top_k=3))
+    others: dict[str, Plan] = {}
+    if case.hand is not None:
+        others[HAND] = autosplit.manual_plan(profile, list(case.hand[0]), case.hand[1])
+    base = autosplit.baseline_plans(profile, 2)
+    others["uniform"], others["by parameters"] = base["uniform"], base["parameters"]
+    notes: dict[str, Any] = {}
+    if balance_by_time is not None and case.sequential is not None:
+        b = candidates[0].split_size
+        notes = torchgpipe_balance(case.sequential, model, inputs, b, profile.block_names, device)
+        others[TORCHGPIPE_ROW] = autosplit.plan_with_balance(
+            profile, notes["balance"], b, solver=f"torchgpipe {TORCHGPIPE}")
+    return candidates, others, notes
+
+
+def plan_row(plan: Plan, block_sum_ms: float, names: Sequence[str]) -> dict[str, Any]:
+    ends = [sum(plan.balance[: i + 1]) for i in range(len(plan.balance) - 1)]
+    return {"balance": list(plan.balance), "split_size": plan.split_size,
+            "cut_before": [names[e] for e in ends], "predicted_ms": plan.predicted_step_ms,
+            "step_spread": plan.step_spread, "block_sum_ms": block_sum_ms}
+
+
+def profile_case(case: Case, p: int, args: argparse.Namespace, device: torch.device,
+                 labels: dict[tuple[tuple[int, ...], int], str]
+                 ) -> tuple[dict[str, Any], list[Config]]:
+    """One independent profile of ``case`` and its plans, verified; the new plans to measure
+    (``labels``: the plans already measured, by key, with their label)."""
+    model, inputs = case.spec.build(), case.spec.make_inputs()
+    graph = autosplit.trace(model, example_inputs=inputs)
+    start = time.perf_counter()
+    include = [case.hand[1]] if case.hand is not None else []
+    profile = autosplit.profile(model, inputs, device=device, include=include,
+                                microbatch_sizes=args.sizes, budget_s=args.profile_budget)
+    profile_s = time.perf_counter() - start
+    candidates, others, notes = plans_of(case, profile, model, inputs, device)
+    sums = {**{plan_key(c): c.predicted_step_ms for c in candidates},
+            **{plan_key(o): o.predicted_step_ms for o in others.values()}}
+    auto, checked = verify_and_choose(graph, inputs, profile, candidates, others, device=device,
+                                      budget_s=args.verify_budget)
+    plans = {AUTO: auto, **checked}
+    rows = {name: plan_row(plan, sums[plan_key(plan)], profile.block_names)
+            for name, plan in plans.items()}
+    rows[ONE] = {"balance": [len(profile.blocks)], "split_size": case.spec.batch, "cut_before": [],
+                 "predicted_ms": auto.single_device_ms, "step_spread": auto.single_device_spread,
+                 "block_sum_ms": None}
+    new = []
+    for name, plan in plans.items():
+        key = plan_key(plan)
+        if key not in labels:
+            labels[key] = f"{name} (profile {p + 1})"
+            new.append(Config(labels[key], plan))
+        rows[name]["label"] = labels[key]
+    rows[ONE]["label"] = ONE
+    result = {"profile_s": profile_s, "plan_and_verify_s": time.perf_counter() - start - profile_s,
+              "microbatch_sizes": list(profile.microbatch_sizes), "plans": rows,
+              "verification": auto.verification, "torchgpipe": notes}
+    return result, new
+
+
+def estimate_s(cases: Sequence[Case], args: argparse.Namespace) -> float:
+    """A rough duration up front: profiles and verification within their budgets, then the
+    timed rounds at about 6 configurations per model (pipelines ~0.6 of one device's step)."""
+    planning = args.profiles * (args.profile_budget + args.verify_budget + 10)
+    steps = sum(c.step_s * (1 + 0.6 * (5 + args.profiles - 1)) for c in cases)
+    return len(cases) * planning + (args.rounds + 1) * steps * 1.15  # 15 %: retakes, set-up
+
+
+def predicted_ms(model: dict[str, Any], label: str) -> float:
+    """A measured configuration's predicted step (ms), from the last profile that has it."""
+    return {r["label"]: r["predicted_ms"] for prof in model["profiles"]
+            for r in prof["plans"].values()}[label]
+
+
+def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
+    device = torch.device("cpu")
+    started = time.perf_counter()
+    models, groups = [], []
+    for case in cases:
+        labels: dict[tuple[tuple[int, ...], int], str] = {}
+        configs = [Config(ONE, None)]
+        profiles = []
+        for p in range(args.profiles):
+            print(f"{case.label} ({case.spec.describe}): profile {p + 1}/{args.profiles} …",
+                  flush=True)
+            result, new = profile_case(case, p, args, device, labels)
+            profiles.append(result)
+            configs += new
+        models.append({"model": case.label, "key": case.name, "input": case.spec.describe,
+                       "hand": None if case.hand is None else
+                       {"cut_before": list(case.hand[0]), "split_size": case.hand[1]},
+                       "profiles": profiles})
+        groups.append(Group(case.label, case.spec, tuple(configs), rounds=args.rounds, warmup=1,
+                            max_others=args.max_others, retries=args.retries))
+    predicted = sum(predicted_ms(m, c.label) for m, g in zip(models, groups) for c in g.configs)
+    print(f"planned in {time.perf_counter() - started:.0f} s; measuring "
+          f"{sum(len(g.configs) for g in groups)} configurations, {args.rounds} rounds + warm-up "
+          f"(about {(args.rounds + 1) * predicted / 1000 * 1.2:.0f} s more by the predictions) …",
+          flush=True)
+    start = time.perf_counter()
+    results = measure(groups, nprocs=2, backend="gloo", timeout_s=args.timeout)
+    measure_s = time.perf_counter() - start
+    for model in models:
+        got = results[model["model"]]
+        model["measured"] = {label: {**spread(times), "seconds": times}
+                             for label, times in got["times"].items()}
+        model["load"] = got["load"]
+        model["step_errors"], model["ratio_errors"] = errors(model)
+        steps = [e["error"] for e in model["step_errors"]]
+        model["median_error"], model["p90_error"] = quantile(steps, 0.5), quantile(steps, 0.9)
+        model["agreement"] = agreement(model)
+    steps = [e["error"] for m in models for e in m["step_errors"]]
+    return {
+        "settings": {
+            "machine": machine(), "command": args.command, "smoke": args.smoke,
+            "devices": "2 CPU workers of 1 thread each, one process per stage (gloo), GPipe",
+            "profiles": args.profiles, "rounds": args.rounds, "warmup_rounds": 1,
+            "steps_per_timing": 1, "profile_budget_s": args.profile_budget,
+            "verify_budget_s": args.verify_budget, "max_others": args.max_others,
+            "retries": args.retries, "torchgpipe": TORCHGPIPE,
+            "loss": "MSE against one-hot labels (the tutorial's), SGD lr 0.001",
+        },
+        "seconds": {"total": time.perf_counter() - started, "measure": measure_s},
+        "models": models,
+        "errors": {"median": quantile(steps, 0.5), "p90": quantile(steps, 0.9),
+                   "count": len(steps)},
+        "goals": goals(models),
+    }
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.1%}"
+
+
+def markdown(data: dict[str, Any]) -> str:
+    s = data["settings"]
+    lines = [
+        "# Accuracy: predicted against measured step times", "",
+        f"Machine: {describe(s['machine'])}.  ",
+        f"Command: `{s['command']}`.  ",
+        (f"{s['devices']}; {plural(s['profiles'], 'independent profile')} per model; every "
+         f"plan measured {plural(s['rounds'], 'time')} after a warm-up round, interleaved; "
+         f"torchgpipe {s['torchgpipe'] or 'not installed (' + INSTALL_TORCHGPIPE + ')'}; "
+         f"{s['loss']}. Total {data['seconds']['total']:.0f} s."), "",
+        "## Goals", "", "| goal | value | target | |", "|---|---|---|---|",
+    ]
+    for g in data["goals"]:
+        value = g["value"] if isinstance(g["value"], str) else f"{g['value']:.1%}"
+        met = "met" if g["met"] else "missed"
+        lines.append(f"| {g['goal']} | {value} | {g['target']} | {met} |")
+    for m in data["models"]:
+        a = m["agreement"]
+        lines += ["", f"## {m['model']} ({m['input']})", "",
+                  "| measured plan | cut before | b | median ms | min–max ms | ± | n |",
+                  "|---|---|---|---|---|---|---|"]
+        cuts = {r["label"]: r for prof in m["profiles"] for r in prof["plans"].values()}
+        for label, x in m["measured"].items():
+            r = cuts[label]
+            lines.append(f"| {label} | {', '.join(r['cut_before']) or '–'} | {r['split_size']} | "
+                         f"{x['median_ms']:.0f} | {x['min_ms']:.0f}–{x['max_ms']:.0f} | "
+                         f"{x['half_range']:.1%} | {x['n']} |")
+        lines += ["", "| profile | plan | predicted ms | measured ms | error |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {e['profile']} | {e['plan']} | {e['predicted_ms']:.0f} | "
+                  f"{e['measured_ms']:.0f} | {e['error']:.1%} |" for e in m["step_errors"]]
+        lines += ["", f"Step error: median {m['median_error']:.1%}, p90 {m['p90_error']:.1%}.", "",
+                  "| profile | autosplit / | predicted ratio | measured ratio | error |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {e['profile']} | {e['plan']} | {e['predicted_ratio']:.3f} | "
+                  f"{e['measured_ratio']:.3f} | {_pct(e['error'])} |" for e in m["ratio_errors"]]
+        same = ("the same plan" if a["same"] else
+                f"{a['distinct']} plans, {a['gap']:.1%} apart measured; "
+                f"{a['agreeing']} within {GOALS['agreement']:.0%} of the fastest")
+        lines += ["", (f"autosplit's plan from the {a['profiles']} profiles: {same} "
+                       f"({'; '.join(a['plans'])}). {load_sentence(m['load'])}")]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    names = [c.name for c in default_cases()]
+    parser.add_argument("--models", nargs="+", choices=names, default=names, metavar="MODEL",
+                        help=f"the models to run (default all: {' '.join(names)})")
+    parser.add_argument("--profiles", type=int, default=3, help="independent profiles per model")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per plan (default 5)")
+    parser.add_argument("--profile-budget", type=float, default=40.0,
+                        help="each profile's budget (s; autosplit's default 40)")
+    parser.add_argument("--verify-budget", type=float, default=60.0,
+                        help="each verification's budget (s; autosplit's default 60)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="process-group timeout (s)")
+    add_load_arguments(parser)
+    parser.add_argument("--smoke", action="store_true", help="toy models in seconds (tests)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for the results (default benchmarks/results; with --smoke "
+                             "a temporary folder)")
+    args = parser.parse_args(argv)
+    if args.profiles < 1 or args.rounds < 1:
+        parser.error("--profiles and --rounds must be positive")
+    args.sizes = None
+    if args.smoke:
+        cases = smoke_cases()
+        args.profiles, args.rounds, args.retries = min(args.profiles, 2), 1, 0
+        args.profile_budget, args.verify_budget, args.sizes = 5.0, 5.0, [2, 4]
+    else:
+        cases = [c for c in default_cases() if c.name in args.models]
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="accuracy-smoke-")) if args.smoke else RESULTS
+    elif args.smoke and args.out.resolve() == RESULTS.resolve():
+        parser.error("--smoke never writes to benchmarks/results: give another --out")
+    args.command = command_line("accuracy.py", sys.argv[1:] if argv is None else argv)
+    print(f"{', '.join(c.label for c in cases)}; {args.profiles} profiles, {args.rounds} rounds: "
+          f"about {estimate_s(cases, args) / 60:.0f} min on 2 quiet CPU cores", flush=True)
+    if TORCHGPIPE is None:
+        print(f"torchgpipe is not installed: no torchgpipe rows ({INSTALL_TORCHGPIPE})", flush=True)
+    data = run(args, cases)
+    stem = "accuracy_smoke" if args.smoke else "accuracy"
+    text = markdown(data)
+    write_results(args.out, stem, data, text)
+    print(text)
+    print(f"wrote {args.out / stem}.json and .md")
+
+
+if __name__ == "__main__":
+    main()

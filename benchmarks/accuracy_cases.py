@@ -1,0 +1,170 @@
+"""The accuracy benchmark's models and its arithmetic (``accuracy.py``): which models at which
+sizes, each one's hand split, and the errors and goals computed from predicted and measured
+step times. No timing happens here.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+from common import load_example
+from harness import ModelSpec
+from torch import nn
+
+ONE = "one device"
+AUTO = "autosplit"
+HAND = "hand split"
+GOALS = {"median": 0.03, "p90": 0.08, "ratio": 0.03, "agreement": 0.01}
+"""Median and p90 step error, every predicted ratio's error, plans within 1 % measured."""
+
+
+@dataclass(frozen=True)
+class ExampleSpec(ModelSpec):
+    """A model file of examples/ (``build_model(size)``, ``example_inputs(batch, size)``), rebuilt
+    seeded in every rank like :class:`harness.ModelSpec`; ``key`` is ``<example>-<size>``."""
+
+    @property
+    def describe(self) -> str:
+        return f"B={self.batch} × {self.make_inputs()[0].shape[1]} tokens"
+
+    def _parts(self) -> tuple[Any, str]:
+        example, size = self.key.split("-", 1)
+        return load_example(example), size
+
+    def build(self) -> nn.Module:
+        torch.manual_seed(self.seed)
+        module, size = self._parts()
+        return module.build_model(size)
+
+    def make_inputs(self) -> tuple[torch.Tensor, ...]:
+        torch.manual_seed(self.seed + 1)
+        module, size = self._parts()
+        return tuple(module.example_inputs(self.batch, size))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model of the benchmark. ``hand``: (cut points, split size) or None; ``sequential``:
+    the key torchgpipe_peer.flatten knows the model's layout by (None: no torchgpipe row);
+    ``step_s``: a rough one-device step on one CPU thread (s), for the estimate up front."""
+
+    name: str
+    label: str
+    spec: ModelSpec
+    hand: tuple[tuple[str, ...], int] | None
+    sequential: str | None
+    step_s: float
+
+
+def _resnet50_hand() -> tuple[tuple[str, ...], int]:
+    example = load_example("resnet50")
+    return tuple(example.MANUAL_SPLIT), int(example.MANUAL_SPLIT_SIZE)
+
+
+def default_cases() -> list[Case]:
+    return [
+        Case("resnet50", "ResNet50", ModelSpec("resnet50", 120, (3, 128, 128)), _resnet50_hand(),
+             "resnet50", 10.5),
+        Case("resnet101", "ResNet101", ModelSpec("resnet101", 48, (3, 64, 64)), None,
+             "resnet101", 1.3),
+        Case("gpt-small", "GPT small", ModelSpec("gpt-small", 64), None, "gpt-small", 0.45),
+        # bigvocab has gpt.py's layout and module names: torchgpipe_peer flattens it as a GPT
+        Case("bigvocab", "Big vocabulary", ExampleSpec("bigvocab-small", 32), None,
+             "gpt-bigvocab", 0.7),
+    ]
+
+
+def smoke_cases() -> list[Case]:
+    return [
+        Case("resnet18", "ResNet18", ModelSpec("resnet18", 8, (3, 32, 32)), (("layer3",), 4),
+             "resnet18", 0.05),
+        Case("bigvocab", "Big vocabulary (tiny)", ExampleSpec("bigvocab-tiny", 8), None,
+             "gpt-bigvocab", 0.02),
+    ]
+
+
+def plan_key(plan: Any) -> tuple[tuple[int, ...], int]:
+    """What makes two plans run alike: the cut (stage block counts) and the micro-batch size."""
+    return tuple(plan.balance), int(plan.split_size)
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile, linear between order statistics (numpy's default); NaN if empty."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def spread(seconds: Sequence[float]) -> dict[str, float]:
+    """A measured figure's median, min, max (ms) and half its min–max range over the median."""
+    ms = [s * 1000 for s in seconds]
+    mid = statistics.median(ms)
+    return {"median_ms": mid, "min_ms": min(ms), "max_ms": max(ms), "n": len(ms),
+            "half_range": (max(ms) - min(ms)) / 2 / mid if mid else math.nan}
+
+
+def errors(model: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Each (profile, plan)'s step error |predicted − measured| / measured, and each profile's
+    predicted ratio autosplit / other plan against the measured ratio (ratio / ratio − 1);
+    plans identical to autosplit's are left out of the ratios (both ratios are 1)."""
+    measured = {label: m["median_ms"] for label, m in model["measured"].items()}
+    steps, ratios = [], []
+    for p, prof in enumerate(model["profiles"]):
+        for name, row in prof["plans"].items():
+            meas = measured[row["label"]]
+            steps.append({"profile": p + 1, "plan": name, "predicted_ms": row["predicted_ms"],
+                          "measured_ms": meas,
+                          "error": abs(row["predicted_ms"] - meas) / meas})
+        auto = prof["plans"][AUTO]
+        for name, row in prof["plans"].items():
+            if name == AUTO or row["label"] == auto["label"]:
+                continue
+            predicted = auto["predicted_ms"] / row["predicted_ms"]
+            actual = measured[auto["label"]] / measured[row["label"]]
+            ratios.append({"profile": p + 1, "plan": name, "predicted_ratio": predicted,
+                           "measured_ratio": actual, "error": predicted / actual - 1})
+    return steps, ratios
+
+
+def agreement(model: dict[str, Any]) -> dict[str, Any]:
+    """Whether the profiles gave the same autosplit plan, or plans within 1 % measured."""
+    labels = [prof["plans"][AUTO]["label"] for prof in model["profiles"]]
+    distinct = list(dict.fromkeys(labels))
+    times = [model["measured"][label]["median_ms"] for label in distinct]
+    gap = max(times) / min(times) - 1
+    fastest = distinct[times.index(min(times))]
+    limit = min(times) * (1 + GOALS["agreement"])
+    agreeing = sum(1 for label in labels if model["measured"][label]["median_ms"] <= limit)
+    return {"plans": labels, "distinct": len(distinct), "same": len(distinct) == 1,
+            "gap": gap, "agreeing": agreeing, "profiles": len(labels), "fastest": fastest}
+
+
+def goals(models: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The README's goals for the accuracy benchmark, each with its value and met / missed."""
+    steps = [e["error"] for m in models for e in m["step_errors"]]
+    ratios = [abs(e["error"]) for m in models for e in m["ratio_errors"]]
+    agreeing = [(m["agreement"]["agreeing"], m["agreement"]["profiles"]) for m in models]
+    rows = [
+        ("median step error", quantile(steps, 0.5), f"≤ {GOALS['median']:.0%}", GOALS["median"]),
+        ("p90 step error", quantile(steps, 0.9), f"≤ {GOALS['p90']:.0%}", GOALS["p90"]),
+        ("largest predicted-ratio error", max(ratios, default=0.0),
+         f"every one within ±{GOALS['ratio']:.0%}", GOALS["ratio"]),
+    ]
+    out = [{"goal": g, "value": v, "target": t, "met": bool(v <= limit)} for g, v, t, limit in rows]
+    worst = min(agreeing, key=lambda a: a[0] / a[1]) if agreeing else (0, 0)
+    out.append({"goal": "profiles giving the same plan (or within 1 % measured), worst model",
+                "value": f"{worst[0]} of {worst[1]}", "target": "all of them",
+                "met": all(a == n for a, n in agreeing)})
+    return out
