@@ -4,13 +4,18 @@
     out = pm(x)                                     # pipelined forward
     print(pm.plan)                                  # stages, cut points, split_size, predictions
 
-The torch-free parts (``autosplit.solve``, ``autosplit.records`` (Profile, Plan), the errors) import
-without torch; everything else is loaded on first use.
+The package exports the pipeline's steps (trace, profile, plan, emit, partition), the records
+and the errors. Analysis helpers live in their modules: ``autosplit.comparison`` (compare,
+baseline_plans, manual_plan), ``autosplit.simulator``, ``autosplit.analytic``, ``autosplit.specs``,
+``autosplit.planner`` (plan_with_balance), ``autosplit.pipeline`` (PipelinedModule). The
+torch-free parts (``autosplit.solve``, ``autosplit.records``, the errors) import without torch;
+everything else is loaded on first use.
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from autosplit.errors import (
@@ -20,16 +25,27 @@ from autosplit.errors import (
     InfeasiblePlanError,
     InvalidInputError,
     ModelFileError,
-    PlanFileError,
-    PlanMismatchError,
+    ModelMismatchError,
+    PlanFileError,  # noqa: F401 (former name of RecordFileError)
+    PlanMismatchError,  # noqa: F401 (former name of ModelMismatchError)
     RankFailedError,
+    RecordFileError,
     TraceError,
 )
-from autosplit.records import BlockProfile, CutProfile, DeviceInfo, Plan, Profile, Stage
+from autosplit.records import (
+    BlockProfile,
+    CutProfile,
+    DeviceInfo,
+    Plan,
+    Profile,
+    SharedWeight,
+    Stage,
+)
 
 if TYPE_CHECKING:
-    from autosplit.graph import BlockGraph, trace
-    from autosplit.pipeline import PipelinedModule, partition
+    from autosplit.codegen import emit
+    from autosplit.graph import trace
+    from autosplit.pipeline import partition
     from autosplit.planner import plan
     from autosplit.profiler import profile
 
@@ -37,18 +53,21 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "partition": "autosplit.pipeline",
-    "PipelinedModule": "autosplit.pipeline",
     "profile": "autosplit.profiler",
     "plan": "autosplit.planner",
-    "plan_with_balance": "autosplit.planner",
     "trace": "autosplit.graph",
+    "emit": "autosplit.codegen",
+}
+
+_MOVED = {
+    "PipelinedModule": "autosplit.pipeline",
+    "plan_with_balance": "autosplit.planner",
     "BlockGraph": "autosplit.graph",
     "compare": "autosplit.comparison",
     "baseline_plans": "autosplit.comparison",
     "manual_plan": "autosplit.comparison",
     "simulate": "autosplit.simulator",
     "simulate_plan": "autosplit.simulator",
-    "emit": "autosplit.codegen",
     "analytic_profile": "autosplit.analytic",
     "build_on_meta": "autosplit.analytic",
     "DeviceSpec": "autosplit.specs",
@@ -56,40 +75,29 @@ _LAZY = {
     "load_spec": "autosplit.specs",
     "calibrate": "autosplit.specs",
 }
+"""Names that ``autosplit`` exported before 0.2, now in their modules; still found, with a
+``DeprecationWarning`` that says where."""
 
 __all__ = [
     "partition",
+    "trace",
     "profile",
     "plan",
-    "plan_with_balance",
-    "trace",
-    "compare",
-    "baseline_plans",
-    "manual_plan",
-    "simulate",
-    "simulate_plan",
     "emit",
-    "analytic_profile",
-    "build_on_meta",
-    "DeviceSpec",
-    "get_spec",
-    "load_spec",
-    "calibrate",
-    "PipelinedModule",
-    "BlockGraph",
     "Profile",
     "BlockProfile",
     "CutProfile",
     "DeviceInfo",
     "Plan",
     "Stage",
+    "SharedWeight",
     "AutosplitError",
     "InvalidInputError",
     "ArgumentTypeError",
     "TraceError",
     "InfeasiblePlanError",
-    "PlanMismatchError",
-    "PlanFileError",
+    "ModelMismatchError",
+    "RecordFileError",
     "CodegenError",
     "ModelFileError",
     "RankFailedError",
@@ -102,6 +110,14 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
+    if name in _MOVED:
+        warnings.warn(
+            f"autosplit.{name} is deprecated: use {_MOVED[name]}.{name} "
+            f"(from {_MOVED[name]} import {name})",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(_MOVED[name]), name)
     raise AttributeError(f"module 'autosplit' has no attribute {name!r}")
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from autosplit import checks
 from autosplit.cost import block_time_ms
-from autosplit.errors import InvalidInputError, PlanMismatchError
+from autosplit.errors import InvalidInputError, ModelMismatchError
 from autosplit.planner import PlanSettings, plan_with_balance
 from autosplit.records import Plan, Profile
 from autosplit.solve import block_partition, by_parameters, manual, uniform
@@ -133,7 +133,7 @@ def compare(
         ArgumentTypeError: ``plans`` is not a mapping of names to Plans, or a measured time
             is not a number.
         InvalidInputError: no plan, or a measured time that is not finite and > 0 ms.
-        PlanMismatchError: a plan is of another model than ``profile``.
+        ModelMismatchError: a plan is of another model than ``profile``.
     """
     checks.instance_of("profile", profile, Profile, "an autosplit Profile")
     checks.instance_of("plans", plans, Mapping, "a mapping of names to Plans")
@@ -147,7 +147,7 @@ def compare(
             checks.positive_finite(f"measured_ms[{name!r}]", ms, "ms")
     for name, plan in plans.items():
         if plan.fingerprint != profile.fingerprint:
-            raise PlanMismatchError(
+            raise ModelMismatchError(
                 f"plan {name!r} is for another model ({plan.model}, fingerprint "
                 f"{plan.fingerprint}) than the profile ({profile.model}, {profile.fingerprint})"
             )

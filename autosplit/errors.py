@@ -14,8 +14,8 @@ __all__ = [
     "ArgumentTypeError",
     "TraceError",
     "InfeasiblePlanError",
-    "PlanMismatchError",
-    "PlanFileError",
+    "ModelMismatchError",
+    "RecordFileError",
     "CodegenError",
     "ModelFileError",
     "RankFailedError",
@@ -66,12 +66,23 @@ class InfeasiblePlanError(AutosplitError, ValueError):
         self.blocks = blocks
 
 
-class PlanMismatchError(AutosplitError, ValueError):
-    """A saved plan or profile was made for another model (fingerprints differ)."""
+class ModelMismatchError(AutosplitError, ValueError):
+    """A plan or profile was made for another model (its fingerprint or block names differ)."""
 
 
-class PlanFileError(AutosplitError, ValueError):
-    """A plan or profile file cannot be read: missing, not JSON, or missing fields."""
+class RecordFileError(AutosplitError, ValueError):
+    """An autosplit JSON file (plan, profile, device spec) cannot be read.
+
+    The file is missing, not JSON, or lacks a required field; the message names the file and
+    the field.
+    """
+
+
+PlanMismatchError = ModelMismatchError
+"""Former name of :class:`ModelMismatchError` (the same class)."""
+
+PlanFileError = RecordFileError
+"""Former name of :class:`RecordFileError` (the same class)."""
 
 
 class CodegenError(AutosplitError):

@@ -30,12 +30,12 @@ from typing import Any
 import torch
 
 from autosplit import checks
-from autosplit import profiler
+from autosplit import measurement
 from autosplit.cost import single_device_ms
 from autosplit.devices import resolve_device
 from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph, Segment
-from autosplit.profiler import check_inputs
+from autosplit.profiler import check_inputs, check_microbatch_sizes
 from autosplit.records import Plan, Profile
 from autosplit.simulator import simulate_plan
 
@@ -122,7 +122,7 @@ def time_stages(
     batch = int(inputs[0].shape[0])
     for first, end, b in runs:
         graph.extract(first, end)  # checks the range
-        profiler.check_microbatch_sizes([b], batch, "b")
+        check_microbatch_sizes([b], batch, "b")
     dev = resolve_device(device)
     start = time.perf_counter()
     old_threads = torch.get_num_threads()
@@ -134,21 +134,21 @@ def time_stages(
             torch.set_num_threads(threads)
         on_device = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
         with torch.random.fork_rng(devices=rng), on_device:
-            work = profiler.private_copy(graph, dev)
+            work = measurement.private_copy(graph, dev)
             envs = {b: _inputs_at(work, inputs, b, runs, dev) for b in {r[2] for r in runs}}
             segments = {r: work.extract(r[0], r[1]) for r in runs}
             total = warmup + max(rounds, max_rounds)
             for k in range(total):
                 if k >= warmup + rounds:
-                    settled = all(profiler.spread_settled(_sums(fwd[r], bwd[r])) for r in runs)
+                    settled = all(measurement.spread_settled(_sums(fwd[r], bwd[r])) for r in runs)
                     elapsed = time.perf_counter() - start
                     per_round = elapsed / k
                     if settled or (budget_s is not None and elapsed + per_round > budget_s):
                         break
                 for j, r in enumerate(runs):  # A B A B …: every run once per round
                     seg: Segment = segments[r]
-                    args = profiler.segment_args(work, envs[r[2]], seg)
-                    _, f_ms, b_ms = profiler.timed_run(seg, args, dev)
+                    args = measurement.segment_args(work, envs[r[2]], seg)
+                    _, f_ms, b_ms = measurement.timed_run(seg, args, dev)
                     if k >= warmup:
                         fwd[r].append(f_ms)
                         bwd[r].append(b_ms)
@@ -207,7 +207,7 @@ def verify_plans(
     :func:`time_stages`'s keyword arguments.
 
     Raises:
-        PlanMismatchError: a plan is of another model than ``graph``.
+        ModelMismatchError: a plan is of another model than ``graph``.
         As :func:`time_stages`.
     """
     checks.instance_of("profile", profile, Profile, "an autosplit Profile")

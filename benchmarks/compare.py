@@ -74,6 +74,8 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import autosplit  # noqa: E402
+from autosplit.comparison import baseline_plans, manual_plan  # noqa: E402
+from autosplit.planner import plan_with_balance  # noqa: E402
 from autosplit.records import Plan, Profile  # noqa: E402
 
 
@@ -112,13 +114,13 @@ def case_plans(case: Case, profile: Profile, model: nn.Module, inputs: tuple[tor
     plans: dict[str, Plan] = {}
     if case.hand is not None:
         points, split = case.hand
-        plans[HAND] = autosplit.manual_plan(profile, list(points), split)
-    base = autosplit.baseline_plans(profile, 2)
+        plans[HAND] = manual_plan(profile, list(points), split)
+    base = baseline_plans(profile, 2)
     plans["uniform"] = base["uniform"]
     plans["by parameters"] = base["parameters"]
     if balance_by_time is not None:
         tg = torchgpipe_balance(case.spec.key, model, inputs, auto.split_size, profile.block_names, device)
-        plans["torchgpipe"] = autosplit.plan_with_balance(
+        plans["torchgpipe"] = plan_with_balance(
             profile, tg["balance"], auto.split_size, solver=f"torchgpipe {TORCHGPIPE}")
         notes["torchgpipe"] = tg
     plans[AUTO] = auto
@@ -177,12 +179,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     del omodel
     phases["profile oracle"] = seconds
     oauto = autosplit.plan(oprofile, 2)
-    ohand = autosplit.manual_plan(oprofile, list(oracle_case.hand[0]), oracle_case.hand[1]) if oracle_case.hand else None
+    ohand = manual_plan(oprofile, list(oracle_case.hand[0]), oracle_case.hand[1]) if oracle_case.hand else None
     n = len(oprofile.blocks)
     grid = []
     for cut in range(1, n):
         for b in reversed(sizes_for(oracle_case.spec.batch, oracle_max_m)):
-            plan = autosplit.plan_with_balance(oprofile, (cut, n - cut), b, solver="sweep")
+            plan = plan_with_balance(oprofile, (cut, n - cut), b, solver="sweep")
             grid.append({"label": f"cut {cut} b {b}", "cut": cut, "before": oprofile.block_names[cut],
                          "split_size": b, "microbatches": plan.microbatches, "plan": plan})
     keep = [g["label"] for g in grid if plan_key(g["plan"]) == plan_key(oauto)]

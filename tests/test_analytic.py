@@ -28,7 +28,7 @@ from autosplit.analytic import (
     profile_from_costs,
     to_meta,
 )
-from autosplit.errors import InvalidInputError, PlanFileError, PlanMismatchError
+from autosplit.errors import InvalidInputError, RecordFileError, ModelMismatchError
 from autosplit.records import Profile
 from autosplit.specs import (
     KNOWN_DEVICES,
@@ -304,12 +304,12 @@ def test_spec_file_round_trip_and_errors(tmp_path: Path) -> None:
     data = json.loads(path.read_text())
     del data["memory_bandwidth_bytes_per_s"]
     path.write_text(json.dumps(data))
-    with pytest.raises(PlanFileError, match="missing the field memory_bandwidth_bytes_per_s"):
+    with pytest.raises(RecordFileError, match="missing the field memory_bandwidth_bytes_per_s"):
         load_spec(path)
 
     data = spec.to_dict() | {"tflops": 1}
     path.write_text(json.dumps(data))
-    with pytest.raises(PlanFileError, match="unknown field tflops"):
+    with pytest.raises(RecordFileError, match="unknown field tflops"):
         load_spec(path)
 
     optional = ("source", "efficiency", "bandwidth_efficiency", "kind")
@@ -321,7 +321,7 @@ def test_spec_file_round_trip_and_errors(tmp_path: Path) -> None:
     path.write_text(json.dumps(spec.to_dict() | {"memory_bytes": -1}))
     with pytest.raises(InvalidInputError, match="memory_bytes must be a finite number > 0"):
         load_spec(path)
-    with pytest.raises(PlanFileError, match="does not exist"):
+    with pytest.raises(RecordFileError, match="does not exist"):
         load_spec(tmp_path / "absent.json")
 
 
@@ -368,7 +368,7 @@ def test_calibrate_rejects_mismatches() -> None:
     spec = get_spec("cpu-core")
     a = analytic_profile(LongSkip(), torch.randn(8, 6), spec, microbatch_sizes=[4])
     b = analytic_profile(ToyModel(), torch.randn(8, 10), spec, microbatch_sizes=[4])
-    with pytest.raises(PlanMismatchError, match="not of the same model"):
+    with pytest.raises(ModelMismatchError, match="not of the same model"):
         calibrate(spec, b, a)
     c = analytic_profile(LongSkip(), torch.randn(8, 6), spec, microbatch_sizes=[8])
     with pytest.raises(InvalidInputError, match="micro-batch sizes"):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import autosplit
-from autosplit import solve
+from autosplit import analytic, comparison, planner, simulator, solve, specs
 from autosplit.errors import ArgumentTypeError, InvalidInputError
 from autosplit.specs import get_spec
 from autosplit.units import parse_bytes
@@ -77,50 +77,50 @@ CASES: list[tuple[str, Callable[[], Any], str, str]] = [
     ("plan device_profiles", lambda: autosplit.plan(PROF, device_profiles=[PROF, "x"]), TYPE,
      "device_profiles[1]"),
     # -- plan_with_balance -----------------------------------------------------------------------
-    ("balance floats", lambda: autosplit.plan_with_balance(PROF, [1.5, 0.5], 2), TYPE,
+    ("balance floats", lambda: planner.plan_with_balance(PROF, [1.5, 0.5], 2), TYPE,
      "balance[0]"),
-    ("balance integral floats", lambda: autosplit.plan_with_balance(PROF, [2.0, 2.0], 2), TYPE,
+    ("balance integral floats", lambda: planner.plan_with_balance(PROF, [2.0, 2.0], 2), TYPE,
      "balance[0]"),
-    ("balance bools", lambda: autosplit.plan_with_balance(PROF, [True, 3], 2), TYPE,
+    ("balance bools", lambda: planner.plan_with_balance(PROF, [True, 3], 2), TYPE,
      "balance[0]"),
-    ("balance zero", lambda: autosplit.plan_with_balance(PROF, [4, 0], 2), VALUE, "balance[1]"),
-    ("balance negative", lambda: autosplit.plan_with_balance(PROF, [5, -1], 2), VALUE,
+    ("balance zero", lambda: planner.plan_with_balance(PROF, [4, 0], 2), VALUE, "balance[1]"),
+    ("balance negative", lambda: planner.plan_with_balance(PROF, [5, -1], 2), VALUE,
      "balance[1]"),
-    ("balance sum", lambda: autosplit.plan_with_balance(PROF, [1, 2], 2), VALUE, "balance"),
-    ("balance empty", lambda: autosplit.plan_with_balance(PROF, [], 2), VALUE, "balance"),
-    ("balance str", lambda: autosplit.plan_with_balance(PROF, "22", 2), TYPE, "balance"),
-    ("balance split None", lambda: autosplit.plan_with_balance(PROF, [2, 2], None), TYPE,
+    ("balance sum", lambda: planner.plan_with_balance(PROF, [1, 2], 2), VALUE, "balance"),
+    ("balance empty", lambda: planner.plan_with_balance(PROF, [], 2), VALUE, "balance"),
+    ("balance str", lambda: planner.plan_with_balance(PROF, "22", 2), TYPE, "balance"),
+    ("balance split None", lambda: planner.plan_with_balance(PROF, [2, 2], None), TYPE,
      "split_size"),
-    ("balance unknown kwarg", lambda: autosplit.plan_with_balance(PROF, [2, 2], 2, gpu=2), TYPE,
+    ("balance unknown kwarg", lambda: planner.plan_with_balance(PROF, [2, 2], 2, gpu=2), TYPE,
      "gpu"),
     ("balance bandwidth 0",
-     lambda: autosplit.plan_with_balance(PROF, [2, 2], 2, bandwidth_bytes_per_s=0), VALUE,
+     lambda: planner.plan_with_balance(PROF, [2, 2], 2, bandwidth_bytes_per_s=0), VALUE,
      "bandwidth_bytes_per_s"),
     # -- comparison ------------------------------------------------------------------------------
-    ("baselines gpus str", lambda: autosplit.baseline_plans(PROF, "2"), TYPE, "gpus"),
-    ("baselines gpus 0", lambda: autosplit.baseline_plans(PROF, 0), VALUE, "gpus"),
-    ("baselines batch 0", lambda: autosplit.baseline_plans(PROF, 2, batch_size=0), VALUE,
+    ("baselines gpus str", lambda: comparison.baseline_plans(PROF, "2"), TYPE, "gpus"),
+    ("baselines gpus 0", lambda: comparison.baseline_plans(PROF, 0), VALUE, "gpus"),
+    ("baselines batch 0", lambda: comparison.baseline_plans(PROF, 2, batch_size=0), VALUE,
      "batch_size"),
-    ("manual split str", lambda: autosplit.manual_plan(PROF, "block2"), TYPE, "split_points"),
-    ("manual split ints", lambda: autosplit.manual_plan(PROF, [2]), TYPE, "split_points[0]"),
-    ("manual split_size float", lambda: autosplit.manual_plan(PROF, ["block2"], 2.0), TYPE,
+    ("manual split str", lambda: comparison.manual_plan(PROF, "block2"), TYPE, "split_points"),
+    ("manual split ints", lambda: comparison.manual_plan(PROF, [2]), TYPE, "split_points[0]"),
+    ("manual split_size float", lambda: comparison.manual_plan(PROF, ["block2"], 2.0), TYPE,
      "split_size"),
-    ("manual batch str", lambda: autosplit.manual_plan(PROF, ["block2"], batch_size="x"), TYPE,
+    ("manual batch str", lambda: comparison.manual_plan(PROF, ["block2"], batch_size="x"), TYPE,
      "batch_size"),
-    ("compare plans list", lambda: autosplit.compare(PROF, [PLAN]), TYPE, "plans"),
-    ("compare plans entry", lambda: autosplit.compare(PROF, {"a": "plan"}), TYPE, "plans['a']"),
-    ("compare measured nan", lambda: autosplit.compare(PROF, {"a": PLAN}, {"a": NAN}), VALUE,
+    ("compare plans list", lambda: comparison.compare(PROF, [PLAN]), TYPE, "plans"),
+    ("compare plans entry", lambda: comparison.compare(PROF, {"a": "plan"}), TYPE, "plans['a']"),
+    ("compare measured nan", lambda: comparison.compare(PROF, {"a": PLAN}, {"a": NAN}), VALUE,
      "measured_ms['a']"),
-    ("compare profile", lambda: autosplit.compare(None, {"a": PLAN}), TYPE, "profile"),
+    ("compare profile", lambda: comparison.compare(None, {"a": PLAN}), TYPE, "profile"),
     # -- simulator -------------------------------------------------------------------------------
-    ("simulate m float", lambda: autosplit.simulate([1.0], [1.0], 2.0), TYPE, "m"),
-    ("simulate m 0", lambda: autosplit.simulate([1.0], [1.0], 0), VALUE, "m"),
-    ("simulate fwd None", lambda: autosplit.simulate(None, [1.0], 2), TYPE, "fwd_ms"),
-    ("simulate fwd inf", lambda: autosplit.simulate([INF], [1.0], 2), VALUE, "fwd_ms[0]"),
-    ("simulate lengths", lambda: autosplit.simulate([1.0, 1.0], [1.0], 2), VALUE, "bwd_ms"),
-    ("simulate schedule", lambda: autosplit.simulate([1.0], [1.0], 2, schedule=None), TYPE,
+    ("simulate m float", lambda: simulator.simulate([1.0], [1.0], 2.0), TYPE, "m"),
+    ("simulate m 0", lambda: simulator.simulate([1.0], [1.0], 0), VALUE, "m"),
+    ("simulate fwd None", lambda: simulator.simulate(None, [1.0], 2), TYPE, "fwd_ms"),
+    ("simulate fwd inf", lambda: simulator.simulate([INF], [1.0], 2), VALUE, "fwd_ms[0]"),
+    ("simulate lengths", lambda: simulator.simulate([1.0, 1.0], [1.0], 2), VALUE, "bwd_ms"),
+    ("simulate schedule", lambda: simulator.simulate([1.0], [1.0], 2, schedule=None), TYPE,
      "schedule"),
-    ("simulate_plan dict", lambda: autosplit.simulate_plan({"stages": []}), TYPE, "plan"),
+    ("simulate_plan dict", lambda: simulator.simulate_plan({"stages": []}), TYPE, "plan"),
     # -- solve -----------------------------------------------------------------------------------
     ("balance parts float", lambda: solve.balance([1.0, 2.0], 2.0), TYPE, "parts"),
     ("balance parts bool", lambda: solve.balance([1.0, 2.0], True), TYPE, "parts"),
@@ -213,35 +213,35 @@ CASES: list[tuple[str, Callable[[], Any], str, str]] = [
     ("emit granularity", lambda: autosplit.emit(PLAN, "m.py", granularity=None), TYPE,
      "granularity"),
     # -- analytic and device specs --------------------------------------------------------------
-    ("analytic spec", lambda: autosplit.analytic_profile(ToyModel(), X, "h100-80gb"), TYPE,
+    ("analytic spec", lambda: analytic.analytic_profile(ToyModel(), X, "h100-80gb"), TYPE,
      "spec"),
-    ("analytic stages", lambda: autosplit.analytic_profile(ToyModel(), X, SPEC, stages=0),
+    ("analytic stages", lambda: analytic.analytic_profile(ToyModel(), X, SPEC, stages=0),
      VALUE, "stages"),
     ("analytic attention",
-     lambda: autosplit.analytic_profile(ToyModel(), X, SPEC, attention="fast"), VALUE,
+     lambda: analytic.analytic_profile(ToyModel(), X, SPEC, attention="fast"), VALUE,
      "attention"),
-    ("analytic dtype", lambda: autosplit.analytic_profile(ToyModel(), X, SPEC, dtype="bf16"),
+    ("analytic dtype", lambda: analytic.analytic_profile(ToyModel(), X, SPEC, dtype="bf16"),
      TYPE, "dtype"),
-    ("analytic sizes", lambda: autosplit.analytic_profile(ToyModel(), X, SPEC,
+    ("analytic sizes", lambda: analytic.analytic_profile(ToyModel(), X, SPEC,
                                                           microbatch_sizes=[5]), VALUE,
      "microbatch_sizes"),
-    ("build_on_meta factory", lambda: autosplit.build_on_meta("ToyModel"), TYPE, "factory"),
-    ("get_spec int", lambda: autosplit.get_spec(100), TYPE, "name"),
-    ("get_spec unknown", lambda: autosplit.get_spec("tpu"), VALUE, "device"),
-    ("load_spec None", lambda: autosplit.load_spec(None), TYPE, "path"),
+    ("build_on_meta factory", lambda: analytic.build_on_meta("ToyModel"), TYPE, "factory"),
+    ("get_spec int", lambda: specs.get_spec(100), TYPE, "name"),
+    ("get_spec unknown", lambda: specs.get_spec("tpu"), VALUE, "device"),
+    ("load_spec None", lambda: specs.load_spec(None), TYPE, "path"),
     ("DeviceSpec str figure",
-     lambda: autosplit.DeviceSpec("x", "1e12", 1e12, 1e12, 10**9, 1e9, "l", 1e9, "s"), TYPE,
+     lambda: specs.DeviceSpec("x", "1e12", 1e12, 1e12, 10**9, 1e9, "l", 1e9, "s"), TYPE,
      "peak_bf16_flops_per_s"),
     ("DeviceSpec memory 0",
-     lambda: autosplit.DeviceSpec("x", 1e12, 1e12, 1e12, 0, 1e9, "l", 1e9, "s"), VALUE,
+     lambda: specs.DeviceSpec("x", 1e12, 1e12, 1e12, 0, 1e9, "l", 1e9, "s"), VALUE,
      "memory_bytes"),
     ("DeviceSpec bandwidth inf",
-     lambda: autosplit.DeviceSpec("x", 1e12, 1e12, 1e12, 10**9, INF, "l", 1e9, "s"), VALUE,
+     lambda: specs.DeviceSpec("x", 1e12, 1e12, 1e12, 10**9, INF, "l", 1e9, "s"), VALUE,
      "memory_bandwidth_bytes_per_s"),
-    ("calibrate measured", lambda: autosplit.calibrate(SPEC, "prof", PROF), TYPE, "measured"),
-    ("calibrate spec", lambda: autosplit.calibrate("cpu-core", PROF, PROF), TYPE, "spec"),
-    ("calibrate analytic", lambda: autosplit.calibrate(SPEC, PROF, 3), TYPE, "analytic"),
-    ("calibrate sizes", lambda: autosplit.calibrate(SPEC, PROF, PROF, sizes="1"), TYPE,
+    ("calibrate measured", lambda: specs.calibrate(SPEC, "prof", PROF), TYPE, "measured"),
+    ("calibrate spec", lambda: specs.calibrate("cpu-core", PROF, PROF), TYPE, "spec"),
+    ("calibrate analytic", lambda: specs.calibrate(SPEC, PROF, 3), TYPE, "analytic"),
+    ("calibrate sizes", lambda: specs.calibrate(SPEC, PROF, PROF, sizes="1"), TYPE,
      "sizes"),
 ]
 
@@ -269,7 +269,7 @@ def test_messages_quote_the_value_and_the_rule() -> None:
         autosplit.plan(PROF, gpus="2")
     assert str(info.value) == "gpus must be an integer, got '2'"
     with pytest.raises(InvalidInputError, match=r"sums to 3 blocks, but the model has 4"):
-        autosplit.plan_with_balance(PROF, [1, 2], 2)
+        planner.plan_with_balance(PROF, [1, 2], 2)
 
 
 def test_documented_defaults_still_work() -> None:
@@ -281,5 +281,5 @@ def test_documented_defaults_still_work() -> None:
         bandwidth_bytes_per_s=None, speeds=None, devices=("cpu", torch.device("cpu")),
     )
     assert plan.balance == autosplit.plan(PROF, gpus=2).balance
-    scored = autosplit.plan_with_balance(PROF, (np.int64(2), 2), 2)
+    scored = planner.plan_with_balance(PROF, (np.int64(2), 2), 2)
     assert scored.balance == (2, 2)

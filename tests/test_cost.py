@@ -16,7 +16,8 @@ from autosplit.comparison import baseline_plans, compare, manual_plan
 from autosplit.cost import in_flight, optimizer_factor, step_ms
 from autosplit.devices import measure_link_bandwidth
 from autosplit.errors import InfeasiblePlanError
-from autosplit.planner import PlanSettings, _problem
+from autosplit.planner import PlanSettings
+from autosplit.planner.problems import partition_problem
 from autosplit.solve import solve_dp, solve_milp
 
 
@@ -154,7 +155,7 @@ def test_dp_equals_milp_on_resnet50(resnet_profile: autosplit.Profile, gpus: int
     # follows them would hide a wrong solver), then the plans, which the exact search decides
     settings = PlanSettings.check(resnet_profile, gpus)
     for k, b in enumerate(resnet_profile.microbatch_sizes):
-        problem = _problem(settings, resnet_profile, k, math.ceil(8 / b))
+        problem = partition_problem(settings, resnet_profile, k, math.ceil(8 / b))
         dp = solve_dp(problem).bottleneck
         assert solve_milp(problem).partition.bottleneck == pytest.approx(dp, rel=1e-9)
     plans = [autosplit.plan(resnet_profile, gpus=gpus, solver=s) for s in ("dp", "milp")]

@@ -10,7 +10,12 @@ from models import LongSkip, ToyModel
 from synthetic import make_profile
 
 import autosplit
-from autosplit.errors import InfeasiblePlanError, InvalidInputError, PlanFileError, PlanMismatchError
+from autosplit.errors import (
+    InfeasiblePlanError,
+    InvalidInputError,
+    ModelMismatchError,
+    RecordFileError,
+)
 
 
 def test_balanced_cut_and_predicted_step() -> None:
@@ -95,17 +100,17 @@ def test_a_plan_for_another_model_is_refused(tmp_path) -> None:
     prof = autosplit.profile(LongSkip(), torch.randn(8, 6), microbatch_sizes=[4], warmup=0, repeats=1)
     autosplit.plan(prof, gpus=2).save(tmp_path / "plan.json")
     plan = autosplit.Plan.load(tmp_path / "plan.json")
-    with pytest.raises(PlanMismatchError, match="made for another model \\(LongSkip"):
+    with pytest.raises(ModelMismatchError, match="made for another model \\(LongSkip"):
         autosplit.partition(ToyModel(), plan=plan)
 
 
 def test_corrupt_and_foreign_plan_files(tmp_path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"kind": "plan", "format_version": 1, "stages": 3}')
-    with pytest.raises(PlanFileError, match="bad.json': stages is 3: expected a list"):
+    with pytest.raises(RecordFileError, match="bad.json': stages is 3: expected a list"):
         autosplit.Plan.load(bad)
     bad.write_text('{"kind": "profile", "format_version": 1}')
-    with pytest.raises(PlanFileError, match="not an autosplit plan file"):
+    with pytest.raises(RecordFileError, match="not an autosplit plan file"):
         autosplit.Plan.load(bad)
 
 

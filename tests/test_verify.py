@@ -13,7 +13,7 @@ from models import LongSkip
 from torch import nn
 
 import autosplit
-from autosplit import profiler
+from autosplit import measurement, profiler
 from autosplit.cli import main
 from autosplit.claims import ratio_with_spread, spread_text
 from autosplit.comparison import manual_plan
@@ -104,7 +104,7 @@ class Recorded(nn.Module):
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every timed interval lasts exactly 1 s: the timings no longer depend on the machine."""
     ticks = itertools.count()
-    monkeypatch.setattr(profiler, "_clock", lambda dev: float(next(ticks)))
+    monkeypatch.setattr(measurement, "_clock", lambda dev: float(next(ticks)))
     CALLS.clear()
 
 
@@ -130,7 +130,7 @@ def test_profile_repeats_until_the_spread_is_small_or_the_cap(monkeypatch) -> No
         ticks[0] += next(noisy) / 1000.0
         return ticks[0]
 
-    monkeypatch.setattr(profiler, "_clock", clock)
+    monkeypatch.setattr(measurement, "_clock", clock)
     CALLS.clear()
     graph = trace(Recorded(), leaf_modules=[Recorder])
     profiler.profile_graph(graph, torch.randn(4, 4), microbatch_sizes=[2, 4], warmup=0,
@@ -169,13 +169,13 @@ def small() -> tuple:
 def test_stage_runs_take_turns_a_b_a_b(small, monkeypatch) -> None:
     model, x, _ = small
     order: list[tuple[int, int, int]] = []
-    real = profiler.timed_run
+    real = measurement.timed_run
 
     def recording(seg, args, dev, hooks=None):
         order.append((seg.first, seg.end, int(args[0].shape[0])))
         return real(seg, args, dev, hooks)
 
-    monkeypatch.setattr(profiler, "timed_run", recording)
+    monkeypatch.setattr(measurement, "timed_run", recording)
     runs = [(0, 3, 4), (3, 7, 4), (0, 7, 8)]
     times = time_stages(trace(model), x, runs, warmup=1, rounds=2, max_rounds=2)
     assert order == runs * 3  # one warm-up round, then two timed: A B C A B C A B C

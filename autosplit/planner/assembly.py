@@ -1,0 +1,139 @@
+"""A chosen balance and micro-batch size made into a :class:`~autosplit.records.Plan`.
+
+The stages with their predicted times and memory, the shared weights and the simulated step
+(:func:`assemble`); and, when nothing fits, what the smallest plan would need
+(:func:`explain_infeasible`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from autosplit.cost import (
+    allreduce_ms,
+    optimizer_factor,
+    single_device_ms,
+    step_ms,
+)
+from autosplit.errors import (
+    InfeasiblePlanError,
+)
+from autosplit.planner.problems import counted_twice, partition_problem, transient_bytes
+from autosplit.planner.settings import PlanSettings
+from autosplit.records import Plan, Profile, SharedWeight, Stage
+from autosplit.simulator import simulate_plan
+from autosplit.solve import evaluate, min_capacity
+from autosplit.units import format_bytes
+
+__all__ = ["assemble", "explain_infeasible", "shared_weights"]
+
+
+def shared_weights(
+    settings: PlanSettings, profile: Profile, bounds: Sequence[tuple[int, int]]
+) -> tuple[SharedWeight, ...]:
+    """Where each shared parameter is used, and how ``autosplit run`` keeps it equal.
+
+    Used on one stage: nothing to do. On several: every holder's gradient is summed with a
+    ring all-reduce over those stages' ranks after each step (``sync_ms``, at the link
+    bandwidth, assuming one stage per rank).
+    """
+    stage_of = [s for s, (first, end) in enumerate(bounds) for _ in range(first, end)]
+    weights = []
+    for shared in profile.shared:
+        stages = tuple(sorted({stage_of[i] for i in shared.blocks}))
+        mode = "one stage" if len(stages) == 1 else "all-reduce"
+        sync = allreduce_ms(shared.bytes, len(stages), settings.bandwidth_bytes_per_s)
+        weights.append(SharedWeight(shared.name, stages, mode, shared.bytes, sync))
+    return tuple(weights)
+
+
+def assemble(
+    settings: PlanSettings,
+    profile: Profile,
+    balance: tuple[int, ...],
+    k: int,
+    solver: str,
+    candidates: tuple[int, ...],
+) -> Plan:
+    """The Plan for ``balance`` at size index ``k``: stages with their predicted times and
+    memory, and the shared weights. The predicted step is the schedule's simulation plus the
+    all-reduce of every weight shared across stages (``SharedWeight.sync_ms``, ms): it runs
+    after the last backward, so nothing hides it. The search itself does not weigh it."""
+    b = profile.microbatch_sizes[k]
+    m = math.ceil(settings.batch_size / b)
+    p = settings.gpus
+    problem = partition_problem(settings, profile, k, m)
+    part = evaluate(problem, balance)
+    names = profile.block_names
+    twice = counted_twice(profile, part.bounds, optimizer_factor(settings.optimizer))
+    stages = []
+    for s, (first, end) in enumerate(part.bounds):
+        last = s == p - 1
+        send = 0 if last else profile.cuts[end - 1].bytes[k]
+        held = part.stage_memory[s] - twice[s] + max(
+            blk.output_bytes[k] for blk in profile.blocks[first:end]
+        )
+        stages.append(
+            Stage(
+                index=s,
+                device=settings.devices[s],
+                blocks=names[first:end],
+                compute_ms=math.fsum(problem.costs[s][first:end]),
+                forward_ms=math.fsum(
+                    blk.fwd_ms[settings.profiles[s].size_index(b)] / settings.speeds[s]
+                    for blk in settings.profiles[s].blocks[first:end]
+                ),
+                send_bytes=int(send),
+                send_ms=0.0 if last else problem.comm[end - 1],
+                memory_bytes=int(held),
+            )
+        )
+    single, _ = single_device_ms(profile, settings.batch_size)
+    capacity = settings.capacity_bytes
+    shared = shared_weights(settings, profile, part.bounds)
+    plan = Plan(
+        model=profile.model,
+        fingerprint=profile.fingerprint,
+        stages=tuple(stages),
+        split_size=b,
+        microbatches=m,
+        batch_size=settings.batch_size,
+        schedule=settings.schedule,
+        predicted_step_ms=0.0,  # the schedule simulation, below
+        single_device_ms=single / max(settings.speeds),
+        solver=solver,
+        candidates=candidates,
+        profile=profile.describe(),
+        memory_limit_bytes=None if capacity is None else int(min(capacity)),
+        optimizer=settings.optimizer,
+        shared=shared,
+    )
+    # the shared weights' all-reduce runs after the pipeline's last backward: it adds up
+    simulated = simulate_plan(plan).step_ms + math.fsum(w.sync_ms for w in shared)
+    return dataclasses.replace(
+        plan, predicted_step_ms=simulated, bound_step_ms=step_ms(part.bottleneck, m, p)
+    )
+
+
+def explain_infeasible(
+    settings: PlanSettings, profile: Profile, k: int, m: int
+) -> InfeasiblePlanError:
+    """Say in bytes and block names what the smallest feasible plan at size index k needs."""
+    smallest = min_capacity(partition_problem(settings, profile, k, m))
+    need = smallest.bottleneck + transient_bytes(profile, k)
+    s = max(range(settings.gpus), key=lambda i: smallest.stage_memory[i])
+    first, end = smallest.bounds[s]
+    names = profile.block_names
+    p = settings.gpus
+    have = format_bytes(min(settings.capacity_bytes or (0.0,)))
+    return InfeasiblePlanError(
+        f"the model does not fit on {p} devices of {have}: the smallest feasible plan needs "
+        f"{format_bytes(need)} on stage {s} ({names[first]} … {names[end - 1]}). Try more "
+        f"devices, schedule='1f1b', a smaller split_size, or memory_per_gpu of at least "
+        f"{format_bytes(need)}",
+        min_capacity_bytes=need,
+        stage=s,
+        blocks=(names[first], names[end - 1]),
+    )

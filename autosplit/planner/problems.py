@@ -1,0 +1,115 @@
+"""The numeric problems a plan search solves, built from a profile and the settings.
+
+:func:`partition_problem` is the min-max problem of :mod:`autosplit.solve` (block times per
+device, transfers, memory per stage in bytes); :func:`step_problem` adds what the simulated
+step needs (:mod:`autosplit.solve.exact`). Times in ms, sizes in bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from autosplit.cost import (
+    block_memory_bytes,
+    block_time_ms,
+    in_flight,
+    optimizer_factor,
+    transfer_ms,
+)
+from autosplit.planner.settings import PlanSettings
+from autosplit.records import Profile
+from autosplit.solve import PartitionProblem
+from autosplit.solve.exact import StepProblem
+
+__all__ = ["counted_twice", "partition_problem", "step_problem", "transient_bytes"]
+
+
+def _costs(settings: PlanSettings, profile: Profile, b: int) -> tuple[tuple[float, ...], ...]:
+    rows = []
+    for s in range(settings.gpus):
+        prof = settings.profiles[s]
+        k = prof.size_index(b)
+        rows.append(tuple(block_time_ms(blk, k) / settings.speeds[s] for blk in prof.blocks))
+    return tuple(rows)
+
+
+def _memory(
+    settings: PlanSettings, profile: Profile, k: int, m: int
+) -> tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]]:
+    """Per-stage memory of each block, and the extra bytes when it is a stage's first block.
+
+    A shared parameter (tied weights) is counted in every block that uses it, so a stage
+    holding any of its users counts its copy; a stage holding several users counts it more
+    than once here (the search errs on the safe side; :func:`assemble` reports it once).
+    """
+    factor = optimizer_factor(settings.optimizer)
+    p = settings.gpus
+    flights = [in_flight(settings.schedule, m, p, s) for s in range(p)]
+    copies = _copy_bytes(profile)
+    held = tuple(
+        tuple(
+            block_memory_bytes(blk, k, factor, flights[s]) + copies[i] * factor
+            for i, blk in enumerate(profile.blocks)
+        )
+        for s in range(p)
+    )
+    first = tuple(
+        tuple((blk.saved_shared_bytes or (0,) * (k + 1))[k] * flights[s] for blk in profile.blocks)
+        for s in range(p)
+    )
+    return held, first
+
+
+def _copy_bytes(profile: Profile) -> list[int]:
+    """Bytes of shared parameters each block uses but does not count in ``param_bytes``."""
+    copies = [0] * len(profile.blocks)
+    for shared in profile.shared:
+        for i in shared.blocks[1:]:
+            copies[i] += shared.bytes
+    return copies
+
+
+def counted_twice(
+    profile: Profile, bounds: Sequence[tuple[int, int]], factor: int
+) -> list[float]:
+    """Bytes per stage that :func:`_memory` counts more than once (shared parameters used by
+    several blocks of one stage): the copy is held once."""
+    extra = [0.0] * len(bounds)
+    for shared in profile.shared:
+        for s, (first, end) in enumerate(bounds):
+            users = sum(first <= i < end for i in shared.blocks)
+            extra[s] += max(users - 1, 0) * shared.bytes * factor
+    return extra
+
+
+def transient_bytes(profile: Profile, k: int) -> float:
+    """The largest single block output at size index k: memory a stage needs briefly."""
+    return float(max(blk.output_bytes[k] for blk in profile.blocks))
+
+
+def partition_problem(settings: PlanSettings, profile: Profile, k: int, m: int) -> PartitionProblem:
+    b = profile.microbatch_sizes[k]
+    comm = tuple(transfer_ms(cut.bytes[k], settings.bandwidth_bytes_per_s) for cut in profile.cuts)
+    memory, first = _memory(settings, profile, k, m)
+    capacity = None
+    if settings.capacity_bytes is not None:
+        transient = transient_bytes(profile, k)
+        capacity = tuple(max(c - transient, 0.0) for c in settings.capacity_bytes)
+    return PartitionProblem(_costs(settings, profile, b), comm, memory, capacity, first)
+
+
+def step_problem(settings: PlanSettings, profile: Profile, k: int, m: int,
+                  problem: PartitionProblem) -> StepProblem:
+    """The simulated-step problem at size index k: each device's block times from its own
+    profile and speed, each cut's transfer split evenly between forward and backward (as
+    :func:`autosplit.simulator.simulate_plan` does), and the min-max problem's memory."""
+    b = profile.microbatch_sizes[k]
+    fwd, bwd = [], []
+    for s in range(settings.gpus):
+        prof, speed = settings.profiles[s], settings.speeds[s]
+        kk = prof.size_index(b)
+        fwd.append(tuple(blk.fwd_ms[kk] / speed for blk in prof.blocks))
+        bwd.append(tuple(blk.bwd_ms[kk] / speed for blk in prof.blocks))
+    half = tuple(c / 2 for c in problem.comm)
+    return StepProblem(tuple(fwd), tuple(bwd), half, half, m, settings.schedule,
+                       problem.memory, problem.memory_first, problem.capacity)

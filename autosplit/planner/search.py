@@ -1,0 +1,193 @@
+"""The search: the best plan over balances and measured micro-batch sizes.
+
+See :mod:`autosplit.planner` for what is optimised and how.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from autosplit import checks
+from autosplit.errors import (
+    InfeasiblePlanError,
+    InvalidInputError,
+)
+from autosplit.planner.assembly import assemble, explain_infeasible
+from autosplit.planner.problems import partition_problem, step_problem
+from autosplit.planner.settings import PlanSettings, check_search
+from autosplit.records import Plan, Profile
+from autosplit.solve import PartitionProblem, solve_dp
+from autosplit.solve.exact import solve_step
+
+__all__ = ["plan", "plan_candidates", "plan_with_balance"]
+
+
+def _solve(
+    problem: PartitionProblem, solver: str, time_limit_s: float | None
+) -> tuple[tuple[int, ...], str]:
+    if solver in ("dp", "auto"):
+        return solve_dp(problem).balance, "dp"
+    from autosplit.solve.milp import solve_milp
+
+    result = solve_milp(problem, time_limit_s=time_limit_s)
+    label = "milp" if result.status == "optimal" else f"milp ({result.status}, gap {result.gap})"
+    return result.partition.balance, label
+
+
+def plan(
+    profile: Profile,
+    gpus: int = 2,
+    *,
+    batch_size: int | None = None,
+    devices: Sequence[str] | None = None,
+    memory_per_gpu: int | float | str | Sequence[int | float | str] | None = None,
+    schedule: str = "gpipe",
+    optimizer: str = "sgd",
+    split_size: int | None = None,
+    bandwidth_bytes_per_s: float | None = None,
+    solver: str = "dp",
+    speeds: Sequence[float] | None = None,
+    device_profiles: Sequence[Profile] | None = None,
+    time_limit_s: float | None = None,
+) -> Plan:
+    """The plan with the smallest simulated step time for ``profile`` on ``gpus`` devices.
+
+    Exact over every balance and every measured micro-batch size b ≤ B within the memory
+    limits (see the module docstring); ``predicted_step_ms`` is that simulated step (ms).
+
+    Args:
+        profile: the measured profile.
+        gpus: number of stages p (one device each).
+        batch_size: B; default the profile's example batch size.
+        devices: device names for the stages (default ``cuda:0…`` or ``cpu``, as measured).
+        memory_per_gpu: per-device memory limit, bytes or a string like ``"16GiB"``, or one per
+            device.
+        schedule: ``"gpipe"`` or ``"1f1b"`` (changes the activations held per stage).
+        optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"`` … (state held per parameter).
+        split_size: fix the micro-batch size b (must have been profiled); ``None`` chooses.
+        bandwidth_bytes_per_s: link bandwidth between consecutive stages.
+        solver: the min-max solver whose cut seeds the exact search: ``"dp"`` (dynamic
+            program), ``"milp"`` (PuLP/CBC, same min-max optimum) or ``"auto"`` (the DP). The
+            plan is the same either way: the exact search on the simulated step decides.
+        speeds: relative speed of each device (default all 1.0).
+        device_profiles: one profile per device (same model, same sizes) for devices of
+            different kinds; block times then come from each device's own profile.
+        time_limit_s: time limit of the MILP solver.
+
+    Raises:
+        ArgumentTypeError: an argument of the wrong type (``gpus="2"``, ``gpus=2.0``,
+            ``gpus=True``, ``devices="cpu"``, ``speeds=[None]`` …); also a ``TypeError``.
+        InvalidInputError: a bad value: a count < 1 or above the blocks, a memory or bandwidth
+            that is not finite and > 0, a length that does not match ``gpus``, an unknown
+            name, or a ``split_size`` that was not profiled; also a ``ValueError``.
+        ModelMismatchError: a device profile is of another model.
+        InfeasiblePlanError: nothing fits in ``memory_per_gpu``; says what would.
+    """
+    settings = PlanSettings.check(
+        profile, gpus, batch_size=batch_size, devices=devices, memory_per_gpu=memory_per_gpu,
+        schedule=schedule, optimizer=optimizer, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+        speeds=speeds, device_profiles=device_profiles,
+    )
+    check_search(split_size, solver, time_limit_s)
+    batch = settings.batch_size
+    if split_size is not None:
+        if split_size > batch:
+            raise InvalidInputError(f"split_size {split_size} is larger than the batch {batch}")
+        candidates = [profile.size_index(split_size)]
+    else:
+        candidates = [k for k, b in enumerate(profile.microbatch_sizes) if b <= batch]
+        if not candidates:
+            raise InvalidInputError(
+                f"no profiled micro-batch size fits the batch {batch}: profiled sizes are "
+                f"{list(profile.microbatch_sizes)}"
+            )
+
+    best: tuple[float, int, tuple[int, ...], str] | None = None
+    failures: list[InfeasiblePlanError] = []
+    for k in candidates:
+        m = math.ceil(batch / profile.microbatch_sizes[k])
+        problem = partition_problem(settings, profile, k, m)
+        try:
+            balance, label = _solve(problem, solver, time_limit_s)
+        except InfeasiblePlanError:
+            failures.append(explain_infeasible(settings, profile, k, m))
+            continue
+        found = solve_step(step_problem(settings, profile, k, m, problem), balance,
+                           cutoff=math.inf if best is None else best[0])
+        if found is not None:  # strictly faster than every smaller size searched before
+            best = (found.step_ms, k, found.balance, label)
+    if best is None:
+        raise min(failures, key=lambda e: e.min_capacity_bytes or math.inf)
+    _, k, balance, label = best
+    sizes = tuple(profile.microbatch_sizes[c] for c in candidates)
+    return assemble(settings, profile, balance, k, label, sizes)
+
+
+def plan_with_balance(
+    profile: Profile,
+    balance: Sequence[int],
+    split_size: int,
+    *,
+    solver: str = "manual",
+    **kwargs: object,
+) -> Plan:
+    """Score a given split (blocks per stage) and micro-batch size with the same cost model.
+
+    Used for hand-written splits and the peers' heuristics, so that every plan is compared on
+    equal terms. ``kwargs`` are :func:`plan`'s device and memory arguments (``batch_size``,
+    ``devices``, ``memory_per_gpu``, ``schedule``, ``optimizer``, ``bandwidth_bytes_per_s``,
+    ``speeds``, ``device_profiles``); memory limits are reported, not enforced.
+
+    Raises:
+        ArgumentTypeError: an argument of the wrong type, e.g. a balance entry that is not an
+            int (``1.5``, ``True``), or an unknown keyword argument.
+        InvalidInputError: a balance entry < 1, a balance that does not sum to the profile's
+            blocks, a ``split_size`` that was not profiled, or a bad device argument.
+        ModelMismatchError: a device profile is of another model.
+    """
+    checks.instance_of("profile", profile, Profile, "an autosplit Profile")
+    balance = checks.sequence_of("balance", balance, checks.positive_int)
+    n = len(profile.blocks)
+    if sum(balance) != n:
+        raise InvalidInputError(
+            f"balance {list(balance)} sums to {sum(balance)} blocks, but the model has {n}: "
+            "give the number of blocks of each stage, summing to the model's blocks"
+        )
+    split_size = checks.positive_int("split_size", split_size)
+    checks.text("solver", solver)
+    settings = PlanSettings.from_kwargs(profile, len(balance), kwargs)
+    k = profile.size_index(split_size)
+    return assemble(settings, profile, balance, k, solver, (split_size,))
+
+
+def plan_candidates(profile: Profile, gpus: int = 2, *, top_k: int = 3,
+                    **options: object) -> tuple[Plan, ...]:
+    """The ``top_k`` best plans by block sums, at distinct micro-batch sizes, best first.
+
+    The first is :func:`plan`'s own choice; the others are :func:`plan` with ``split_size``
+    fixed to each other measured size, ranked by predicted step. Block sums misjudge sizes by
+    different amounts, so these are the candidates worth timing stage by stage
+    (:mod:`autosplit.verify`) before one is chosen. ``options`` are :func:`plan`'s keyword
+    arguments; with ``split_size`` given there is one candidate.
+
+    Raises:
+        As :func:`plan`.
+    """
+    top_k = checks.positive_int("top_k", top_k)
+    best = plan(profile, gpus, **options)  # type: ignore[arg-type]
+    if options.get("split_size") is not None or top_k == 1:
+        return (best,)
+    batch = best.batch_size
+    others = []
+    for b in profile.microbatch_sizes:
+        if b == best.split_size or b > batch:
+            continue
+        try:
+            other = plan(profile, gpus, **{**options, "split_size": b})  # type: ignore[arg-type]
+        except InfeasiblePlanError:
+            continue
+        others.append(dataclasses.replace(other, candidates=best.candidates))
+    others.sort(key=lambda p: (p.predicted_step_ms, p.split_size))
+    return (best, *others[: top_k - 1])

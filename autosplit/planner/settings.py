@@ -1,0 +1,169 @@
+"""What a plan depends on besides the profile: devices, memory, schedule, optimizer, link.
+
+:class:`PlanSettings` checks them once; the search arguments (``split_size``, ``solver``,
+``time_limit_s``) are checked by :func:`check_search`.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from autosplit import checks
+from autosplit.cost import (
+    OPTIMIZER_STATE,
+    SCHEDULES,
+)
+from autosplit.devices import DEFAULT_LINK_BYTES_PER_S
+from autosplit.errors import (
+    ArgumentTypeError,
+    InvalidInputError,
+    ModelMismatchError,
+)
+from autosplit.records import Profile
+from autosplit.units import parse_bytes
+
+__all__ = ["PlanSettings", "SETTING_NAMES", "SOLVERS", "check_search", "memory_sizes"]
+
+
+SOLVERS = ("dp", "milp", "auto")
+
+SETTING_NAMES = frozenset(
+    ("batch_size", "devices", "memory_per_gpu", "schedule", "optimizer",
+     "bandwidth_bytes_per_s", "speeds", "device_profiles")
+)
+"""The keyword arguments of :meth:`PlanSettings.check`, which :func:`plan_with_balance` takes."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanSettings:
+    """Everything besides the profile that a plan depends on, checked once.
+
+    Attributes:
+        gpus: number of stages p.
+        batch_size: B.
+        devices: device name of each stage.
+        capacity_bytes: memory of each device (bytes), or ``None`` for no limit.
+        schedule: ``"gpipe"`` or ``"1f1b"``.
+        optimizer: name in :data:`autosplit.cost.OPTIMIZER_STATE`.
+        bandwidth_bytes_per_s: link bandwidth between consecutive stages.
+        speeds: relative speed of each device (block time = profiled time / speed).
+        profiles: the profile each device's block times come from.
+    """
+
+    gpus: int
+    batch_size: int
+    devices: tuple[str, ...]
+    capacity_bytes: tuple[float, ...] | None
+    schedule: str
+    optimizer: str
+    bandwidth_bytes_per_s: float
+    speeds: tuple[float, ...]
+    profiles: tuple[Profile, ...]
+
+    @classmethod
+    def from_kwargs(cls, profile: Profile, gpus: int, kwargs: Mapping[str, object]) -> PlanSettings:
+        """:meth:`check` on keyword arguments passed through (``**kwargs`` of the callers).
+
+        Raises:
+            ArgumentTypeError: an argument that :meth:`check` does not take; as :meth:`check`.
+        """
+        unknown = sorted(set(kwargs) - SETTING_NAMES)
+        if unknown:
+            raise ArgumentTypeError(
+                f"unknown argument{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: "
+                f"the device and memory arguments are {', '.join(sorted(SETTING_NAMES))}"
+            )
+        return cls.check(profile, gpus, **kwargs)  # type: ignore[arg-type]
+
+    @classmethod
+    def check(
+        cls,
+        profile: Profile,
+        gpus: int,
+        *,
+        batch_size: int | None = None,
+        devices: Sequence[str] | None = None,
+        memory_per_gpu: int | float | str | Sequence[int | float | str] | None = None,
+        schedule: str = "gpipe",
+        optimizer: str = "sgd",
+        bandwidth_bytes_per_s: float | None = None,
+        speeds: Sequence[float] | None = None,
+        device_profiles: Sequence[Profile] | None = None,
+    ) -> PlanSettings:
+        """Validate the planner's arguments (see :func:`plan`).
+
+        Raises:
+            ArgumentTypeError: an argument of the wrong type (e.g. ``gpus="2"``, ``gpus=2.0``).
+            InvalidInputError: a value out of range; the message names the argument and value.
+            ModelMismatchError: a device profile is of another model.
+        """
+        checks.instance_of("profile", profile, Profile, "an autosplit Profile")
+        n = len(profile.blocks)
+        gpus = checks.positive_int("gpus", gpus)
+        if gpus > n:
+            raise InvalidInputError(
+                f"gpus={gpus} is more than the model's {n} blocks: use at most {n} devices, "
+                "or trace with granularity='layer' for finer blocks"
+            )
+        batch = profile.batch_size if batch_size is None else batch_size
+        batch = checks.positive_int("batch_size", batch)
+        if devices is None:
+            kind = profile.device.kind
+            devices = [f"cuda:{s}" if kind == "cuda" else "cpu" for s in range(gpus)]
+        names = checks.sequence_of("devices", devices, checks.device_name, length=gpus, per="stage")
+        capacity = memory_sizes(memory_per_gpu, gpus)
+        checks.one_of("optimizer", optimizer, OPTIMIZER_STATE)
+        checks.one_of("schedule", schedule, SCHEDULES)
+        if bandwidth_bytes_per_s is None:
+            bandwidth = DEFAULT_LINK_BYTES_PER_S.get(profile.device.kind, 5e9)
+        else:
+            bandwidth = checks.positive_finite(
+                "bandwidth_bytes_per_s", bandwidth_bytes_per_s, "bytes/s"
+            )
+        speed: tuple[float, ...] = (1.0,) * gpus
+        if speeds is not None:
+            speed = checks.sequence_of(
+                "speeds", speeds, checks.positive_finite, length=gpus, per="device"
+            )
+        profs = (profile,) * gpus
+        if device_profiles is not None:
+            profs = checks.sequence_of(
+                "device_profiles", device_profiles,
+                lambda name, v: checks.instance_of(name, v, Profile, "an autosplit Profile"),
+                length=gpus, per="device",
+            )
+        for other in profs:
+            if other.fingerprint != profile.fingerprint:
+                raise ModelMismatchError(
+                    f"device profile of {other.model} (fingerprint {other.fingerprint}) is of "
+                    f"another model than {profile.model} ({profile.fingerprint})"
+                )
+        return cls(gpus, batch, names, capacity, schedule, optimizer, bandwidth, speed, profs)
+
+
+def memory_sizes(
+    memory_per_gpu: int | float | str | Sequence[int | float | str] | None, gpus: int
+) -> tuple[float, ...] | None:
+    """Per-device memory (bytes) from one size or one per device; ``None``: no limit.
+
+    Raises:
+        ArgumentTypeError: not a number, string or list of them.
+        InvalidInputError: a size that is not finite and ≥ 1 byte, or the wrong count.
+    """
+    if memory_per_gpu is None:
+        return None
+    if isinstance(memory_per_gpu, (str, numbers.Real)):
+        return (float(parse_bytes(memory_per_gpu, "memory_per_gpu")),) * gpus
+    return checks.sequence_of(
+        "memory_per_gpu", memory_per_gpu, lambda name, v: float(parse_bytes(v, name)),
+        length=gpus, per="device",
+    )
+
+
+def check_search(split_size: object, solver: object, time_limit_s: object) -> None:
+    """The search arguments of :func:`plan` (the rest is :meth:`PlanSettings.check`)."""
+    checks.optional(checks.positive_int, "split_size", split_size)
+    checks.one_of("solver", solver, SOLVERS)
+    checks.optional(checks.positive_finite, "time_limit_s", time_limit_s, "s")

@@ -1,0 +1,228 @@
+"""Fit a device spec's efficiencies so that analytic block times match a measured profile.
+
+:func:`calibrate` is the one entry point; see its docstring for the fit and its weights.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+from autosplit import checks
+from autosplit.errors import ArgumentTypeError, InvalidInputError, ModelMismatchError
+from autosplit.records import Profile
+from autosplit.specs.device_spec import DeviceSpec, op_time_s
+
+__all__ = ["OpCosts", "calibrate"]
+
+
+class OpCosts(Protocol):
+    """What :func:`calibrate` needs from counted costs (:class:`autosplit.analytic.ModelCosts`)."""
+
+    @property
+    def block_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def microbatch_sizes(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    def ops(self, size: int, block: int) -> Sequence[tuple[float, float]]:
+        """``(flops, bytes)`` of every operator of a block's forward and backward at ``size``."""
+        ...
+
+
+def calibrate(
+    spec: DeviceSpec,
+    measured: Profile,
+    analytic: Profile | OpCosts,
+    *,
+    sizes: Sequence[int] | None = None,
+    fit_bandwidth: bool | None = None,
+) -> DeviceSpec:
+    """A copy of ``spec`` whose efficiencies make the analytic block times match measured ones.
+
+    The fit minimises the squared error of log block times (forward + backward, every block at
+    every micro-batch size both profiles have), each block weighted by its share of the
+    measured time, so that the blocks that matter for stage times dominate and a tiny block's
+    noise does not.
+
+    * ``analytic`` a :class:`~autosplit.records.Profile` made with ``spec``: the analytic times
+      scale as 1/efficiency, so one factor is fitted and both efficiencies are divided by it
+      (their ratio is kept).
+    * ``analytic`` the counted costs (:func:`autosplit.analytic.count_costs`): the compute and
+      the bandwidth efficiency are fitted separately (``fit_bandwidth=False`` keeps their
+      ratio as with a profile). Where the data leave the balance between the two open (few
+      memory-bound operators), a weak pull towards the spec's own balance decides.
+
+    ``sizes`` restricts the fit to those micro-batch sizes (default: every size both have). On
+    CPUs the cost per sample jumps between sizes, so calibrate on the size you will plan with.
+
+    Raises:
+        ArgumentTypeError: ``spec``, ``measured`` or ``analytic`` of the wrong type, ``sizes``
+            not a list of ints, ``fit_bandwidth`` not a bool or None.
+        ModelMismatchError: the two describe different models (block names differ).
+        InvalidInputError: no micro-batch size in common, or no time measured.
+    """
+    checks.instance_of("spec", spec, DeviceSpec, "a DeviceSpec (get_spec(name))")
+    checks.instance_of("measured", measured, Profile, "a Profile")
+    checks.optional(checks.sequence_of, "sizes", sizes, checks.positive_int)
+    checks.optional(checks.instance_of, "fit_bandwidth", fit_bandwidth, bool, "True, False or None")
+    if not isinstance(analytic, Profile) and not callable(getattr(analytic, "ops", None)):
+        raise ArgumentTypeError(
+            "analytic must be an analytic Profile or the counted costs "
+            f"(autosplit.analytic.count_costs), got {type(analytic).__name__}"
+        )
+    if isinstance(analytic, Profile) and analytic.device.name != spec.label():
+        raise InvalidInputError(
+            f"the analytic profile was made on {analytic.device.name!r}, not on the spec being "
+            f"calibrated ({spec.label()!r}): make it with this spec, or pass the counted costs"
+        )
+    names = getattr(analytic, "block_names", None)
+    if tuple(measured.block_names) != tuple(names or ()):
+        raise ModelMismatchError(
+            f"the measured profile ({measured.model}, {len(measured.blocks)} blocks) and the "
+            f"analytic one ({len(names or ())} blocks) are not of the same model: count both "
+            "from the same model and inputs"
+        )
+    common = [b for b in measured.microbatch_sizes if b in analytic.microbatch_sizes]
+    if sizes is not None:
+        absent = [b for b in sizes if b not in common]
+        if absent:
+            raise InvalidInputError(
+                f"micro-batch sizes {absent} are not in both profiles (both have {common}): "
+                "calibrate on sizes that were measured and counted"
+            )
+        common = [b for b in common if b in sizes]
+    if not common:
+        raise InvalidInputError(
+            f"the measured profile has micro-batch sizes {list(measured.microbatch_sizes)} and the "
+            f"analytic one {list(analytic.microbatch_sizes)}: make the analytic profile at one of "
+            "the measured sizes"
+        )
+    targets: list[float] = []  # measured ms per (size, block)
+    keys: list[tuple[int, int]] = []
+    for b in common:
+        k = measured.size_index(b)
+        for i, block in enumerate(measured.blocks):
+            t = block.fwd_ms[k] + block.bwd_ms[k]
+            if t > 0:
+                targets.append(t)
+                keys.append((b, i))
+    total = math.fsum(targets)
+    if not total > 0:
+        raise InvalidInputError("the measured profile has no positive block time to calibrate on")
+    weights = [t / total for t in targets]
+
+    if isinstance(analytic, Profile) or fit_bandwidth is False:
+        if isinstance(analytic, Profile):
+            prof = analytic
+            model = [
+                prof.blocks[i].fwd_ms[prof.size_index(b)]
+                + prof.blocks[i].bwd_ms[prof.size_index(b)]
+                for b, i in keys
+            ]
+        else:
+            model = [
+                1000.0 * math.fsum(
+                    op_time_s(f, n, spec, analytic.dtype) for f, n in analytic.ops(b, i)
+                )
+                for b, i in keys
+            ]
+        pairs = [(w, t, a) for w, t, a in zip(weights, targets, model) if a > 0]
+        if not pairs:
+            raise InvalidInputError("the analytic profile predicts no time for the measured blocks")
+        wsum = math.fsum(w for w, _, _ in pairs)
+        # measured / analytic
+        log_scale = math.fsum(w * math.log(t / a) for w, t, a in pairs) / wsum
+        scale = math.exp(log_scale)
+        efficiency = spec.efficiency / scale
+        bandwidth = spec.bandwidth_efficiency / scale
+        error = _weighted_rms(pairs, scale)
+        how = "one factor for both efficiencies"
+    else:
+        efficiency, bandwidth, error = _fit_two(spec, analytic, keys, targets, weights)
+        how = "compute and bandwidth efficiency fitted separately"
+    note = (
+        f"; calibrated on {measured.model} ({measured.describe()}, micro-batch sizes "
+        f"{', '.join(map(str, common))}): {how}, weighted RMS error of log block times "
+        f"{error:.3f} (×{math.exp(error):.2f})"
+    )
+    return dataclasses.replace(
+        spec, efficiency=efficiency, bandwidth_efficiency=bandwidth, source=spec.source + note
+    )
+
+
+def _weighted_rms(pairs: Sequence[tuple[float, float, float]], scale: float) -> float:
+    wsum = math.fsum(w for w, _, _ in pairs)
+    return math.sqrt(math.fsum(w * math.log(t / (a * scale)) ** 2 for w, t, a in pairs) / wsum)
+
+
+_BALANCE_PRIOR = 2e-4
+"""Weight of the pull towards the spec's own compute/bandwidth balance in the two-factor fit."""
+
+
+def _fit_two(
+    spec: DeviceSpec,
+    costs: OpCosts,
+    keys: Sequence[tuple[int, int]],
+    targets: Sequence[float],
+    weights: Sequence[float],
+) -> tuple[float, float, float]:
+    """Fit (efficiency, bandwidth efficiency) by a search over the machine balance.
+
+    With r = peak·efficiency / (bandwidth·bandwidth_efficiency) (FLOP per byte), an operator
+    of intensity flops/bytes above r is compute-bound, so a block's time is
+    G(r) / (peak·efficiency) with G(r) = Σ_{compute-bound} flops + r · Σ_{memory-bound} bytes.
+    For a fixed r the best efficiency has a closed form (a weighted mean of log ratios); r is
+    searched on a logarithmic grid around the spec's own balance r0 and refined once. A weak
+    penalty, ``_BALANCE_PRIOR · ln(r / r0)²``, picks the balance nearest r0 among fits that
+    are equally good (it moves r by a decade only to save ~0.1 % of squared log error).
+    """
+    peak = spec.peak_flops_per_s(costs.dtype)
+    bw = spec.memory_bandwidth_bytes_per_s
+    tables = []  # per key: ops sorted by intensity with suffix sums of flops, prefix sums of bytes
+    for b, i in keys:
+        ops = sorted(
+            ((f / n if n > 0 else math.inf), f, n) for f, n in costs.ops(b, i) if f > 0 or n > 0
+        )
+        intensity = [x for x, _, _ in ops]
+        prefix_bytes = [0.0]
+        for _, _, n in ops:
+            prefix_bytes.append(prefix_bytes[-1] + n)
+        suffix_flops = [0.0] * (len(ops) + 1)
+        for j in range(len(ops) - 1, -1, -1):
+            suffix_flops[j] = suffix_flops[j + 1] + ops[j][1]
+        tables.append((intensity, prefix_bytes, suffix_flops))
+
+    r0 = peak * spec.efficiency / (bw * spec.bandwidth_efficiency)
+
+    def fit(r: float) -> tuple[float, float]:
+        """(log efficiency, weighted squared error + prior) for machine balance r."""
+        terms = []
+        for (intensity, prefix_bytes, suffix_flops), t, w in zip(tables, targets, weights):
+            j = bisect.bisect_right(intensity, r)  # ops[:j] memory-bound, ops[j:] compute-bound
+            g = suffix_flops[j] + r * prefix_bytes[j]
+            if g > 0:
+                # t_ms = 1000 · g / (peak · e)  →  log e = log(1000 g / peak) − log t
+                terms.append((w, math.log(1000.0 * g / peak) - math.log(t)))
+        if not terms:
+            return 0.0, math.inf
+        wsum = math.fsum(w for w, _ in terms)
+        log_e = math.fsum(w * d for w, d in terms) / wsum
+        error = math.fsum(w * (d - log_e) ** 2 for w, d in terms) / wsum
+        return log_e, error + _BALANCE_PRIOR * math.log(r / r0) ** 2
+
+    grid = [r0 * 10 ** (x / 20) for x in range(-60, 61)]  # three decades either side
+    best = min(grid, key=lambda r: fit(r)[1])
+    fine = [best * 10 ** (x / 400) for x in range(-20, 21)]
+    r = min(fine, key=lambda r: fit(r)[1])
+    log_e, err = fit(r)
+    err -= _BALANCE_PRIOR * math.log(r / r0) ** 2
+    efficiency = math.exp(log_e)
+    bandwidth_eff = peak * efficiency / (bw * r)
+    return efficiency, bandwidth_eff, math.sqrt(max(err, 0.0))
