@@ -156,3 +156,33 @@ def test_cutoff_and_memory_leave_nothing() -> None:
     tight = StepProblem(one * 2, one * 2, (0.0,), (0.0,), 2, "gpipe",
                         memory=((5.0, 5.0),) * 2, capacity=(4.0, 4.0))
     assert solve_step(tight) is None
+
+
+def _large_1f1b_problem() -> StepProblem:
+    """120 blocks on 8 stages, 1F1B: enough branching that the search expands many nodes."""
+    rng = random.Random(3)
+    n, p = 120, 8
+    row = tuple(rng.uniform(0.5, 2.0) for _ in range(n))
+    comm = tuple(rng.uniform(0.0, 0.3) for _ in range(n - 1))
+    return StepProblem((row,) * p, (tuple(2 * v for v in row),) * p, comm, comm, 16, "1f1b")
+
+
+def test_a_search_stopped_by_its_time_limit_says_it_is_not_proven() -> None:
+    problem = _large_1f1b_problem()
+    seed = (15,) * 8
+    stopped = solve_step(problem, seed, time_limit_s=0.0)
+    assert stopped is not None and not stopped.proven
+    assert stopped.step_ms <= float(step_times(problem, [seed])[0])  # never worse than the seed
+    finished = solve_step(problem, seed)
+    assert finished.proven and finished.step_ms <= stopped.step_ms
+
+
+def test_the_plan_says_when_the_search_stopped_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autosplit.planner import search
+
+    monkeypatch.setattr(search, "SEARCH_LIMIT_S", 0.0)
+    prof = make_profile([4], [[1.0 + (i % 7) / 3] for i in range(120)], batch_size=64)
+    plan = autosplit.plan(prof, 8, schedule="1f1b")
+    assert "not proven optimal" in plan.solver
+    monkeypatch.setattr(search, "SEARCH_LIMIT_S", 60.0)
+    assert "not proven" not in autosplit.plan(prof, 2, schedule="1f1b").solver

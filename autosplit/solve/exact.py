@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -126,11 +127,14 @@ class StepSolution:
         balance: blocks per stage.
         step_ms: its simulated step time (ms).
         nodes: partial balances the search expanded (a measure of its work).
+        proven: ``True`` when the search finished (the balance is the optimum); ``False``
+            when it stopped at its time limit (the best balance found by then).
     """
 
     balance: tuple[int, ...]
     step_ms: float
     nodes: int
+    proven: bool = True
 
 
 @functools.lru_cache(maxsize=64)
@@ -268,6 +272,7 @@ def solve_step(
     problem: StepProblem,
     seed: Sequence[int] | None = None,
     cutoff: float = math.inf,
+    time_limit_s: float | None = None,
 ) -> StepSolution | None:
     """The balance with the smallest simulated step, within memory (branch and bound).
 
@@ -276,20 +281,26 @@ def solve_step(
         seed: a feasible balance to start from (e.g. the min-max DP's cut); optional.
         cutoff: only a step below ``cutoff · (1 − 1e-9)`` counts (the planner passes the best
             step of the micro-batch sizes already searched, which win ties).
+        time_limit_s: stop after this long (s) and return the best balance found, marked
+            ``proven=False``; ``None`` searches to the end. The search is exact when it ends;
+            only its running time depends on the instance (1F1B's bounds are looser than
+            GPipe's, so thousands of blocks on many stages can take long).
 
     Returns:
         The lexicographically smallest balance among those whose step equals the smallest
         (within :data:`TIE_RTOL`), or ``None`` when no balance fits or none beats ``cutoff``.
     """
-    return _Search(problem, _Tables(problem), seed, cutoff).run()
+    deadline = math.inf if time_limit_s is None else time.perf_counter() + time_limit_s
+    return _Search(problem, _Tables(problem), seed, cutoff, deadline).run()
 
 
 class _Search:
     """Depth-first branch and bound in lexicographic order (see the module docstring)."""
 
     def __init__(self, problem: StepProblem, tables: _Tables, seed: Sequence[int] | None,
-                 cutoff: float) -> None:
+                 cutoff: float, deadline: float = math.inf) -> None:
         self.problem, self.t = problem, tables
+        self.deadline, self.stopped = deadline, False
         self.best: tuple[int, ...] | None = None
         self.best_ms = cutoff
         self.seed: tuple[int, ...] | None = None
@@ -312,7 +323,7 @@ class _Search:
         self._expand(0, 0, [], [], [])
         if self.best is None:
             return None
-        return StepSolution(self.best, self.best_ms, self.nodes)
+        return StepSolution(self.best, self.best_ms, self.nodes, proven=not self.stopped)
 
     def _keep(self, bound: np.ndarray, counts: np.ndarray, prefix: list[int]) -> np.ndarray:
         """Children whose bound leaves room: strictly better, or equal and lexicographically
@@ -334,6 +345,9 @@ class _Search:
         problem, t = self.problem, self.t
         n, p, m = problem.n, problem.p, problem.m
         self.nodes += 1
+        if self.stopped or (self.nodes % 64 == 0 and time.perf_counter() > self.deadline):
+            self.stopped = True
+            return
         ends = np.arange(j + 1, n - (p - 1 - k) + 1) if k < p - 1 else np.array([n])
         fk = t.f[k][ends] - t.f[k][j]
         bk = t.b[k][ends] - t.b[k][j]
