@@ -33,7 +33,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
-from autosplit import distributed as D  # noqa: E402
+from autosplit import distributed  # noqa: E402
 from autosplit.records import Plan  # noqa: E402
 
 LR = 0.001  # SGD's learning rate, the tutorial's
@@ -122,7 +122,7 @@ def measure(groups: Sequence[Group], nprocs: int = 2, backend: str = "gloo",
     seconds per timing, the slowest rank's; ``load`` says how much CPU time other processes took
     during the timed rounds (``others_share``: of all cores' time).
     """
-    return D.launch(_rank_main, nprocs, list(groups), backend, timeout_s=timeout_s)[0]
+    return distributed.launch(_rank_main, nprocs, list(groups), backend, timeout_s=timeout_s)[0]
 
 
 def _rank_main(groups: list[Group], backend: str) -> dict[str, Any] | None:
@@ -156,13 +156,13 @@ def _runner(config: Config, model: nn.Module, inputs: tuple[torch.Tensor, ...], 
             if rank == 0:
                 for _ in range(steps):
                     optimizer.zero_grad(set_to_none=True)
-                    D.tutorial_loss(model(*local_inputs), local_targets).backward()
+                    distributed.tutorial_loss(model(*local_inputs), local_targets).backward()
                     optimizer.step()
                 sync(device)
             return time.perf_counter() - start
 
         return run_single
-    trainer = D.Trainer(model, config.plan, D.tutorial_loss,
+    trainer = distributed.Trainer(model, config.plan, distributed.tutorial_loss,
                         lambda params: torch.optim.SGD(params, lr=LR), device=device)
 
     def run_pipeline() -> float:
@@ -290,7 +290,7 @@ def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count:
 def _run_group(group: Group, device: torch.device, rank: int) -> dict[str, Any]:
     model = group.spec.build().to(device)
     inputs = group.spec.make_inputs()
-    targets = D.tutorial_targets(model, inputs)
+    targets = distributed.tutorial_targets(model, inputs)
     labels = [c.label for c in group.configs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"group {group.name}: configuration labels repeat")
@@ -333,7 +333,7 @@ def stage_check(plan: Plan, model: nn.Module, inputs: tuple[torch.Tensor, ...], 
     process (one CPU thread), as a pipeline rank runs them: stage 0 computes no gradient for the
     model's inputs, later stages do for what they receive. Median of ``repeats`` after a warm-up,
     in ms: what the profile's per-block sums (``Stage.compute_ms``) predict."""
-    modules = D.stage_modules(model, plan)
+    modules = distributed.stage_modules(model, plan)
     values: tuple[torch.Tensor, ...] = tuple(x[: plan.split_size].to(device) for x in inputs)
     result = []
     threads = torch.get_num_threads()

@@ -51,6 +51,7 @@ from torch import nn  # noqa: E402
 from autosplit.graph import trace  # noqa: E402
 from autosplit.records import Plan, Stage  # noqa: E402
 from autosplit.solve import manual  # noqa: E402
+from autosplit.stages import stage_layout  # noqa: E402
 
 TUTORIAL_SPLITS = (1, 3, 5, 8, 10, 12, 20, 40, 60)
 TUTORIAL_SPLIT = 20
@@ -69,11 +70,8 @@ def bare_plan(model: nn.Module, split_points: Sequence[str], split_size: int, ba
     graph = trace(model)
     if balance is None:
         balance = manual(graph.block_names, split_points)
-    stages, first = [], 0
-    for s, count in enumerate(balance):
-        names = graph.block_names[first:first + count]
-        stages.append(Stage(s, "cpu", names, 0.0, 0.0, 0, 0.0, 0))
-        first += count
+    stages = [Stage(s.index, "cpu", graph.block_names[s.first:s.end], 0.0, 0.0, 0, 0.0, 0)
+              for s in stage_layout(graph, balance).stages]
     return Plan(graph.model_name, graph.fingerprint, tuple(stages), split_size,
                 batch // split_size, batch, schedule, 0.0, 0.0, "manual", (split_size,),
                 "not profiled")

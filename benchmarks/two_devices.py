@@ -15,7 +15,7 @@ from harness import LR, ModelSpec, add_machine_load, machine_cpu_seconds, start_
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from autosplit import distributed as D  # noqa: E402
+from autosplit import distributed  # noqa: E402
 
 
 class TwoDeviceResNet(nn.Module):
@@ -56,7 +56,7 @@ def time_in_process(spec: ModelSpec, configs: list[tuple[str, int | None]], devi
     inputs = spec.make_inputs()[0]
     single = spec.build().to(devices[0])
     split = TwoDeviceResNet(spec.build(), devices)
-    targets = D.tutorial_targets(single, (inputs,))[0]
+    targets = distributed.tutorial_targets(single, (inputs,))[0]
     models = {"single": (single, torch.optim.SGD(single.parameters(), lr=LR)),
               "split": (split, torch.optim.SGD(split.parameters(), lr=LR))}
 
@@ -70,7 +70,7 @@ def time_in_process(spec: ModelSpec, configs: list[tuple[str, int | None]], devi
         for _ in range(batches):
             optimizer.zero_grad(set_to_none=True)
             out = model(inputs.to(devices[0]))
-            D.tutorial_loss(out, (targets.to(out.device),)).backward()
+            distributed.tutorial_loss(out, (targets.to(out.device),)).backward()
             optimizer.step()
         for d in devices:
             sync(d)

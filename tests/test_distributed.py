@@ -28,7 +28,7 @@ from models import LongSkip, ReusedLayer, TiedLM, TokenModel, ToyModel, TwoInOut
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from autosplit import distributed as D
+from autosplit import distributed
 from autosplit.cli import main
 from autosplit.errors import InvalidInputError, PlanMismatchError
 from autosplit.graph import trace
@@ -122,7 +122,7 @@ def make_plan(model: nn.Module, balance: tuple[int, ...], split: int, m: int,
 # --------------------------------------------------------------------------- rank workers
 
 
-def _snapshot(trainer: D.Trainer) -> dict[str, dict[str, torch.Tensor]]:
+def _snapshot(trainer: distributed.Trainer) -> dict[str, dict[str, torch.Tensor]]:
     """Gradients, parameters and buffers, copied to the CPU (NCCL ranks hold them on GPUs)."""
     return {
         "grads": {n: p.grad.cpu().clone() for n, p in trainer.named_parameters() if p.grad is not None},
@@ -142,7 +142,7 @@ def train_and_gather(name: str, plan: Plan, steps: int, lr: float = 0.1) -> list
     ``(losses, snapshots, stage indices)``, the other ranks ``None``."""
     model = build(name)
     inputs, targets = batch(name, plan.split_size * plan.microbatches)
-    trainer = D.Trainer(model, plan, loss_fn, lambda ps: torch.optim.SGD(ps, lr=lr))
+    trainer = distributed.Trainer(model, plan, loss_fn, lambda ps: torch.optim.SGD(ps, lr=lr))
     losses, snaps = [], []
     for _ in range(steps):
         loss = trainer.step(inputs if trainer.holds_first else None,
@@ -250,7 +250,7 @@ def test_pipeline_equals_single_process(case: str) -> None:
     name, balance, split, m, steps, granularity = CASES[case]
     model = build(name)
     plans = [make_plan(model, balance, split, m, schedule, granularity) for schedule in ("gpipe", "1f1b")]
-    results = D.launch(_equivalence_worker, len(balance), name, plans, steps, timeout_s=TIMEOUT_S)
+    results = distributed.launch(_equivalence_worker, len(balance), name, plans, steps, timeout_s=TIMEOUT_S)
     assert set(results) == set(range(len(balance)))
     for plan, got in zip(plans, results[0], strict=True):
         assert got["stages_per_rank"] == [[r] for r in range(len(balance))]
@@ -261,7 +261,7 @@ def test_interleaved_stages_equal_single_process() -> None:
     """Four stages on two ranks: ScheduleLoopedBFS (gpipe) and ScheduleInterleaved1F1B (1f1b)."""
     model = build("skip")
     plans = [make_plan(model, (2, 2, 2, 1), 2, 4, schedule) for schedule in ("gpipe", "1f1b")]
-    results = D.launch(_equivalence_worker, 2, "skip", plans, 2, timeout_s=TIMEOUT_S)
+    results = distributed.launch(_equivalence_worker, 2, "skip", plans, 2, timeout_s=TIMEOUT_S)
     for plan, got in zip(plans, results[0], strict=True):
         assert got["stages_per_rank"] == [[0, 2], [1, 3]]
         assert_same_training(got, reference("skip", plan, 2))
@@ -276,7 +276,7 @@ def test_nccl_ranks_train_like_one_process(ranks: int) -> None:
     holds all four stages (the plan checks and gathers still go through NCCL)."""
     model = build("skip")
     plans = [make_plan(model, (2, 2, 2, 1), 2, 4, schedule) for schedule in ("gpipe", "1f1b")]
-    results = D.launch(_equivalence_worker, ranks, "skip", plans, 2, backend="nccl", timeout_s=TIMEOUT_S)
+    results = distributed.launch(_equivalence_worker, ranks, "skip", plans, 2, backend="nccl", timeout_s=TIMEOUT_S)
     for plan, got in zip(plans, results[0], strict=True):
         assert got["stages_per_rank"] == ([[0, 1, 2, 3]] if ranks == 1 else [[0, 2], [1, 3]])
         assert_same_training(got, reference("skip", plan, 2), rtol=1e-4, atol=1e-5)
@@ -288,7 +288,7 @@ def test_nccl_ranks_train_like_one_process(ranks: int) -> None:
 def _failing_worker(plan: Plan, how: str) -> None:
     model = build("toy")
     inputs, targets = batch("toy", plan.split_size * plan.microbatches)
-    trainer = D.Trainer(model, plan, loss_fn)
+    trainer = distributed.Trainer(model, plan, loss_fn)
     calls = []
 
     def hook(module: nn.Module, args: Any) -> None:
@@ -312,8 +312,8 @@ def _failing_worker(plan: Plan, how: str) -> None:
 def test_dead_rank_ends_the_run_with_its_rank(how: str) -> None:
     plan = make_plan(build("toy"), (1, 1), 2, 3)
     start = time.monotonic()
-    with pytest.raises(D.RankFailedError) as info:
-        D.launch(_failing_worker, 2, plan, how, timeout_s=TIMEOUT_S)
+    with pytest.raises(distributed.RankFailedError) as info:
+        distributed.launch(_failing_worker, 2, plan, how, timeout_s=TIMEOUT_S)
     elapsed = time.monotonic() - start
     assert info.value.rank == 1
     assert str(info.value).startswith("rank 1 failed: ")
@@ -327,8 +327,8 @@ def test_dead_rank_ends_the_run_with_its_rank(how: str) -> None:
 def test_stuck_rank_ends_the_run_after_the_timeout() -> None:
     plan = make_plan(build("toy"), (1, 1), 2, 3)
     start = time.monotonic()
-    with pytest.raises(D.RankFailedError) as info:
-        D.launch(_failing_worker, 2, plan, "hang", timeout_s=5)
+    with pytest.raises(distributed.RankFailedError) as info:
+        distributed.launch(_failing_worker, 2, plan, "hang", timeout_s=5)
     elapsed = time.monotonic() - start
     # rank 0 gives up waiting after the process-group timeout; rank 1 left no error
     assert str(info.value).startswith("rank 1 failed: stopped without an error")
@@ -338,14 +338,14 @@ def test_stuck_rank_ends_the_run_after_the_timeout() -> None:
 
 def _mismatch_worker(plans: list[Plan]) -> None:
     model = build("skip")
-    D.Trainer(model, plans[dist.get_rank()], loss_fn)
+    distributed.Trainer(model, plans[dist.get_rank()], loss_fn)
 
 
 def test_ranks_with_different_plans_are_refused_at_start() -> None:
     model = build("skip")
     plans = [make_plan(model, (3, 4), 2, 2), make_plan(model, (4, 3), 2, 2)]
-    with pytest.raises(D.RankFailedError) as info:
-        D.launch(_mismatch_worker, 2, plans, timeout_s=TIMEOUT_S)
+    with pytest.raises(distributed.RankFailedError) as info:
+        distributed.launch(_mismatch_worker, 2, plans, timeout_s=TIMEOUT_S)
     message = str(info.value)
     assert "PlanMismatchError" in message and "rank 1 holds another plan" in message
     assert "stages [3, 4]" in message and "stages [4, 3]" in message
@@ -378,8 +378,8 @@ def test_launch_returns_every_rank_and_leaves_nothing_behind() -> None:
     before = _children()
     temp = Path(tempfile.gettempdir())
     folders = set(temp.iterdir())
-    port = D.free_port()
-    assert D.launch(_noop_worker, 3, port=port, timeout_s=TIMEOUT_S) == {0: (0, 3), 1: (1, 3), 2: (2, 3)}
+    port = distributed.free_port()
+    assert distributed.launch(_noop_worker, 3, port=port, timeout_s=TIMEOUT_S) == {0: (0, 3), 1: (1, 3), 2: (2, 3)}
     assert _children() - before == set()
     left = [f.name for f in set(temp.iterdir()) - folders
             if f.name.startswith(("torchelastic_", "autosplit-launch-"))]
@@ -397,7 +397,7 @@ def test_launch_returns_every_rank_and_leaves_nothing_behind() -> None:
 def test_stage_modules_chain_to_the_model(name: str, balance: tuple[int, ...]) -> None:
     model = build(name)
     plan = make_plan(model, balance, 2, 2)
-    stages = D.stage_modules(model, plan)
+    stages = distributed.stage_modules(model, plan)
     inputs, _ = batch(name, 4)
     values: Any = inputs
     for stage in stages[:-1]:
@@ -412,7 +412,7 @@ def test_stage_modules_chain_to_the_model(name: str, balance: tuple[int, ...]) -
 
 def test_skip_connection_is_passed_through_the_middle_stage() -> None:
     model = build("skip")
-    stages = D.stage_modules(model, make_plan(model, (2, 2, 3), 2, 2))
+    stages = distributed.stage_modules(model, make_plan(model, (2, 2, 3), 2, 2))
     # the skip ("inp") crosses both cuts: stage 1 receives it and sends it on untouched
     assert stages[0].output_names == ("inp", "tanh")
     assert stages[1].input_names == ("inp", "tanh") and stages[1].output_names == ("inp", "tanh_2")
@@ -425,10 +425,13 @@ def test_skip_connection_is_passed_through_the_middle_stage() -> None:
 def test_non_tensor_crossing_a_cut_is_named() -> None:
     model = SizeLate()
     plan = make_plan(model, (1, 1), 2, 1)
-    first = D.stage_modules(model, plan)[0]
+    first = distributed.stage_modules(model, plan)[0]
     assert "size" in first.output_names
-    with pytest.raises(InvalidInputError, match=r"value 'size' crossing the cut after block 'a'.* is a int"):
+    message = (r"value 'size' \(an int from x\.size\(\)\) produced by block 'a' crosses the cut "
+               r"before stage 1 \(after block 'a'\): only tensors can cross stages")
+    with pytest.raises(distributed.CutValueError, match=message):
         first(torch.randn(2, 4))
+    assert issubclass(distributed.CutValueError, InvalidInputError)
 
 
 @pytest.fixture
@@ -445,7 +448,7 @@ def test_one_rank_holding_every_stage(one_rank_group: None) -> None:
     name = "skip"
     model = build(name)
     plan = make_plan(model, (2, 2, 3), 2, 3, "1f1b")
-    trainer = D.Trainer(model, plan, loss_fn, lambda ps: torch.optim.SGD(ps, lr=0.1))
+    trainer = distributed.Trainer(model, plan, loss_fn, lambda ps: torch.optim.SGD(ps, lr=0.1))
     assert trainer.holds_first and trainer.holds_last and [m.index for m in trainer.modules] == [0, 1, 2]
     inputs, targets = batch(name, 6)
     loss = trainer.step(inputs, targets)
@@ -461,44 +464,44 @@ def test_one_rank_holding_every_stage(one_rank_group: None) -> None:
 def test_1f1b_needs_as_many_micro_batches_as_stages(one_rank_group: None) -> None:
     model = build("skip")
     with pytest.raises(InvalidInputError, match=r"1f1b needs at least as many micro-batches as stages \(2 < 3\)"):
-        D.Trainer(model, make_plan(model, (2, 2, 3), 2, 2, "1f1b"), loss_fn)
+        distributed.Trainer(model, make_plan(model, (2, 2, 3), 2, 2, "1f1b"), loss_fn)
 
 
 def test_trainer_needs_a_process_group() -> None:
     model = build("toy")
     with pytest.raises(InvalidInputError, match="init_distributed"):
-        D.Trainer(model, make_plan(model, (1, 1), 2, 2), loss_fn)
+        distributed.Trainer(model, make_plan(model, (1, 1), 2, 2), loss_fn)
 
 
 def test_stage_indices() -> None:
-    assert D.stage_indices(4, 1, 2) == (1, 3)
-    assert D.stage_indices(3, 2, 3) == (2,)
+    assert distributed.stage_indices(4, 1, 2) == (1, 3)
+    assert distributed.stage_indices(3, 2, 3) == (2,)
     with pytest.raises(InvalidInputError, match="cannot be spread over 2 processes"):
-        D.stage_indices(3, 0, 2)
+        distributed.stage_indices(3, 0, 2)
 
 
 def test_bad_launch_arguments() -> None:
     with pytest.raises(InvalidInputError, match="nprocs"):
-        D.launch(_noop_worker, 0)
+        distributed.launch(_noop_worker, 0)
     with pytest.raises(InvalidInputError, match="backend"):
-        D.launch(_noop_worker, 2, backend="mpi")
+        distributed.launch(_noop_worker, 2, backend="mpi")
 
 
 def test_plan_for_another_model_is_refused() -> None:
     plan = make_plan(build("toy"), (1, 1), 2, 2)
     with pytest.raises(PlanMismatchError, match="make a new plan"):
-        D.stage_modules(build("skip"), plan)
+        distributed.stage_modules(build("skip"), plan)
 
 
 def test_tutorial_targets_match_the_output_without_computing() -> None:
     model = torchvision.models.resnet18(num_classes=7)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    (target,) = D.tutorial_targets(model, (torch.randn(6, 3, 32, 32),))
+    (target,) = distributed.tutorial_targets(model, (torch.randn(6, 3, 32, 32),))
     assert target.shape == (6, 7) and torch.equal(target.sum(dim=1), torch.ones(6))
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
     out = torch.randn(6, 7, requires_grad=True)
-    D.tutorial_loss(out, (target,)).backward()
+    distributed.tutorial_loss(out, (target,)).backward()
     assert out.grad is not None
 
 
@@ -510,13 +513,13 @@ def test_to_split_spec_on_module_boundaries() -> None:
 
     model = build("skip")
     plan = make_plan(model, (2, 3, 2), 2, 2)
-    spec = plan.to_split_spec()
+    spec = distributed.to_split_spec(plan)
     assert spec == {"layers.1": SplitPoint.BEGINNING, "norm": SplitPoint.BEGINNING}
-    assert plan.to_split_spec(model) == spec
+    assert distributed.to_split_spec(plan, model) == spec
     pipe = pipeline(model, (torch.randn(2, 6),), split_spec=spec)
     assert pipe.num_stages == 3
     # pipeline() puts the same parameters on each stage as the plan and autosplit's stages do
-    ours = D.stage_modules(model, plan)
+    ours = distributed.stage_modules(model, plan)
     for s in range(3):
         names = [n for n, _ in pipe.get_stage_module(s).named_parameters()]
         assert names == [n for n, _ in ours[s].body.named_parameters()]
@@ -530,12 +533,12 @@ def test_to_split_spec_refuses_cuts_inside_modules() -> None:
     cut = names.index("layer1.0")
     plan = make_plan(model, (cut, len(names) - cut), 2, 2, granularity="layer")
     with pytest.raises(InvalidInputError, match=r"stage 1 begins inside module 'layer1.0'"):
-        plan.to_split_spec(model)
+        distributed.to_split_spec(plan, model)
     relu2 = next(n for n in names if n.endswith("#2"))
     cut = names.index(relu2)
     plan = make_plan(model, (cut, len(names) - cut), 2, 2, granularity="layer")
     with pytest.raises(InvalidInputError, match="not a module boundary"):
-        plan.to_split_spec()
+        distributed.to_split_spec(plan)
 
 
 # ------------------------------------------------------------------------------- the CLI

@@ -9,8 +9,11 @@ import torch
 import torchvision
 from conftest import assert_equivalent, partition_and_check
 from models import LongSkip, TokenModel, ToyModel, TwoInOut
+from test_stages import SIZE_MESSAGE, SizeAcross
 
 import autosplit
+from autosplit.pipeline import PipelinedModule
+from autosplit.stages import CutValueError
 
 
 @pytest.mark.parametrize("stages", [2, 3])
@@ -98,6 +101,42 @@ def test_split_size_override_with_plan() -> None:
     pm = autosplit.partition(model, plan=autosplit.plan(prof, gpus=2), split_size=2)
     assert pm.split_size == 2
     assert_equivalent(model, pm, ref, (torch.randn(8, 10),), 2)
+
+
+def test_non_tensor_crossing_a_cut_is_refused_naming_it() -> None:
+    """The same error (class and message) as in autosplit.distributed: only tensors cross."""
+    model = SizeAcross()
+    graph = autosplit.trace(model)
+    prof = autosplit.profile(model, torch.randn(4, 4), microbatch_sizes=[2], warmup=0, repeats=1)
+    pm = autosplit.partition(model, plan=autosplit.plan_with_balance(prof, (1, 2), split_size=2))
+    assert pm.layout is not None and "size" in pm.layout.stages[0].sends
+    assert len(graph.blocks) == 3
+    with pytest.raises(CutValueError, match=SIZE_MESSAGE):
+        pm(torch.randn(4, 4))
+
+
+def test_pipelined_module_runs_what_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PipelinedModule neither traces, profiles nor plans: with a graph and a plan it only
+    builds and runs the stages (the policy is partition()'s)."""
+    model = ToyModel()
+    ref = copy.deepcopy(model)
+    graph = autosplit.trace(model)
+    prof = autosplit.profile(model, torch.randn(8, 10), microbatch_sizes=[4], warmup=0, repeats=1)
+    plan = autosplit.plan(prof, gpus=2, split_size=4)
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("PipelinedModule called a policy function")
+
+    for target in ("autosplit.graph.trace", "autosplit.profiler.profile_graph",
+                   "autosplit.planner.plan", "autosplit.devices.measure_link_bandwidth"):
+        monkeypatch.setattr(target, forbidden)
+    import autosplit.pipeline as mechanism
+
+    for name in ("trace", "profile_graph", "make_plan", "measure_link_bandwidth"):
+        assert not hasattr(mechanism, name), name
+    pm = PipelinedModule(model, [torch.device("cpu")] * 2, graph=graph, plan=plan)
+    assert pm.plan is plan and pm.layout is not None and pm.layout.balance == plan.balance
+    assert_equivalent(model, pm, ref, (torch.randn(8, 10),), 4)
 
 
 TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")

@@ -30,7 +30,7 @@ from test_distributed import (
 )
 
 import autosplit
-from autosplit import distributed as D
+from autosplit import distributed
 from autosplit.codegen import emit
 from autosplit.cost import optimizer_factor
 from autosplit.records import Plan, SharedParam, SharedWeight
@@ -211,7 +211,7 @@ def test_ranks_train_shared_weights_as_one(case: str) -> None:
     name, balance, ranks, copies = TIED_CASES[case]
     model = build(name)
     plans = [make_plan(model, balance, 2, 4, schedule) for schedule in ("gpipe", "1f1b")]
-    results = D.launch(_tied_worker, ranks, name, plans, 2, timeout_s=TIMEOUT_S)
+    results = distributed.launch(_tied_worker, ranks, name, plans, 2, timeout_s=TIMEOUT_S)
     for plan, got in zip(plans, results[0], strict=True):
         assert got["copies"] == copies
         assert_same_training(got, reference(name, plan, 2, lr=LR))

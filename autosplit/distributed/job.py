@@ -1,0 +1,227 @@
+"""The ``autosplit run`` job: train a model file's model on a plan, or time plans side by side.
+
+Every function here runs as one rank inside an initialised process group (torchrun or
+:func:`autosplit.distributed.launch`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from autosplit.distributed.trainer import Trainer
+from autosplit.errors import InvalidInputError
+from autosplit.records import Plan
+
+
+def tutorial_loss(output: Any, target: Any) -> torch.Tensor:
+    """The tutorial's loss: MSE of every floating output tensor against its target.
+
+    ``target`` holds one tensor per floating output leaf, in order (see
+    :func:`tutorial_targets`); integer outputs are ignored.
+    """
+    leaves = [x for x in pytree.tree_leaves(output)
+              if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    targets = pytree.tree_leaves(target)
+    if len(leaves) != len(targets):
+        raise InvalidInputError(
+            f"the model returns {len(leaves)} floating tensors but {len(targets)} targets "
+            "were given"
+        )
+    losses = [nn.functional.mse_loss(x, t.to(x.dtype)) for x, t in zip(leaves, targets)]
+    return torch.stack(losses).sum()
+
+
+def tutorial_targets(
+    model: nn.Module, inputs: Sequence[torch.Tensor], seed: int = 0
+) -> tuple[torch.Tensor, ...]:
+    """Targets for :func:`tutorial_loss` and a batch of ``inputs``: one-hot labels over the last
+    dimension of every floating output with two or more dimensions (the tutorial's MSE on
+    one-hot labels), random values for 1-D outputs.
+
+    The output shapes come from a run on the meta device (nothing is computed; ``model`` is
+    not changed); an operation without a meta kernel falls back to one real sample in eval mode.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    targets = []
+    for shape in _output_shapes(model, inputs):
+        if len(shape) >= 2:
+            labels = torch.randint(0, shape[-1], tuple(shape[:-1]), generator=gen)
+            targets.append(nn.functional.one_hot(labels, shape[-1]).float())
+        else:
+            targets.append(torch.randn(tuple(shape), generator=gen))
+    return tuple(targets)
+
+
+def _output_shapes(model: nn.Module, inputs: Sequence[torch.Tensor]) -> list[tuple[int, ...]]:
+    def floating(out: Any) -> list[tuple[int, ...]]:
+        return [tuple(x.shape) for x in pytree.tree_leaves(out)
+                if isinstance(x, torch.Tensor) and x.is_floating_point()]
+
+    try:
+        state = {k: torch.empty_like(v, device="meta")
+                 for k, v in [*model.named_parameters(), *model.named_buffers()]}
+        meta_inputs = tuple(x.to("meta") for x in inputs)
+        return floating(torch.func.functional_call(model, state, meta_inputs))
+    except Exception:  # noqa: BLE001 - an op without a meta kernel: run one real sample
+        batch = int(inputs[0].shape[0])
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                shapes = floating(model(*(x[:1] for x in inputs)))
+        finally:
+            model.train(was_training)
+        return [(batch, *shape[1:]) for shape in shapes]
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """What ``autosplit run`` trains: a model file, a plan and the batch.
+
+    Attributes:
+        model: the model file (path or module) and ``entry`` its factory, as for the CLI.
+        plan: the plan (every rank gets this one).
+        steps: training steps to run.
+        input_shape: one float input of this per-sample shape instead of ``example_inputs``.
+        lr: SGD learning rate (the tutorial's 0.001).
+        seed: seeds the model's initial weights, the inputs and the targets on every rank.
+        model_args: keyword arguments for the model file's factory and example inputs.
+    """
+
+    model: str
+    entry: str | None
+    plan: Plan
+    steps: int = 3
+    input_shape: tuple[int, ...] | None = None
+    lr: float = 0.001
+    seed: int = 0
+    model_args: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """What ``autosplit run`` measured.
+
+    Attributes:
+        world_size: number of ranks.
+        step_s: wall time of each step (s): the slowest rank's, all ranks starting together.
+        rank_step_s: ``rank_step_s[r][i]`` is rank r's time for step i (s).
+        losses: the loss of each step (mean over micro-batches), from the last stage's rank.
+        device: the devices, e.g. ``"cpu"`` or ``"cuda:0, cuda:1"``.
+        threads: intra-op threads per rank.
+    """
+
+    world_size: int
+    step_s: tuple[float, ...]
+    rank_step_s: tuple[tuple[float, ...], ...]
+    losses: tuple[float, ...]
+    device: str
+    threads: int
+
+    @property
+    def steady_step_s(self) -> float:
+        """Median step time without the first step (which infers the stages' shapes)."""
+        rest = self.step_s[1:] or self.step_s
+        return statistics.median(rest)
+
+
+def train_model_file(spec: RunSpec) -> RunResult:
+    """One rank of ``autosplit run``: build the model and batch, train ``spec.steps`` steps.
+
+    Runs inside an initialised process group (torchrun or :func:`launch`); every rank returns
+    the same :class:`RunResult`.
+    """
+
+    plan = spec.plan
+    model, inputs = _model_and_batch(spec, plan.microbatches * plan.split_size)
+    trainer, targets = _trainer(spec, model, inputs, plan)
+    times, losses = [], []
+    for _ in range(spec.steps):
+        seconds, loss = _timed_step(trainer, inputs, targets)
+        times.append(seconds)
+        losses.append(loss)
+    gathered: list[Any] = [None] * trainer.world_size
+    dist.all_gather_object(gathered, (trainer.rank, str(trainer.device), times, losses,
+                                      trainer.holds_last, torch.get_num_threads()))
+    gathered.sort(key=lambda g: g[0])
+    per_rank = tuple(tuple(g[2]) for g in gathered)
+    last = next(g for g in gathered if g[4])
+    devices = sorted({g[1] for g in gathered})
+    return RunResult(
+        world_size=trainer.world_size,
+        step_s=tuple(max(col) for col in zip(*per_rank)),
+        rank_step_s=per_rank,
+        losses=tuple(last[3]),
+        device=", ".join(devices),
+        threads=int(gathered[0][5]),
+    )
+
+
+def _model_and_batch(spec: RunSpec, batch: int) -> tuple[nn.Module, tuple[Any, ...]]:
+    """The model file's model (seeded) and a batch of ``batch`` rows of its inputs."""
+    from autosplit.modelfile import load_model_file
+
+    source = load_model_file(spec.model, spec.entry)
+    kwargs = dict(spec.model_args)
+    torch.manual_seed(spec.seed)
+    model = source.build(**kwargs)
+    torch.manual_seed(spec.seed + 1)
+    if spec.input_shape:
+        inputs: Any = (torch.randn(batch, *spec.input_shape),)
+    else:
+        inputs = source.example_inputs(batch, **kwargs)
+    return model, (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+
+
+def _trainer(
+    spec: RunSpec, model: nn.Module, inputs: tuple[Any, ...], plan: Plan
+) -> tuple[Trainer, Any]:
+    lr = spec.lr
+    trainer = Trainer(model, plan, tutorial_loss, lambda params: torch.optim.SGD(params, lr=lr))
+    targets = tutorial_targets(model, inputs, spec.seed + 2) if trainer.holds_last else None
+    return trainer, targets
+
+
+def _timed_step(trainer: Trainer, inputs: tuple[Any, ...], targets: Any) -> tuple[float, float]:
+    """One training step on every rank, started together: (seconds on this rank, loss)."""
+    dist.barrier()
+    start = time.perf_counter()
+    loss = trainer.step(inputs if trainer.holds_first else None, targets)
+    return time.perf_counter() - start, float(loss) if loss is not None else math.nan
+
+
+def measure_plans(spec: RunSpec, plans: Sequence[Plan], rounds: int = 2) -> list[list[float]]:
+    """One rank of a side-by-side measurement: every plan trained in turn, A B A B ….
+
+    All plans must have the same number of stages (one rank each here) and batch. Each plan
+    first runs one untimed step (the stages' shapes are settled then); then ``rounds`` rounds
+    time one step of each plan in turn, so drift in the machine's speed hits all alike.
+
+    Returns:
+        ``times[i]``: plan i's step times (s), the slowest rank's each, on every rank.
+    """
+    batch = {p.microbatches * p.split_size for p in plans}
+    if len(batch) != 1 or len({len(p.stages) for p in plans}) != 1:
+        raise InvalidInputError("measure_plans needs plans of one batch size and stage count")
+    model, inputs = _model_and_batch(spec, batch.pop())
+    runs = [_trainer(spec, model, inputs, plan) for plan in plans]
+    for trainer, targets in runs:
+        _timed_step(trainer, inputs, targets)
+    mine: list[list[float]] = [[] for _ in plans]
+    for _ in range(rounds):
+        for i, (trainer, targets) in enumerate(runs):
+            mine[i].append(_timed_step(trainer, inputs, targets)[0])
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return [[max(rank[i][r] for rank in gathered) for r in range(rounds)]
+            for i in range(len(plans))]

@@ -1,0 +1,262 @@
+"""Stage s of a plan as a module for ``PipelineStage``, and the schedules that run them.
+
+What a stage receives, sends and passes through is :mod:`autosplit.stages`'s
+:class:`~autosplit.stages.StageLayout`; this module wraps it for
+``torch.distributed.pipelining`` (positional tensors in, a tuple of tensors out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autosplit.distributed.launch import _default_device, _one_line
+from autosplit.errors import InvalidInputError
+from autosplit.graph import BlockGraph, Granularity, Segment
+from autosplit.records import Plan
+from autosplit.stages import StageLayout, graph_for_plan, run_stage, stage_layout
+
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+INTERLEAVED_SCHEDULES = {"gpipe": "ScheduleLoopedBFS", "1f1b": "ScheduleInterleaved1F1B"}
+
+
+class StageModule(nn.Module):
+    """Stage s of a plan as a module with positional tensor inputs and a tuple of outputs.
+
+    ``forward(*received)`` takes the values crossing the cut before the stage, in the order of
+    ``Cut.tensors`` (stage 0: the model's inputs), runs the stage's blocks, and returns the
+    values crossing the cut after it, in ``Cut.tensors`` order; values that cross both cuts
+    are passed through unchanged (see :func:`autosplit.stages.run_stage`). The last stage
+    returns the model's output leaves: the output tensor itself when the model returns one
+    tensor, else a tuple of its tensor leaves (:meth:`unflatten_output` rebuilds the model's
+    structure).
+
+    Attributes:
+        index: the stage number s.
+        body: the stage's blocks (a GraphModule sharing the model's submodules and parameters).
+        input_names, output_names: fx value names received and sent.
+        blocks: names of the stage's blocks.
+        is_last: whether this is the last stage.
+    """
+
+    def __init__(self, layout: StageLayout, index: int, segment: Segment) -> None:
+        super().__init__()
+        spec = layout.stages[index]
+        assert (segment.first, segment.end) == (spec.first, spec.end)
+        assert (segment.inputs, segment.outputs) == (spec.reads, spec.makes)
+        self.index = index
+        self.body = segment.module
+        self.blocks = layout.block_names[spec.first : spec.end]
+        self.input_names = spec.receives
+        self.output_names = spec.sends
+        self.is_last = index == len(layout.stages) - 1
+        self._layout = layout
+
+    def forward(self, *received: Any) -> Any:
+        """The values this stage sends (see the class docstring).
+
+        Raises:
+            InvalidInputError: not one value per received name.
+            CutValueError: a value to send is not a tensor (it names the value and the cut).
+        """
+        values = run_stage(self._layout, self.index, self.body, received)
+        if self.is_last:
+            single = len(values) == 1 and len(self._layout.output.leaves) == 1
+            return values[0] if single else values
+        return tuple(v.contiguous() for v in values)  # sent as is: no strided views
+
+    def unflatten_output(self, output: Any) -> Any:
+        """The model's output structure from the last stage's output (tensor or tuple)."""
+        if not self.is_last:
+            raise InvalidInputError(f"stage {self.index} is not the last stage")
+        return self._layout.output.build((output,) if isinstance(output, torch.Tensor)
+                                         else tuple(output))
+
+    def extra_repr(self) -> str:
+        span = self.blocks[0] if len(self.blocks) == 1 else f"{self.blocks[0]} … {self.blocks[-1]}"
+        return (f"index={self.index}, blocks={span} ({len(self.blocks)}), "
+                f"receives={len(self.input_names)}")
+
+
+def stage_modules(
+    model: nn.Module,
+    plan: Plan,
+    *,
+    granularity: Granularity | None = None,
+    leaf_modules: Sequence[type[nn.Module] | str] = (),
+) -> list[StageModule]:
+    """Every stage of ``plan`` as a :class:`StageModule` (sharing ``model``'s parameters).
+
+    Chained in one process, ``stages[-1](*…stages[0](*inputs))`` computes ``model(*inputs)``.
+    Stage s's ``body`` is the module :func:`autosplit.partition` runs for stage s.
+    """
+    graph = graph_for_plan(model, plan, granularity=granularity, leaf_modules=leaf_modules)
+    return _stage_modules_of(graph, plan)
+
+
+def _stage_modules_of(graph: BlockGraph, plan: Plan) -> list[StageModule]:
+    layout = stage_layout(graph, plan)
+    return [StageModule(layout, s.index, graph.extract(s.first, s.end)) for s in layout.stages]
+
+
+def stage_indices(num_stages: int, rank: int, world_size: int) -> tuple[int, ...]:
+    """The stages rank ``rank`` holds: ``rank, rank + w, rank + 2w …`` (w = world size).
+
+    One stage per rank when ``world_size == num_stages``; several (interleaved schedules)
+    when ``num_stages`` is a multiple of ``world_size``.
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise InvalidInputError(f"rank {rank} is outside a world of {world_size} processes")
+    if num_stages % world_size:
+        raise InvalidInputError(
+            f"a plan of {num_stages} stages cannot be spread over {world_size} processes: use "
+            f"{num_stages} processes (one per stage) or a divisor of {num_stages}"
+        )
+    return tuple(range(rank, num_stages, world_size))
+
+
+def stage_metadata(
+    modules: Sequence[StageModule], inputs: Sequence[torch.Tensor]
+) -> list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]]:
+    """Example inputs and outputs of every stage for one micro-batch, on the meta device.
+
+    ``inputs`` is one micro-batch of the model's inputs (real or meta tensors); nothing is
+    computed and no module changes. A stage's inputs require grad where the values they
+    receive do, as ``PipelineStage`` makes them on the receiving rank.
+
+    Raises:
+        InvalidInputError: a value crossing a cut is not a tensor (the message names it).
+    """
+    values: tuple[torch.Tensor, ...] = tuple(
+        torch.empty_like(x, device="meta").requires_grad_(False) for x in inputs
+    )
+    result = []
+    with torch.enable_grad():
+        for module in modules:
+            state = {
+                name: torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
+                for name, t in [*module.named_parameters(), *module.named_buffers()]
+            }
+            received = tuple(
+                torch.empty_like(v).requires_grad_(v.requires_grad and v.is_floating_point())
+                for v in values
+            )
+            out = torch.func.functional_call(module, state, received)
+            outputs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+            result.append((received, outputs))
+            values = outputs
+    return result
+
+
+def _pipeline_stages(
+    modules: Sequence[StageModule],
+    local: Sequence[int],
+    device: torch.device,
+    group: Any,
+    example: Sequence[torch.Tensor] | None,
+) -> list[Any]:
+    """``PipelineStage`` objects for the stages in ``local``; with an example micro-batch
+    their shapes are given up front (static metadata), else PyTorch infers them on the first
+    micro-batch (which runs non-first stages on uninitialised tensors)."""
+    from torch.distributed.pipelining import PipelineStage
+
+    meta = None
+    if example is not None:
+        try:
+            meta = stage_metadata(modules, example)
+        except InvalidInputError:
+            raise
+        except Exception:  # noqa: BLE001 - an op without a meta kernel: PyTorch infers shapes
+            meta = None
+    stages = []
+    for i in local:
+        kwargs: dict[str, Any] = {}
+        if meta is not None:
+            kwargs = {"input_args": meta[i][0], "output_args": meta[i][1]}
+        stages.append(PipelineStage(modules[i], i, len(modules), device, group=group, **kwargs))
+    return stages
+
+
+def build_stages(
+    model: nn.Module,
+    plan: Plan,
+    *,
+    example_inputs: Sequence[torch.Tensor] | None = None,
+    device: torch.device | str | None = None,
+    group: Any = None,
+    granularity: Granularity | None = None,
+    leaf_modules: Sequence[type[nn.Module] | str] = (),
+) -> tuple[list[Any], list[StageModule]]:
+    """This rank's ``PipelineStage`` objects and their modules (moved to ``device``).
+
+    Needs an initialised process group (see :func:`init_distributed`); ``group`` defaults to
+    the world. Stage ``i`` goes to rank ``i % world_size``. ``example_inputs`` (one
+    micro-batch of the model's inputs, any device, meta included) gives every stage its
+    shapes up front (see :func:`stage_metadata`); without it PyTorch infers them during the
+    first step.
+    """
+    if not dist.is_initialized():
+        raise InvalidInputError(
+            "no process group: call autosplit.distributed.init_distributed() first (under "
+            "torchrun or autosplit.distributed.launch)"
+        )
+    dev = torch.device(device) if device is not None else _default_device(group)
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    mine = stage_indices(len(plan.stages), rank, world)
+    modules = stage_modules(model, plan, granularity=granularity, leaf_modules=leaf_modules)
+    for i in mine:
+        modules[i].to(dev)
+    stages = _pipeline_stages(modules, mine, dev, group, example_inputs)
+    return stages, [modules[i] for i in mine]
+
+
+def build_schedule(
+    stages: Sequence[Any],
+    plan: Plan,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+    *,
+    scale_grads: bool = True,
+) -> Any:
+    """The schedule the plan names, over ``plan.microbatches`` micro-batches.
+
+    ``"gpipe"`` → ``ScheduleGPipe``, ``"1f1b"`` → ``Schedule1F1B``; with several stages per
+    rank ``ScheduleLoopedBFS`` and ``ScheduleInterleaved1F1B``. ``loss_fn(output, target)``
+    is called per micro-batch on the last stage (``None``: forward only).
+
+    Raises:
+        InvalidInputError: the schedule is unknown, or cannot run the plan (1F1B needs at least
+            as many micro-batches as stages).
+    """
+    from torch.distributed.pipelining import schedules
+
+    _check_schedule(plan)
+    m = plan.microbatches
+    single = len(stages) == 1
+    cls = getattr(schedules, (SCHEDULES if single else INTERLEAVED_SCHEDULES)[plan.schedule])
+    try:
+        if single:
+            return cls(stages[0], m, loss_fn=loss_fn, scale_grads=scale_grads)
+        return cls(list(stages), m, loss_fn=loss_fn, scale_grads=scale_grads)
+    except ValueError as exc:
+        raise InvalidInputError(
+            f"{cls.__name__} cannot run {m} micro-batches on {stages[0].group_size} processes "
+            f"({_one_line(str(exc))}): use one process per stage, or another split size"
+        ) from None
+
+
+def _check_schedule(plan: Plan) -> None:
+    if plan.schedule not in SCHEDULES:
+        raise InvalidInputError(
+            f"plan schedule {plan.schedule!r} is not one of {', '.join(SCHEDULES)}"
+        )
+    p, m = len(plan.stages), plan.microbatches
+    if plan.schedule == "1f1b" and m < p:
+        raise InvalidInputError(
+            f"schedule 1f1b needs at least as many micro-batches as stages ({m} < {p}): use "
+            "schedule gpipe, or a smaller split size"
+        )
+

@@ -1,0 +1,320 @@
+"""Trainer: one rank's part of pipelined training on ``torch.distributed.pipelining``.
+
+Conventions shared with :mod:`autosplit.pipeline` (both from :mod:`autosplit.stages`): a batch
+of B = m·b rows is split with ``tensor.split(b)`` into m micro-batches; BatchNorm sees
+micro-batches, in order. With ``scale_grads=True`` (the schedules' default) the gradients are
+those of the mean of the m micro-batch losses, and :meth:`Trainer.step` returns that mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autosplit.distributed.launch import _default_device
+from autosplit.distributed.stage_module import (
+    StageModule,
+    _check_schedule,
+    _pipeline_stages,
+    _stage_modules_of,
+    build_schedule,
+    stage_indices,
+)
+from autosplit.errors import InvalidInputError, PlanMismatchError
+from autosplit.graph import BlockGraph, Granularity
+from autosplit.records import Plan
+from autosplit.stages import graph_for_plan, move, split
+
+
+class _LastStageLoss:
+    """The user's loss on the model's output structure and the micro-batch's own target.
+
+    The last stage sends the output's tensor leaves; the schedule hands each micro-batch's
+    *index* as the target (``PipelineStage`` accepts only a tensor there), and the real
+    target, any structure, is looked up here.
+    """
+
+    def __init__(
+        self, loss_fn: Callable[[Any, Any], torch.Tensor], last: StageModule | None
+    ) -> None:
+        self.loss_fn = loss_fn
+        self.last = last
+        self.targets: list[Any] = []
+
+    def __call__(self, output: Any, index: torch.Tensor) -> torch.Tensor:
+        structure = self.last.unflatten_output(output) if self.last is not None else output
+        return self.loss_fn(structure, self.targets[int(index)])
+
+
+def plan_digest(plan: Plan) -> tuple[Any, ...]:
+    """What every rank must agree on: the model, the cut points, b, m and the schedule."""
+    return (
+        plan.fingerprint,
+        tuple(s.blocks[0] for s in plan.stages),
+        plan.balance,
+        plan.split_size,
+        plan.microbatches,
+        plan.schedule,
+    )
+
+
+class Trainer:
+    """One rank's part of pipelined training: its stages, the schedule and an optimizer.
+
+    Every rank builds a ``Trainer`` from the same model (same architecture; each rank uses
+    only its stages' parameters) and the same plan, then calls :meth:`step` with the same
+    batch: the first stage's rank needs ``inputs``, the last stage's rank ``targets``; other
+    ranks may pass ``None``. The first step sends one micro-batch's input shapes from stage 0's
+    rank to every rank, which derive every stage's shapes on the meta device.
+
+    Args:
+        model: the model the plan was made for (its modules are shared, not copied).
+        plan: the plan; every rank must hold the same one (checked at construction).
+        loss_fn: ``loss_fn(output, target) -> scalar`` per micro-batch, ``output`` in the
+            model's own output structure, ``target`` the micro-batch's slice of the targets.
+        optimizer_factory: ``f(parameters) -> Optimizer`` over this rank's parameters; ``None``
+            leaves the gradients in ``.grad`` and the parameters unchanged.
+        device: this rank's device; default ``cuda:LOCAL_RANK`` on NCCL, else ``cpu``.
+        group: the process group of the pipeline (default: the world).
+        scale_grads: divide gradients by m (the loss is the mean over micro-batches); ``False``
+            sums them.
+        granularity, leaf_modules: how the plan's model was traced (default: found from the
+            plan's fingerprint).
+
+    Raises:
+        PlanMismatchError: the plan is not this model's, or ranks hold different plans.
+        InvalidInputError: no process group, or the world size or schedule does not fit the plan.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        plan: Plan,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        optimizer_factory: Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer] | None = None,
+        *,
+        device: torch.device | str | None = None,
+        group: Any = None,
+        scale_grads: bool = True,
+        granularity: Granularity | None = None,
+        leaf_modules: Sequence[type[nn.Module] | str] = (),
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise InvalidInputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(plan, Plan):
+            raise InvalidInputError(f"plan must be an autosplit Plan, got {type(plan).__name__}")
+        if not callable(loss_fn):
+            raise InvalidInputError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+        if not dist.is_initialized():
+            raise InvalidInputError(
+                "no process group: call autosplit.distributed.init_distributed() first (under "
+                "torchrun or autosplit.distributed.launch)"
+            )
+        self.plan = plan
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.scale_grads = scale_grads
+        self.device = torch.device(device) if device is not None else _default_device(group)
+        graph = graph_for_plan(model, plan, granularity=granularity, leaf_modules=leaf_modules)
+        self._check_agreement(plan, graph.fingerprint)
+        self._local = stage_indices(len(plan.stages), self.rank, self.world_size)
+        self._all = _stage_modules_of(graph, plan)
+        self.modules = [self._all[i].to(self.device) for i in self._local]
+        self._names = {id(p): name for name, p in graph.module.named_parameters()}
+        self._shared = _shared_copies(graph, plan, self.rank, self.world_size, group)
+        last = next((m for m in self.modules if m.is_last), None)
+        self._loss = _LastStageLoss(loss_fn, last)
+        _check_schedule(plan)
+        self.stages: list[Any] = []
+        self.schedule: Any = None
+        params = list(self.parameters())
+        self.optimizer = optimizer_factory(iter(params)) if optimizer_factory and params else None
+
+    def _check_agreement(self, plan: Plan, fingerprint: str) -> None:
+        mine = (fingerprint, plan_digest(plan))
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, mine, group=self.group)
+        for rank, theirs in enumerate(gathered):
+            if theirs == gathered[0]:
+                continue
+            model0, plan0 = gathered[0]
+            modelr, planr = theirs
+            what = (
+                f"model fingerprint {model0} vs {modelr}" if model0 != modelr else
+                f"plan {_describe_digest(plan0)} vs {_describe_digest(planr)}"
+            )
+            raise PlanMismatchError(
+                f"rank {rank} holds another plan or model than rank 0 ({what}): give every "
+                "rank the same model and plan file"
+            )
+
+    def _build(self, arg_mbs: list[tuple[Any, ...]] | None) -> None:
+        """Make the PipelineStages and the schedule, with shapes from stage 0's rank."""
+        meta = None
+        if arg_mbs is not None:
+            meta = [(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x
+                    for x in arg_mbs[0]]
+        box = [meta]
+        source = dist.get_global_rank(self.group, 0) if self.group is not None else 0
+        dist.broadcast_object_list(box, src=source, group=self.group, device=self.device)
+        example = []
+        for index, item in enumerate(box[0] or []):
+            if not isinstance(item, tuple):
+                raise InvalidInputError(
+                    f"model input {index} is a {type(item).__name__}; pipelined inputs must be "
+                    "tensors with the batch in dimension 0"
+                )
+            example.append(torch.empty(item[0], dtype=item[1], device="meta"))
+        self.stages = _pipeline_stages(self._all, self._local, self.device, self.group, example)
+        # the gradients are scaled once per parameter in step(): a schedule scales each stage's
+        # parameters, so a parameter that two stages of this rank use would be scaled twice
+        self.schedule = build_schedule(self.stages, self.plan, self._loss, scale_grads=False)
+
+    @property
+    def holds_first(self) -> bool:
+        """Whether this rank runs stage 0 (it needs the inputs)."""
+        return 0 in self._local
+
+    @property
+    def holds_last(self) -> bool:
+        """Whether this rank runs the last stage (it needs the targets and gets the loss)."""
+        return len(self.plan.stages) - 1 in self._local
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """This rank's parameters, by their qualified names in the model (a tied weight by
+        its first name, ``embed.weight`` for ``head.weight``, on every rank that holds it)."""
+        seen: set[int] = set()
+        for module in self.modules:
+            for name, p in module.body.named_parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield self._names.get(id(p), name), p
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        """This rank's parameters."""
+        return (p for _, p in self.named_parameters())
+
+    def named_buffers(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """This rank's buffers (BatchNorm statistics …), by their qualified names."""
+        for module in self.modules:
+            yield from module.body.named_buffers()
+
+    def _split(self, values: Any, what: str) -> list[Any]:
+        moved = move(values, self.device)
+        return split(moved, self.plan.split_size, count=self.plan.microbatches, what=what)
+
+    def step(self, inputs: Any = None, targets: Any = None) -> torch.Tensor | None:
+        """One pipelined training step on every rank: zero grads, forward/backward, optimizer.
+
+        Args:
+            inputs: a tensor or tuple of tensors with B = m·b rows (needed on stage 0's rank).
+            targets: a tensor or a structure of tensors with B rows (needed on the last
+                stage's rank); each micro-batch's slice goes to ``loss_fn``.
+
+        Returns:
+            On the last stage's rank, the loss: the mean of the m micro-batch losses (the sum
+            with ``scale_grads=False``), detached; ``None`` on other ranks.
+        """
+        arg_mbs = None
+        if self.holds_first:
+            if inputs is None:
+                raise InvalidInputError(f"rank {self.rank} runs stage 0: step() needs the inputs")
+            inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+            arg_mbs = [tuple(mb) for mb in self._split(inputs, "inputs")]
+        target_mbs = None
+        if self.holds_last:
+            if targets is None:
+                raise InvalidInputError(
+                    f"rank {self.rank} runs the last stage: step() needs the targets"
+                )
+            self._loss.targets = self._split(targets, "targets")
+            target_mbs = [torch.tensor(i) for i in range(self.plan.microbatches)]
+        if self.schedule is None:
+            self._build(arg_mbs)
+        for p in self.parameters():
+            p.grad = None
+        losses: list[torch.Tensor] = []
+        try:
+            self.schedule.step(
+                arg_mbs=arg_mbs, target_mbs=target_mbs, losses=losses, return_outputs=False
+            )
+        finally:
+            self._loss.targets = []
+        self._finish_gradients()
+        if self.optimizer is not None:
+            self.optimizer.step()
+        if not self.holds_last:
+            return None
+        total = torch.stack([loss.detach() for loss in losses]).sum()
+        return total / len(losses) if self.scale_grads else total
+
+    def _finish_gradients(self) -> None:
+        """Sum every shared parameter's gradient over the ranks holding a copy, then divide
+        each gradient once by m (``scale_grads``): the gradients of the mean loss."""
+        for shared in self._shared:
+            if shared.param.grad is None:
+                shared.param.grad = torch.zeros_like(shared.param)
+            dist.all_reduce(shared.param.grad, group=shared.group)
+        if self.scale_grads and self.plan.microbatches > 1:
+            for p in self.parameters():
+                if p.grad is not None:
+                    p.grad.div_(self.plan.microbatches)
+
+
+@dataclass(frozen=True, slots=True)
+class _SharedCopy:
+    """A parameter that stages on several ranks use (tied weights): this rank's copy.
+
+    Attributes:
+        name: its qualified name in the model.
+        param: this rank's copy.
+        ranks: the pipeline ranks holding a copy (this one included).
+        group: the process group of those ranks.
+    """
+
+    name: str
+    param: nn.Parameter
+    ranks: tuple[int, ...]
+    group: Any
+
+
+def _shared_copies(
+    graph: BlockGraph, plan: Plan, rank: int, world: int, group: Any
+) -> list[_SharedCopy]:
+    """This rank's copies of parameters shared with other ranks, each with a process group.
+
+    One group per shared parameter whose users lie on stages of two or more ranks (stage s on
+    rank s mod world); a rank holding every user needs nothing. Every rank calls
+    ``new_group`` for every such parameter, in the graph's order (with a sub-group as the
+    pipeline, only the members, with local synchronisation). The copies start equal: the
+    first holder's values are broadcast to the others.
+    """
+    stage_of = [s for s, count in enumerate(plan.balance) for _ in range(count)]
+    params = dict(graph.module.named_parameters())
+    copies = []
+    for shared in graph.shared_params:
+        ranks = tuple(sorted({stage_of[i] % world for i in shared.blocks}))
+        if len(ranks) < 2:
+            continue
+        members = [r if group is None else dist.get_global_rank(group, r) for r in ranks]
+        if group is None:
+            pg = dist.new_group(members)
+        elif rank in ranks:
+            pg = dist.new_group(members, use_local_synchronization=True)
+        if rank in ranks:
+            param = params[shared.name]
+            with torch.no_grad():
+                dist.broadcast(param.data, src=members[0], group=pg)
+            copies.append(_SharedCopy(shared.name, param, ranks, pg))
+    return copies
+
+
+def _describe_digest(digest: tuple[Any, ...]) -> str:
+    _, firsts, balance, b, m, schedule = digest
+    return f"stages {list(balance)} (from {', '.join(firsts)}), {m}×{b}, {schedule}"

@@ -1,0 +1,227 @@
+"""``autosplit.partition()``: the policy in front of :class:`~autosplit.pipeline.PipelinedModule`.
+
+Checks the arguments, picks the devices, traces the model, and — unless a plan is given —
+profiles it, measures the links between GPUs, plans and verifies the best candidates. With
+example inputs that happens now; without, the :class:`PipelinedModule` is given a planner
+that does it on its first batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from autosplit import checks
+from autosplit.cost import OPTIMIZER_STATE, SCHEDULES
+from autosplit.devices import default_devices, measure_link_bandwidth, resolve_device
+from autosplit.errors import InvalidInputError
+from autosplit.graph import BlockGraph, Granularity, leaf_module_list, trace
+from autosplit.pipeline import PipelinedModule
+from autosplit.planner import memory_sizes
+from autosplit.planner import plan as make_plan
+from autosplit.profiler import check_inputs, profile_graph
+from autosplit.records import Plan
+
+__all__ = ["partition", "PartitionOptions"]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOptions:
+    """How :func:`partition` profiles and plans (see its arguments for the meaning of each).
+
+    Attributes:
+        schedule, optimizer: passed to the planner.
+        memory_per_gpu: per-device memory limit (bytes or a size string), or ``None``.
+        bandwidth_bytes_per_s: link bandwidth (bytes/s); ``None``: measured between GPUs.
+        microbatch_sizes: sizes to profile (``None``: chosen from the batch).
+        split_size: the fixed micro-batch size b, or ``None`` (the planner chooses).
+        profile_options: extra keyword arguments of the profiler, as ``(name, value)`` pairs.
+        verify: time the best candidates' stages and choose among them on that.
+    """
+
+    schedule: str = "gpipe"
+    optimizer: str = "sgd"
+    memory_per_gpu: int | float | str | None = None
+    bandwidth_bytes_per_s: float | None = None
+    microbatch_sizes: tuple[int, ...] | None = None
+    split_size: int | None = None
+    profile_options: tuple[tuple[str, Any], ...] = ()
+    verify: bool = True
+
+
+def partition(
+    model: nn.Module,
+    example_inputs: Any = None,
+    *,
+    gpus: int | None = None,
+    devices: Sequence[str | torch.device] | None = None,
+    plan: Plan | None = None,
+    split_size: int | None = None,
+    schedule: str = "gpipe",
+    optimizer: str = "sgd",
+    memory_per_gpu: int | float | str | None = None,
+    bandwidth_bytes_per_s: float | None = None,
+    microbatch_sizes: Sequence[int] | None = None,
+    granularity: Granularity = "block",
+    leaf_modules: Sequence[type[nn.Module] | str] = (),
+    profile_options: dict[str, Any] | None = None,
+    verify: bool = True,
+) -> PipelinedModule:
+    """Split ``model`` into a pipeline over several devices.
+
+    With ``example_inputs`` the model is profiled and planned now; with ``plan`` nothing is
+    profiled; with neither, planning happens on the first call, from its batch (``pm.plan`` is
+    ``None`` until then). The model's own modules and parameters are used (no copies): an
+    optimizer built on ``model.parameters()`` trains the pipeline.
+
+    Args:
+        model: the model to split.
+        example_inputs: a tensor or tuple of tensors with the batch in dimension 0.
+        gpus: number of stages; default ``len(devices)``, else the CUDA device count when ≥ 2,
+            else 2 (CPU stand-ins, with a warning).
+        devices: one device per stage, e.g. ``["cuda:0", "cuda:1"]`` or ``["cpu", "cpu"]``.
+        plan: a saved plan to use; its fingerprint must match the model.
+        split_size: fix the micro-batch size b (``None``: the planner chooses).
+        schedule, optimizer, memory_per_gpu: passed to :func:`autosplit.plan`.
+        bandwidth_bytes_per_s: link bandwidth between stages; default measured between GPUs
+            (peer-to-peer copies), else :data:`autosplit.devices.DEFAULT_LINK_BYTES_PER_S`.
+        microbatch_sizes: sizes to profile (default chosen from the batch).
+        granularity, leaf_modules: passed to :func:`autosplit.graph.trace`.
+        profile_options: extra keyword arguments for :func:`autosplit.profile`.
+        verify: when profiling, time the stages of the best few candidates as they run and
+            choose among them on that (see :mod:`autosplit.verify`); ``False`` plans from
+            block sums alone.
+
+    Raises:
+        ArgumentTypeError: an argument of the wrong type (``gpus="2"``, ``gpus=2.0``,
+            ``devices="cuda:0"``, ``plan=<dict>``, ``split_size=True``, …); also a ``TypeError``.
+        InvalidInputError: a bad value (``gpus=0``, an unknown device or schedule, a memory or
+            bandwidth that is not finite and > 0, …); also a ``ValueError``.
+        TraceError: the model cannot be traced.
+        PlanMismatchError: ``plan`` was made for another model.
+        InfeasiblePlanError: nothing fits in ``memory_per_gpu``.
+    """
+    checks.instance_of("model", model, nn.Module, "a torch.nn.Module")
+    checks.optional(checks.instance_of, "plan", plan, Plan, "an autosplit Plan (Plan.load(path))")
+    checks.optional(checks.positive_int, "split_size", split_size)
+    checks.optional(checks.positive_int, "gpus", gpus)
+    checks.one_of("schedule", schedule, SCHEDULES)
+    checks.one_of("optimizer", optimizer, OPTIMIZER_STATE)
+    checks.optional(
+        checks.positive_finite, "bandwidth_bytes_per_s", bandwidth_bytes_per_s, "bytes/s"
+    )
+    checks.optional(checks.sequence_of, "microbatch_sizes", microbatch_sizes, checks.positive_int)
+    checks.one_of("granularity", granularity, ("block", "layer"))
+    leaf_modules = leaf_module_list(leaf_modules)
+    checks.optional(checks.instance_of, "profile_options", profile_options, dict, "a dict")
+    devs = _devices(gpus, devices, plan)
+    memory_sizes(memory_per_gpu, len(devs))
+    options = PartitionOptions(
+        schedule=schedule,
+        optimizer=optimizer,
+        memory_per_gpu=memory_per_gpu,
+        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+        microbatch_sizes=None if microbatch_sizes is None else tuple(microbatch_sizes),
+        split_size=split_size,
+        profile_options=tuple((profile_options or {}).items()),
+        verify=checks.instance_of("verify", verify, bool, "True or False"),
+    )
+    inputs = None if example_inputs is None or plan is not None else check_inputs(example_inputs)
+    graph = trace(model, granularity=granularity, leaf_modules=leaf_modules,
+                  example_inputs=inputs)
+    if plan is not None:
+        return PipelinedModule(model, devs, graph=graph, plan=plan, split_size=split_size)
+    if len(devs) > len(graph.blocks):
+        raise InvalidInputError(
+            f"gpus={len(devs)} is more than the model's {len(graph.blocks)} blocks: use at "
+            f"most {len(graph.blocks)} devices, or granularity='layer' for finer blocks"
+        )
+    if inputs is not None:
+        made = plan_for_batch(graph, inputs, devs, options)
+        return PipelinedModule(model, devs, graph=graph, plan=made, split_size=split_size)
+    planner = functools.partial(_graph_and_plan, graph, devices=devs, options=options)
+    return PipelinedModule(model, devs, split_size=split_size, planner=planner)
+
+
+def plan_for_batch(
+    graph: BlockGraph,
+    inputs: tuple[torch.Tensor, ...],
+    devices: Sequence[torch.device],
+    options: PartitionOptions,
+) -> Plan:
+    """Profile ``graph`` on ``inputs`` on the first device and plan it for ``devices``.
+
+    The bandwidth between real GPUs is measured (the slowest link between consecutive
+    stages) unless ``options`` gives one; with ``options.verify`` the best candidates'
+    stages are timed as they run and the fastest is chosen.
+    """
+    sizes = options.microbatch_sizes
+    split_size = None
+    if options.split_size is not None:
+        split_size = min(options.split_size, int(inputs[0].shape[0]))
+        sizes = tuple(sorted(set(sizes or ()) | {split_size}))
+    profile_options = dict(options.profile_options)
+    prof = profile_graph(graph, inputs, device=devices[0], microbatch_sizes=sizes,
+                         stages=len(devices), **profile_options)
+    bandwidth = options.bandwidth_bytes_per_s
+    distinct_gpus = len({d for d in devices if d.type == "cuda"})
+    if bandwidth is None and distinct_gpus == len(devices) > 1:
+        # real GPUs: the slowest link between consecutive stages, measured
+        bandwidth = min(measure_link_bandwidth(a, b) for a, b in zip(devices, devices[1:]))
+    planning: dict[str, Any] = dict(
+        bandwidth_bytes_per_s=bandwidth,
+        devices=[str(d) for d in devices],
+        memory_per_gpu=options.memory_per_gpu,
+        schedule=options.schedule,
+        optimizer=options.optimizer,
+        split_size=split_size,
+    )
+    if not options.verify:
+        return make_plan(prof, len(devices), **planning)
+    from autosplit.planner import plan_candidates
+    from autosplit.verify import verify_and_choose
+
+    candidates = plan_candidates(prof, len(devices), **planning)
+    best, _ = verify_and_choose(graph, inputs, prof, candidates, device=devices[0],
+                                threads=profile_options.get("threads", 1))
+    return best
+
+
+def _graph_and_plan(
+    graph: BlockGraph,
+    inputs: tuple[torch.Tensor, ...],
+    *,
+    devices: Sequence[torch.device],
+    options: PartitionOptions,
+) -> tuple[BlockGraph, Plan]:
+    """The planner of a lazily planned module: plan on its first batch."""
+    return graph, plan_for_batch(graph, inputs, devices, options)
+
+
+def _devices(
+    gpus: int | None, devices: Sequence[str | torch.device] | None, plan: Plan | None
+) -> list[torch.device]:
+    """One device per stage, from ``devices``, else ``gpus`` (CUDA devices or CPU stand-ins)."""
+    if devices is not None:
+        devs = [resolve_device(d) for d in checks.as_sequence("devices", devices)]
+        if not devs:
+            raise InvalidInputError("devices is empty: give at least one device")
+        if gpus is not None and gpus != len(devs):
+            raise InvalidInputError(f"gpus={gpus} but {len(devs)} devices were given")
+        return devs
+    if gpus is None:
+        gpus = plan and len(plan.stages) or max(torch.cuda.device_count(), 2)
+    devs, stand_in = default_devices(gpus)
+    if stand_in:
+        warnings.warn(
+            f"{torch.cuda.device_count()} CUDA device(s) found for {gpus} stages: "
+            f"using {gpus} CPU stand-ins (devices={['cpu'] * gpus})",
+            stacklevel=3,
+        )
+    return devs
