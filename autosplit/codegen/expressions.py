@@ -29,18 +29,6 @@ BINARY = {
     operator.le: "<=", operator.gt: ">", operator.ge: ">=",
 }
 UNARY = {operator.neg: "-", operator.pos: "+", operator.invert: "~", operator.not_: "not "}
-# Values that are not tensors (shapes, sizes, tuples): moved between devices with move().
-_NON_TENSOR_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "layout", "requires_grad"}
-_NON_TENSOR_METHODS = {
-    "size", "dim", "numel", "nelement", "item", "tolist", "split", "chunk", "unbind",
-    "tensor_split", "stride", "element_size", "get_device", "is_contiguous", "__len__",
-}
-_NON_TENSOR_FUNCTIONS = {
-    torch.split, torch.chunk, torch.unbind, torch.tensor_split, builtins.len, builtins.int,
-    builtins.float, builtins.tuple, builtins.list,
-}
-
-
 class ExpressionWriter:
     """Writes the nodes of a stage split as Python source.
 
@@ -197,24 +185,3 @@ class ExpressionWriter:
             "code: tensors and other objects are not written out; make it a parameter or "
             "buffer of a submodule"
         )
-
-
-def is_tensor(node: fx.Node) -> bool:
-    """Whether ``node`` surely holds one tensor (else it is moved with move())."""
-    if node.op in ("placeholder", "get_attr"):
-        return True
-    if node.op == "call_module":
-        return not any(u.target is operator.getitem for u in node.users)
-    if node.op == "call_method":
-        return node.target not in _NON_TENSOR_METHODS
-    fn = node.target
-    if fn is builtins.getattr:
-        return node.args[1] not in _NON_TENSOR_ATTRS and isinstance(node.args[0], fx.Node)
-    if fn is operator.getitem:
-        src = node.args[0]
-        return isinstance(src, fx.Node) and is_tensor(src)
-    if fn in _NON_TENSOR_FUNCTIONS:
-        return False
-    if getattr(fn, "__module__", None) in ("torch", "torch.functional", "torch.nn.functional"):
-        return True
-    return any(is_tensor(a) for a in node.all_input_nodes)

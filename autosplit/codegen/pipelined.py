@@ -13,11 +13,12 @@ from typing import Any
 
 from torch import fx
 
-from autosplit.codegen.expressions import ExpressionWriter, is_tensor
+from autosplit.codegen.expressions import ExpressionWriter
 from autosplit.codegen.model_source import ModelSource
 from autosplit.codegen.stage_classes import StageCode
 from autosplit.codegen.structure import StageSplit
 from autosplit.codegen.text import LINE_LENGTH, call_lines, counted, joined, quoted
+from autosplit.codegen.value_kinds import is_tensor
 
 
 def crosses_non_tensor(split: StageSplit) -> bool:
@@ -145,7 +146,7 @@ class PipelinedClassWriter:
             branch = "if" if s == 0 else ("elif" if s < p - 1 else "else")
             lines.append(f"        {branch} s == {s}:" if branch != "else" else "        else:")
             args = [
-                _moved_read(split, n, "dev", pop=split.last_reader(n) == s)
+                _moved_read(split, n, "dev", pop=not split.passes_on(n, s))
                 for n in split.inputs_of(s)
             ]
             outs = [f"v[{quoted(split.names[n])}]" for n in split.outputs_of(s)]

@@ -22,9 +22,11 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from autosplit.codegen.value_kinds import stand_in
 from autosplit.errors import CodegenError
 from autosplit.graph import BlockGraph, Granularity
 from autosplit.records import Plan
+from autosplit.stages import StageLayout, stage_layout
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 INPUTS = -1  # stage index of the model's inputs
@@ -50,6 +52,9 @@ class StageSplit:
         names: the variable name of every value in the generated code.
         blocks: the plan's block names per stage.
         short: a short name for every module and weight the code uses, by path.
+        layout: the stage boundary (:mod:`autosplit.stages`) on the model's block graph: what
+            each stage reads, makes and sends; the code's values are matched to its values.
+        values: for each node whose value leaves its unit, that value's name in ``layout``.
     """
 
     model: nn.Module
@@ -58,6 +63,8 @@ class StageSplit:
     names: dict[fx.Node, str]
     blocks: list[tuple[str, ...]]
     short: dict[str, str]
+    layout: StageLayout
+    values: dict[fx.Node, str]
 
     @classmethod
     def build(
@@ -68,15 +75,26 @@ class StageSplit:
         granularity: Granularity,
         leaf_modules: tuple[type[nn.Module] | str, ...],
     ) -> StageSplit:
+        """The stage split of ``model`` for ``plan``.
+
+        Raises:
+            CutValueError: a value that is surely not a tensor crosses a cut (the stage
+                boundary's rule, as in every runtime).
+            CodegenError: the coarse graph cannot be matched to the plan's blocks.
+        """
+        layout = stage_layout(graph, plan)
+        _check_crossings(graph, layout)
         if graph.traced and granularity == "block":
-            coarse, block_of = coarse_trace(model, graph, leaf_modules)
+            coarse, block_of, fine_of = coarse_trace(model, graph, leaf_modules)
         else:  # one node per block already (fallback), or leaf-level blocks
             coarse = graph.module.graph
             block_of = {
                 n: graph.node_block.get(n.name, INPUTS) for n in coarse.nodes if n.op != "output"
             }
-        stage_of_block = [s for s, count in enumerate(plan.balance) for _ in range(count)]
-        stage = {n: (INPUTS if b == INPUTS else stage_of_block[b]) for n, b in block_of.items()}
+            fine_of = {n: [n] for n in block_of if n.op != "placeholder"}
+        stage = {
+            n: (INPUTS if b == INPUTS else layout.stage_of_block(b)) for n, b in block_of.items()
+        }
         blocks = [st.blocks for st in plan.stages]
         for s, names in enumerate(blocks):
             covered = {
@@ -95,9 +113,11 @@ class StageSplit:
                         f"{node.name} (stage {s}) reads {arg.name} from the later stage "
                         f"{stage[arg]}: the coarse graph cannot be matched to the plan's blocks"
                     )
-        fold_sequentials(model, coarse, stage)
+        values = _values_of(graph, coarse, fine_of)
+        fold_sequentials(model, coarse, stage, values)
         targets = [str(n.target) for n in coarse.nodes if n.op in ("call_module", "get_attr")]
-        split = cls(model, coarse, stage, {}, blocks, short_names(model, targets))
+        split = cls(model, coarse, stage, {}, blocks, short_names(model, targets), layout, values)
+        split._check_boundary()
         split.names = split._choose_names()
         return split
 
@@ -120,26 +140,43 @@ class StageSplit:
         return [n for n in self.graph.nodes if n.op != "output" and self.stage[n] == s]
 
     def inputs_of(self, s: int) -> list[fx.Node]:
-        """Values stage s reads from the model's inputs or from earlier stages, in order."""
-        found: list[fx.Node] = []
-        for node in self.nodes_of(s):
-            for arg in node.all_input_nodes:
-                if self.stage[arg] != s and arg not in found:
-                    found.append(arg)
-        return found
+        """Values stage s reads from the model's inputs or earlier stages (the layout's
+        ``reads``, in its order)."""
+        return self._nodes_named(s, self.layout.stages[s].reads)
 
     def outputs_of(self, s: int) -> list[fx.Node]:
-        """Values of stage s that a later stage or the model's output reads, in order."""
-        return [
-            n for n in self.nodes_of(s)
-            if any(u.op == "output" or self.stage[u] > s for u in n.users)
-        ]
+        """Values of stage s that a later stage or the model's output reads (``makes``)."""
+        return self._nodes_named(s, self.layout.stages[s].makes)
 
-    def last_reader(self, node: fx.Node) -> int | None:
-        """The last stage reading ``node``; ``None`` when the model's output includes it."""
-        if any(u.op == "output" for u in node.users):
-            return None
-        return max(self.stage[u] for u in node.users)
+    def passes_on(self, node: fx.Node, s: int) -> bool:
+        """Whether stage s sends ``node`` on (a later stage or the output reads it too)."""
+        return self.values.get(node) in self.layout.stages[s].sends
+
+    def _nodes_named(self, s: int, names: Sequence[str]) -> list[fx.Node]:
+        by_value = {value: node for node, value in self.values.items()}
+        missing = [name for name in names if name not in by_value]
+        if missing:
+            raise CodegenError(
+                f"stage {s} exchanges {missing}, which the coarse graph has no value for (a "
+                "block module returning several values?); run the plan with "
+                "autosplit.partition(model, plan=plan) instead"
+            )
+        return [by_value[name] for name in names]
+
+    def _check_boundary(self) -> None:
+        """The code of each stage reads and makes exactly what the stage boundary says."""
+        for s in range(len(self.blocks)):
+            nodes = self.nodes_of(s)
+            read = {a for n in nodes for a in n.all_input_nodes if self.stage[a] != s}
+            made = {
+                n for n in nodes if any(u.op == "output" or self.stage[u] > s for u in n.users)
+            }
+            if read != set(self.inputs_of(s)) or made != set(self.outputs_of(s)):
+                raise CodegenError(
+                    f"stage {s}'s code reads or makes other values than the stage boundary "
+                    "says: the coarse graph cannot be matched to the plan's blocks; run the "
+                    "plan with autosplit.partition(model, plan=plan) instead"
+                )
 
     def output(self) -> Any:
         """The model's output structure: nodes inside tuples, lists and dicts."""
@@ -188,8 +225,13 @@ class StageSplit:
 
 def coarse_trace(
     model: nn.Module, graph: BlockGraph, leaf_modules: tuple[type[nn.Module] | str, ...]
-) -> tuple[fx.Graph, dict[fx.Node, int]]:
-    """Trace ``model`` with every block module as a leaf; map each node to its block."""
+) -> tuple[fx.Graph, dict[fx.Node, int], dict[fx.Node, list[fx.Node]]]:
+    """Trace ``model`` with every block module as a leaf.
+
+    Returns:
+        The coarse graph, the block of each node, and the nodes of the model's block graph
+        each node stands for (none for a module whose forward makes no operation).
+    """
     leaf_types = tuple(x for x in leaf_modules if isinstance(x, type))
     leaf_names = {x for x in leaf_modules if isinstance(x, str)}
     leaves: set[str] = set()
@@ -230,6 +272,7 @@ def coarse_trace(
     remaining = {key for key, _ in units if key is not None}
 
     block_of: dict[fx.Node, int] = {}
+    fine_of: dict[fx.Node, list[fx.Node]] = {}
     calls: dict[str, int] = {}
     j, previous = 0, 0
     for node in coarse.nodes:
@@ -268,9 +311,38 @@ def coarse_trace(
                 "autosplit.partition(model, plan=plan) instead"
             )
         block_of[node] = previous = found.pop()
+        fine_of[node] = fine
     if j != len(units):
         raise _unmatched(None, units[j][1])
-    return coarse, block_of
+    return coarse, block_of, fine_of
+
+
+def _values_of(
+    graph: BlockGraph, coarse: fx.Graph, fine_of: dict[fx.Node, list[fx.Node]]
+) -> dict[fx.Node, str]:
+    """Each coarse node's value by its name in the block graph: the model's inputs in order,
+    and the one value that leaves the node's unit of fine nodes (none when several do)."""
+    fine_inputs = [n.name for n in graph.module.graph.nodes if n.op == "placeholder"]
+    coarse_inputs = [n for n in coarse.nodes if n.op == "placeholder"]
+    values = dict(zip(coarse_inputs, fine_inputs))
+    for node, fine in fine_of.items():
+        unit = set(fine)
+        leaving = [f.name for f in fine if any(u not in unit for u in f.users)]
+        if len(leaving) == 1:
+            values[node] = leaving[0]
+    return values
+
+
+def _check_crossings(graph: BlockGraph, layout: StageLayout) -> None:
+    """Refuse, as every runtime does, a value that is surely not a tensor crossing a cut.
+
+    Raises:
+        CutValueError: from :meth:`StageLayout.check_sent`, naming the value, the block that
+            made it and the cut.
+    """
+    nodes = {n.name: n for n in graph.module.graph.nodes}
+    for spec in layout.stages:
+        layout.check_sent(spec.index, [stand_in(nodes[name]) for name in spec.sends])
 
 
 def _unmatched(node: fx.Node | None, fine: list[fx.Node] | None) -> CodegenError:
@@ -293,7 +365,9 @@ def _is_block_module(model: nn.Module, m: nn.Module, qualname: str) -> bool:
     )
 
 
-def fold_sequentials(model: nn.Module, graph: fx.Graph, stage: dict[fx.Node, int]) -> None:
+def fold_sequentials(
+    model: nn.Module, graph: fx.Graph, stage: dict[fx.Node, int], values: dict[fx.Node, str]
+) -> None:
     """Replace the calls of all of a plain nn.Sequential's children, in order, by one call.
 
     Only when every child is called once, one after the other on the previous child's output
@@ -319,10 +393,13 @@ def fold_sequentials(model: nn.Module, graph: fx.Graph, stage: dict[fx.Node, int
             with graph.inserting_before(chain[0]):
                 folded = graph.call_module(parent, chain[0].args)
             stage[folded] = stage[chain[0]]
+            if chain[-1] in values:
+                values[folded] = values[chain[-1]]
             chain[-1].replace_all_uses_with(folded)
             for node in reversed(chain):
                 graph.erase_node(node)
                 del stage[node]
+                values.pop(node, None)
             break
         else:
             return

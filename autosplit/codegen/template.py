@@ -211,12 +211,20 @@ class ModuleWriter:
         if not single_tensor_output(self.split):
             out.append(joined(
                 "def concat(outputs):",
-                '    """Join the micro-batches\' outputs (tensors, tuples, dicts) along dim 0."""',
+                '    """Join the micro-batches\' outputs (tensors, tuples, dicts) along dim 0;',
+                "    other leaves are constants, taken from the first micro-batch.",
+                '    """',
                 "    flat = [pytree.tree_flatten(out) for out in outputs]",
-                "    leaves = [",
-                "        torch.cat(ls) if isinstance(ls[0], torch.Tensor) else ls[0]",
-                "        for ls in zip(*(leaves for leaves, _ in flat))",
-                "    ]",
+                "    leaves = []",
+                "    for ls in zip(*(leaves for leaves, _ in flat)):",
+                "        if isinstance(ls[0], torch.Tensor) and ls[0].dim() == 0:",
+                "            raise ValueError(",
+                '                "a 0-dimensional output: pipelined outputs need a batch '
+                'dimension 0 "',
+                '                "(compute the loss outside the model)"',
+                "            )",
+                "        joined = torch.cat(ls) if isinstance(ls[0], torch.Tensor) else ls[0]",
+                "        leaves.append(joined)",
                 "    return pytree.tree_unflatten(leaves, flat[0][1])",
             ))
         return out
