@@ -31,7 +31,8 @@ from torch import nn
 
 from autosplit import checks
 from autosplit.codegen.model_source import ModelSource
-from autosplit.codegen.structure import GLOBALS, StageSplit
+from autosplit.codegen.names import GLOBALS
+from autosplit.codegen.structure import StageSplit
 from autosplit.codegen.template import ModuleWriter
 from autosplit.codegen.text import LINE_LENGTH
 from autosplit.errors import CodegenError, InvalidInputError, TraceError

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from autosplit.codegen.structure import StageSplit, fresh_name, resolve_path
+from autosplit.codegen.names import fresh_name, resolve_path
+from autosplit.codegen.structure import StageSplit
 from autosplit.codegen.text import call_lines, quoted
 from autosplit.errors import CodegenError
 

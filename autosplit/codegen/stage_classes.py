@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from autosplit.codegen.expressions import ExpressionWriter
-from autosplit.codegen.structure import StageSplit, is_chain, resolve_path
+from autosplit.codegen.names import resolve_path
+from autosplit.codegen.structure import StageSplit, is_chain
 from autosplit.codegen.text import (
     LINE_LENGTH,
     block_span,

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import builtins
 import itertools
-import keyword
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +20,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from autosplit.codegen.names import GLOBALS, fresh_name, resolve_path, short_names
 from autosplit.codegen.value_kinds import stand_in
 from autosplit.errors import CodegenError
 from autosplit.graph import BlockGraph, Granularity
@@ -31,12 +30,6 @@ from autosplit.stages import StageLayout, stage_layout
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 INPUTS = -1  # stage index of the model's inputs
 
-# Names the generated code uses itself; graph values and attributes must not shadow them.
-GLOBALS = {
-    "self", "model", "torch", "nn", "pytree", "functools", "importlib", "os", "sys",
-    "model_module", "move", "concat", "DEVICES", "SPLIT_SIZE", "MODEL_FILE", "MODEL_PATH",
-    "MODEL_MODULE", "PARAMETERS", "tied_weights",
-}
 # Locals of the pipelined forward: the model's input names must not shadow them either.
 _FORWARD_LOCALS = {"micro", "mb", "b", "m", "p", "s", "tick", "v", "last", "dev", "outputs"}
 
@@ -416,48 +409,3 @@ def is_chain(nodes: list[fx.Node], stage: dict[fx.Node, int]) -> bool:
         if set(prev.users) != {node} or stage[prev] != stage[node]:
             return False
     return True
-
-
-def short_names(model: nn.Module, paths: Sequence[str]) -> dict[str, str]:
-    """The shortest ``_``-joined tail of each path that no other path shares.
-
-    ``features.denseblock4.denselayer5`` → ``denseblock4_denselayer5`` when other dense blocks
-    have a ``denselayer5``; ``layer3.1`` → ``layer3_1``; ``fc`` → ``fc``; the child ``0`` of
-    an ``nn.Sequential`` model → ``linear_0`` (after its class).
-    """
-    distinct = sorted(set(paths))
-    short: dict[str, str] = {}
-    for path in distinct:
-        parts = path.split(".")
-        for k in range(1, len(parts) + 1):
-            name = "_".join(parts[-k:])
-            clash = any(o != path and "_".join(o.split(".")[-k:]) == name for o in distinct)
-            if name.isidentifier() and not keyword.iskeyword(name) and not clash:
-                break
-        else:
-            name = "_".join(parts)
-        if not name.isidentifier():
-            kind = re.sub(r"(?<!^)(?=[A-Z])", "_", type(resolve_path(model, path)).__name__).lower()
-            name = f"{kind}_" + "".join(c if c.isalnum() else "_" for c in name)
-        if hasattr(nn.Module, name) or name in GLOBALS:
-            name += "_"
-        short[path] = name
-    return short
-
-
-def resolve_path(model: nn.Module, target: str) -> Any:
-    """The submodule, parameter or buffer at the dotted path ``target`` of ``model``."""
-    obj: Any = model
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def fresh_name(name: str, taken: set[str]) -> str:
-    """``name``, or ``name_1``, ``name_2`` … when it is taken or a keyword."""
-    if name not in taken and not keyword.iskeyword(name):
-        return name
-    k = 1
-    while f"{name}_{k}" in taken:
-        k += 1
-    return f"{name}_{k}"
