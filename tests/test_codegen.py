@@ -20,10 +20,12 @@ from conftest import assert_equivalent, loss_of, reference_run
 from torch import nn
 
 import autosplit
+import autosplit.stages
 from autosplit.codegen import emit
 from autosplit.errors import InvalidInputError, PlanMismatchError
 from autosplit.modelfile import ModelFileError, load_model_file
 from autosplit.records import Plan
+from autosplit.stages import CutValueError
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -80,6 +82,27 @@ class Shapes(nn.Module):
 
 def build_model():
     return Shapes()
+'''
+
+MEAN_MODEL = '''
+from torch import nn
+
+
+class Mean(nn.Module):
+    """Returns its output and, as a second leaf, a 0-d mean of it (a loss inside the model)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 8)
+        self.b = nn.Linear(8, 3)
+
+    def forward(self, x):
+        y = self.b(self.a(x))
+        return y, y.mean()
+
+
+def build_model():
+    return Mean()
 '''
 
 TIED_MODEL = '''
@@ -312,16 +335,40 @@ def test_skip_over_a_whole_stage_and_structured_outputs(tmp_path: Path) -> None:
     assert_ruff_clean(tmp_path / "pipelined.py")
 
 
-def test_sizes_crossing_stages_are_moved_with_move(tmp_path: Path) -> None:
+def test_sizes_crossing_a_cut_are_refused_as_by_the_stage_boundary(tmp_path: Path) -> None:
+    """An int read from the input's shape on stage 0 and used on the last stage: emit refuses
+    it with the stage boundary's CutValueError, the error partition() and distributed raise."""
     (tmp_path / "shapes.py").write_text(SHAPES_MODEL)
     mf = load_model_file(str(tmp_path / "shapes.py"))
     model = mf.build()
     inputs = (torch.randn(6, 5, 4),)
     plan = cut_at(make_plan(model, inputs, 2, 2), ["b", "c"])
-    source, _, _ = emit_and_check(tmp_path, mf.ref, model, inputs, plan)
-    assert "def move(" in source and "move(v.pop(" in source
+    with pytest.raises(CutValueError, match=r"\(an int from getitem\(\)\) produced by block 'a' "
+                       r"crosses the cut before stage 1 .*only tensors can cross stages"):
+        emit(plan, mf.ref, model=model)
+    assert issubclass(CutValueError, InvalidInputError)
+    one = cut_at(plan, [])  # one stage: nothing crosses, the file is written
+    source, _, _ = emit_and_check(tmp_path, mf.ref, model, inputs, one)
+    assert "def move(" not in source
     assert "__main__" not in source  # the file defines no example_inputs
     assert_ruff_clean(tmp_path / "pipelined.py")
+
+
+def test_zero_dimensional_output_is_refused_as_in_partition(tmp_path: Path) -> None:
+    """concat() in the emitted file refuses a 0-d output leaf, as autosplit.stages.concat."""
+    (tmp_path / "mean.py").write_text(MEAN_MODEL)
+    mf = load_model_file(str(tmp_path / "mean.py"))
+    model = mf.build()
+    inputs = (torch.randn(8, 6),)
+    plan = cut_at(make_plan(model, inputs, 2, 4), ["b"])
+    source = emit(plan, mf.ref, model=model)
+    module = load(source, tmp_path / "mean_pipelined.py")
+    pm = pipelined_class(module)(model=model, devices=["cpu", "cpu"])
+    with pytest.raises(ValueError, match="0-dimensional output"):
+        pm(*inputs)
+    with pytest.raises(InvalidInputError, match="0-dimensional"):
+        autosplit.stages.concat([model(inputs[0][:4]), model(inputs[0][4:])])
+    assert_ruff_clean(tmp_path / "mean_pipelined.py")
 
 
 def test_devices_and_class_name(tmp_path: Path) -> None:
