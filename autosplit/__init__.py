@@ -22,6 +22,7 @@ from autosplit.errors import (
     ArgumentTypeError,
     AutosplitError,
     CodegenError,
+    CutValueError,
     InfeasiblePlanError,
     InvalidInputError,
     ModelFileError,
@@ -45,14 +46,14 @@ from autosplit.records import (
 if TYPE_CHECKING:
     from autosplit.codegen import emit
     from autosplit.graph import trace
-    from autosplit.pipeline import partition
+    from autosplit.partitioning import partition
     from autosplit.planner import plan
     from autosplit.profiler import profile
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "partition": "autosplit.pipeline",
+    "partition": "autosplit.partitioning",
     "profile": "autosplit.profiler",
     "plan": "autosplit.planner",
     "trace": "autosplit.graph",
@@ -99,6 +100,7 @@ __all__ = [
     "ModelMismatchError",
     "RecordFileError",
     "CodegenError",
+    "CutValueError",
     "ModelFileError",
     "RankFailedError",
     "__version__",

@@ -13,6 +13,7 @@ __all__ = [
     "InvalidInputError",
     "ArgumentTypeError",
     "TraceError",
+    "CutValueError",
     "InfeasiblePlanError",
     "ModelMismatchError",
     "RecordFileError",
@@ -36,6 +37,11 @@ class ArgumentTypeError(InvalidInputError, TypeError):
 
 class ModelFileError(InvalidInputError):
     """The model file is missing, fails on import, or defines no model."""
+
+
+class CutValueError(InvalidInputError):
+    """A value that is not a tensor crosses a cut between stages (or leaves the last stage as
+    part of the model's output); the message names it, the block that made it and the cut."""
 
 
 class TraceError(AutosplitError):

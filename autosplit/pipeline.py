@@ -214,12 +214,3 @@ def _borrowed_weights(
                      if p is param]
             borrowed.setdefault(s, {}).update((n, param) for n in names)
     return borrowed
-
-
-def __getattr__(name: str) -> Any:
-    """``autosplit.pipeline.partition`` still works: it lives in :mod:`autosplit.partitioning`."""
-    if name == "partition":
-        from autosplit.partitioning import partition
-
-        return partition
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

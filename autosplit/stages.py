@@ -39,11 +39,12 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from autosplit.errors import InvalidInputError
+from autosplit.errors import CutValueError, InvalidInputError
 from autosplit.graph import BlockGraph, Granularity, trace
 from autosplit.records import Plan
 
 __all__ = [
+    "block_ranges",
     "CutValueError",
     "StageSpec",
     "OutputLayout",
@@ -60,9 +61,6 @@ MODEL_INPUT = -1
 """``StageSpec.sources`` entry of a value that is one of the model's inputs."""
 
 
-class CutValueError(InvalidInputError):
-    """A value that is not a tensor crosses a cut between stages (or leaves the last stage as
-    part of the model's output); the message names it, the block that made it and the cut."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +173,16 @@ class StageLayout:
             )
 
 
+def block_ranges(balance: Sequence[int]) -> list[tuple[int, int]]:
+    """``[(first, end), …]``: the block range ``first ≤ i < end`` of each stage of a balance
+    (blocks per stage). The one place a balance becomes block ranges."""
+    ranges, first = [], 0
+    for count in balance:
+        ranges.append((first, first + count))
+        first += count
+    return ranges
+
+
 def stage_layout(graph: BlockGraph, plan: Plan | Sequence[int]) -> StageLayout:
     """The stages of ``plan`` (or of a balance: blocks per stage) on ``graph``.
 
@@ -194,9 +202,8 @@ def stage_layout(graph: BlockGraph, plan: Plan | Sequence[int]) -> StageLayout:
     producers = {name: -1 for name in graph.inputs}
     producers.update(graph.node_block)
     stage_of_block = [s for s, count in enumerate(balance) for _ in range(count)]
-    specs, first = [], 0
-    for s, count in enumerate(balance):
-        end = first + count
+    specs = []
+    for s, (first, end) in enumerate(block_ranges(balance)):
         receives = graph.inputs if s == 0 else graph.cuts[first - 1].tensors
         sends = output.names if end == n else graph.cuts[end - 1].tensors
         reads, makes = _boundary(graph, first, end)
@@ -207,7 +214,6 @@ def stage_layout(graph: BlockGraph, plan: Plan | Sequence[int]) -> StageLayout:
         assert set(sends) <= set(receives) | set(makes), f"stage {s} sends what it lacks"
         specs.append(StageSpec(s, first, end, tuple(receives), sources, reads, makes,
                                tuple(sends), passes))
-        first = end
     return StageLayout(
         stages=tuple(specs),
         output=output,

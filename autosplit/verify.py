@@ -38,6 +38,7 @@ from autosplit.graph import BlockGraph, Segment
 from autosplit.profiler import check_inputs, check_microbatch_sizes
 from autosplit.records import Plan, Profile
 from autosplit.simulator import simulate_plan
+from autosplit.stages import block_ranges
 
 __all__ = ["StageTime", "time_stages", "verify_plans", "verify_and_choose"]
 
@@ -168,11 +169,7 @@ def _sums(a: Sequence[float], b: Sequence[float]) -> list[float]:
 
 
 def _stage_runs(plan: Plan) -> list[StageRun]:
-    runs, first = [], 0
-    for count in plan.balance:
-        runs.append((first, first + count, plan.split_size))
-        first += count
-    return runs
+    return [(first, end, plan.split_size) for first, end in block_ranges(plan.balance)]
 
 
 def _scaled(plan: Plan, times: Sequence[StageTime], factor: int) -> Plan:

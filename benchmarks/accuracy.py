@@ -59,7 +59,8 @@ from report import load_sentence, plural
 from torchgpipe_peer import INSTALL_TORCHGPIPE, TORCHGPIPE, balance_by_time, torchgpipe_balance
 
 import autosplit
-from autosplit.planner import plan_candidates
+from autosplit.comparison import baseline_plans, manual_plan
+from autosplit.planner import plan_candidates, plan_with_balance
 from autosplit.records import Plan, Profile
 from autosplit.verify import verify_and_choose
 
@@ -72,14 +73,14 @@ def plans_of(case: Case, profile: Profile, model: Any, inputs: tuple[torch.Tenso
     candidates = list(plan_candidates(profile, 2, top_k=3))
     others: dict[str, Plan] = {}
     if case.hand is not None:
-        others[HAND] = autosplit.manual_plan(profile, list(case.hand[0]), case.hand[1])
-    base = autosplit.baseline_plans(profile, 2)
+        others[HAND] = manual_plan(profile, list(case.hand[0]), case.hand[1])
+    base = baseline_plans(profile, 2)
     others["uniform"], others["by parameters"] = base["uniform"], base["parameters"]
     notes: dict[str, Any] = {}
     if balance_by_time is not None and case.sequential is not None:
         b = candidates[0].split_size
         notes = torchgpipe_balance(case.sequential, model, inputs, b, profile.block_names, device)
-        others[TORCHGPIPE_ROW] = autosplit.plan_with_balance(
+        others[TORCHGPIPE_ROW] = plan_with_balance(
             profile, notes["balance"], b, solver=f"torchgpipe {TORCHGPIPE}")
     return candidates, others, notes
 

@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 import autosplit
+from autosplit.pipeline import PipelinedModule
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -70,7 +71,7 @@ def assert_equivalent(model: nn.Module, pm: nn.Module, ref: nn.Module, inputs: S
         torch.testing.assert_close(bufs[name], b, msg=f"buffer {name}", **tol)
 
 
-def partition_and_check(model: nn.Module, inputs: Sequence[torch.Tensor], stages: int, split: int, **kw: Any) -> autosplit.PipelinedModule:
+def partition_and_check(model: nn.Module, inputs: Sequence[torch.Tensor], stages: int, split: int, **kw: Any) -> PipelinedModule:
     """Profile cheaply, plan for ``stages`` at ``split``, partition, and check equivalence."""
     ref = copy.deepcopy(model)
     prof = autosplit.profile(model, tuple(inputs), microbatch_sizes=[split], warmup=0, repeats=1, **kw)

@@ -12,6 +12,7 @@ from models import LongSkip, TokenModel, ToyModel, TwoInOut
 from test_stages import SIZE_MESSAGE, SizeAcross
 
 import autosplit
+from autosplit.planner import plan_with_balance
 from autosplit.pipeline import PipelinedModule
 from autosplit.stages import CutValueError
 
@@ -108,7 +109,7 @@ def test_non_tensor_crossing_a_cut_is_refused_naming_it() -> None:
     model = SizeAcross()
     graph = autosplit.trace(model)
     prof = autosplit.profile(model, torch.randn(4, 4), microbatch_sizes=[2], warmup=0, repeats=1)
-    pm = autosplit.partition(model, plan=autosplit.plan_with_balance(prof, (1, 2), split_size=2))
+    pm = autosplit.partition(model, plan=plan_with_balance(prof, (1, 2), split_size=2))
     assert pm.layout is not None and "size" in pm.layout.stages[0].sends
     assert len(graph.blocks) == 3
     with pytest.raises(CutValueError, match=SIZE_MESSAGE):

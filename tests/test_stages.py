@@ -9,6 +9,7 @@ from torch import nn
 
 import autosplit
 from autosplit.errors import InvalidInputError
+from autosplit.graph import BlockGraph
 from autosplit.stages import CutValueError, concat, run_stage, split, stage_layout
 
 
@@ -30,7 +31,7 @@ SIZE_MESSAGE = (r"value 'size' \(an int from x\.size\(\)\) produced by block 'a'
                 r"cut before stage 1 \(after block 'a'\): only tensors can cross stages")
 
 
-def run_all(graph: autosplit.BlockGraph, balance: tuple[int, ...], inputs: tuple) -> object:
+def run_all(graph: BlockGraph, balance: tuple[int, ...], inputs: tuple) -> object:
     """Chain every stage of the layout in one process and build the output."""
     layout = stage_layout(graph, balance)
     values = inputs

@@ -30,6 +30,7 @@ from test_distributed import (
 )
 
 import autosplit
+from autosplit.planner import plan_with_balance
 from autosplit import distributed
 from autosplit.codegen import emit
 from autosplit.cost import optimizer_factor
@@ -97,14 +98,14 @@ def test_a_bad_mode_is_refused() -> None:
 def test_memory_counts_the_copy_on_every_stage_that_holds_it() -> None:
     model = TiedLM()
     prof = autosplit.profile(model, _ids(8), microbatch_sizes=[2], warmup=0, repeats=1)
-    split = autosplit.plan_with_balance(prof, (6, 1), 2)  # head alone: it holds a copy
+    split = plan_with_balance(prof, (6, 1), 2)  # head alone: it holds a copy
     alone = dataclasses.replace(prof, shared=())  # as if nothing were shared
-    untied = autosplit.plan_with_balance(alone, (6, 1), 2)
+    untied = plan_with_balance(alone, (6, 1), 2)
     held = 352 * optimizer_factor("sgd")  # the weight and its gradient
     assert split.stages[1].memory_bytes == untied.stages[1].memory_bytes + held
     assert split.stages[0].memory_bytes == untied.stages[0].memory_bytes
-    whole = autosplit.plan_with_balance(prof, (7,), 2)  # one copy, counted once
-    once = autosplit.plan_with_balance(alone, (7,), 2)
+    whole = plan_with_balance(prof, (7,), 2)  # one copy, counted once
+    once = plan_with_balance(alone, (7,), 2)
     assert whole.stages[0].memory_bytes == once.stages[0].memory_bytes
     sync_ms = split.shared[0].sync_ms
     assert split.predicted_step_ms == pytest.approx(untied.predicted_step_ms + sync_ms)
