@@ -347,7 +347,7 @@ def test_ranks_with_different_plans_are_refused_at_start() -> None:
     with pytest.raises(distributed.RankFailedError) as info:
         distributed.launch(_mismatch_worker, 2, plans, timeout_s=TIMEOUT_S)
     message = str(info.value)
-    assert "PlanMismatchError" in message and "rank 1 holds another plan" in message
+    assert "ModelMismatchError" in message and "rank 1 holds another plan" in message
     assert "stages [3, 4]" in message and "stages [4, 3]" in message
 
 
