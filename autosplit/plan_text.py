@@ -44,14 +44,20 @@ def summary_lines(plan: Any) -> list[str]:
     ) if plan.single_device_ms > 0 and plan.predicted_step_ms > 0 else None
     over_one = claim.text if claim else "–"
     how = "verified stage times" if plan.verification else "block sums"
+    d = getattr(plan, "replicas", 1)
+    per_replica = f" ({plan.batch_size // d} per replica)" if d > 1 else ""
     lines = [
-        f"batch {plan.batch_size} → {plan.microbatches} micro-batch"
+        f"layout {p} stage{'s' if p != 1 else ''} × {d} replica{'s' if d != 1 else ''}",
+        f"batch {plan.batch_size}{per_replica} → {plan.microbatches} micro-batch"
         f"{'es' if plan.microbatches != 1 else ''} of {plan.split_size} "
         f"(chosen from {', '.join(map(str, plan.candidates))}) · schedule {plan.schedule}",
         f"predicted step {format_ms(plan.predicted_step_ms)}{spread_text(plan.step_spread)} "
         f"({how}) · bubble {plan.bubble_fraction:.0%} · "
-        f"vs one device: {over_one} (ideal ×{p:.2f})",
+        f"vs one device: {over_one} (ideal ×{p * d:.2f})",
     ]
+    if d > 1:
+        lines.append(f"gradient all-reduce among {d} replicas: "
+                     f"{format_ms(plan.replica_sync_ms)} per step, after the last backward")
     if plan.verification:
         lines.append(f"verified: {plan.verification}")
     if plan.speedup < 1 and claim is not None and not claim.within_noise:

@@ -351,6 +351,12 @@ class Plan:
             spreads (a fraction), ``None`` when not verified.
         single_device_spread: relative spread of ``single_device_ms`` when the whole model
             was timed in one piece, else ``None``.
+        replicas: d, the data-parallel replicas of every stage (1: pipeline only). With d > 1
+            each replica runs ``batch_size / d`` samples in ``microbatches`` micro-batches of
+            ``split_size``, and ``predicted_step_ms`` includes ``replica_sync_ms``. Plans
+            saved before this field load with 1.
+        replica_sync_ms: predicted exposed time of the replicas' gradient all-reduce per step
+            (the stage with the most gradient bytes; 0 for one replica).
     """
 
     model: str
@@ -372,6 +378,8 @@ class Plan:
     verification: str = ""
     step_spread: float | None = None
     single_device_spread: float | None = None
+    replicas: int = 1
+    replica_sync_ms: float = 0.0
 
     def __post_init__(self) -> None:
         checked(self, lambda p: check_plan(

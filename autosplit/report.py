@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -11,7 +12,15 @@ from autosplit.claims import ratio_with_spread, spread_text
 from autosplit.records import Plan
 from autosplit.units import format_bytes, format_ms
 
-__all__ = ["stage_table", "print_plan", "comparison_table"]
+if TYPE_CHECKING:
+    from autosplit.planner.layouts import Layouts
+
+__all__ = ["stage_table", "print_plan", "comparison_table", "layout_table", "faster_layout_line",
+           "PREDICTION_NOISE"]
+
+PREDICTION_NOISE = 0.05
+"""Relative spread assumed for a prediction from block sums when a layout is compared with the
+chosen plan (unverified predictions carry no spread of their own)."""
 
 
 def _span(blocks: Sequence[str]) -> str:
@@ -54,7 +63,7 @@ def print_plan(console: Console, plan: Plan, reference: tuple[str, Plan] | None 
             other.predicted_step_ms, other.step_spread, plan.predicted_step_ms, plan.step_spread
         )
         lines.insert(
-            2, f"vs {label}: {claim.text} ({format_ms(other.predicted_step_ms)}"
+            3, f"vs {label}: {claim.text} ({format_ms(other.predicted_step_ms)}"
             f"{spread_text(other.step_spread)})"
         )
     for line in lines:
@@ -110,3 +119,55 @@ def _vs_best(plan: Plan, best: Plan) -> str:
     if not claim.known:
         return f"×{claim.ratio:.2f}"
     return f"×{claim.ratio:.2f} ± {(claim.high - claim.low) / 2:.2f}"
+
+
+def layout_table(layouts: Layouts, chosen: Plan) -> Table:
+    """One row per layout (p stages × d replicas): its best plan's micro-batches, predicted
+    step (block sums) and memory per device, or "does not fit" and what it would need."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name, justify in (("other layouts", "left"), ("split", "right"),
+                          ("predicted step", "right"), ("memory/device", "right"),
+                          ("note", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    shape = (len(chosen.stages), chosen.replicas)
+    for option in layouts.options:
+        mine = (option.stages, option.replicas) == shape
+        if option.plan is None:
+            need = "" if option.need_bytes is None else f": needs {format_bytes(option.need_bytes)}"
+            table.add_row(option.label, "–", "–", "–", f"does not fit{need}")
+            continue
+        plan = option.plan
+        notes = ["chosen" if mine else ""]
+        if plan.replicas > 1:
+            notes.append(f"all-reduce {format_ms(plan.replica_sync_ms)}")
+            if not mine:
+                notes.append("autosplit run cannot run replicas yet")
+        table.add_row(
+            option.label,
+            f"{plan.microbatches}×{plan.split_size}",
+            format_ms(plan.predicted_step_ms),
+            format_bytes(max(s.memory_bytes for s in plan.stages)),
+            " · ".join(n for n in notes if n),
+        )
+    return table
+
+
+def faster_layout_line(layouts: Layouts, chosen: Plan) -> str | None:
+    """One line when a layout with replicas is predicted faster than the chosen pipeline
+    beyond the noise (the chosen plan's verified spread, else :data:`PREDICTION_NOISE`),
+    both from block sums; ``None`` otherwise."""
+    if chosen.replicas > 1:
+        return None
+    mine = layouts.option(len(chosen.stages), 1)
+    others = [o for o in layouts.options if o.plan is not None and o.replicas > 1]
+    if mine is None or mine.plan is None or not others:
+        return None
+    best = min(others, key=lambda o: (o.plan.predicted_step_ms, o.replicas))  # type: ignore
+    assert best.plan is not None
+    noise = PREDICTION_NOISE if chosen.step_spread is None else chosen.step_spread
+    claim = ratio_with_spread(mine.plan.predicted_step_ms, noise,
+                              best.plan.predicted_step_ms, noise)
+    if claim.within_noise or claim.ratio <= 1:
+        return None
+    return (f"{best.label} is predicted ×{claim.ratio:.2f} faster than this pipeline (block "
+            f"sums): autosplit run cannot run replicas yet — use DistributedDataParallel")

@@ -316,17 +316,25 @@ def check_plan(p: Any, *, stage_type: type, weight_type: type) -> None:
     check_size(p.split_size, "split_size")
     check_size(p.batch_size, "batch_size")
     check_size(p.microbatches, "microbatches")
-    if p.split_size > p.batch_size:
-        raise RecordError("split_size", f"is {p.split_size}, larger than batch_size "
-                                        f"{p.batch_size}")
-    m = -(-p.batch_size // p.split_size)
+    check_size(p.replicas, "replicas")
+    if p.batch_size % p.replicas:
+        raise RecordError("replicas", f"is {p.replicas}: it must divide batch_size "
+                                      f"{p.batch_size} (each replica runs an equal share)")
+    share = p.batch_size // p.replicas
+    per = f"the share {share} of each of {p.replicas} replicas" if p.replicas > 1 else (
+        f"a batch of {p.batch_size}")
+    if p.split_size > share:
+        raise RecordError("split_size", f"is {p.split_size}, larger than "
+                                        f"{'batch_size' if p.replicas == 1 else per} {share}")
+    m = -(-share // p.split_size)
     if p.microbatches != m:
-        raise RecordError("microbatches", f"is {p.microbatches}: a batch of {p.batch_size} in "
-                                          f"micro-batches of {p.split_size} makes {m} "
-                                          "(ceil(batch_size / split_size))")
+        rule = ("ceil(batch_size / split_size)" if p.replicas == 1
+                else "ceil(batch_size / replicas / split_size)")
+        raise RecordError("microbatches", f"is {p.microbatches}: {per} in micro-batches of "
+                                          f"{p.split_size} makes {m} ({rule})")
     check_choice(p.schedule, "schedule", KNOWN_SCHEDULES)
     check_choice(p.optimizer, "optimizer", KNOWN_OPTIMIZERS)
-    for field in ("predicted_step_ms", "single_device_ms", "bound_step_ms"):
+    for field in ("predicted_step_ms", "single_device_ms", "bound_step_ms", "replica_sync_ms"):
         check_ms(getattr(p, field), field)
     check_text(p.solver, "solver")
     check_row(p.candidates, "candidates", check_size, nonempty=True)

@@ -160,6 +160,15 @@ def _add_plan_command(sub: Any) -> None:
     p.add_argument("--bandwidth", type=_byte_size("bandwidth"), metavar="BYTES_PER_S",
                    help="link bandwidth between stages, e.g. 16GB (per second); default "
                    "measured-free figures: see autosplit.devices")
+    p.add_argument("--pipeline-only", action="store_true",
+                   help="plan a pipeline of N stages only; do not show the data-parallel and "
+                        "hybrid layouts")
+    p.add_argument("--replicas", type=_positive_int, metavar="D",
+                   help="plan N/D stages × D data-parallel replicas (D divides N and the "
+                        "batch); autosplit run cannot run D > 1 yet")
+    p.add_argument("--allreduce-bandwidth", type=_byte_size("bandwidth"), metavar="BYTES_PER_S",
+                   help="bandwidth of the replicas' gradient all-reduce (default: the link "
+                        "bandwidth)")
     p.add_argument("-o", "--output", default="plan.json",
                    help="where to write the plan (default plan.json)")
     p.add_argument("--emit", metavar="FILE.py",

@@ -100,12 +100,60 @@ def _one_device_note(console: Console, prof: Profile, memory: float,
         console.print(f" one device of {format_bytes(memory)} could hold it too")
 
 
+def _pipeline_plan(args: argparse.Namespace, source: Any, model: Any, inputs: Any,
+                   prof: Profile, kwargs: dict[str, Any],
+                   console: Console) -> tuple[Plan, tuple[str, Plan] | None]:
+    """The pipeline of ``--gpus`` stages (verified unless ``--no-verify``) and the hand split
+    beside it."""
+    from autosplit.planner import plan_candidates
+
+    verify = verifies(args, prof)
+    candidates = plan_candidates(prof, args.gpus, top_k=3 if verify else 1,
+                                 split_size=args.split_size, solver=args.solver, **kwargs)
+    plan = candidates[0]
+    reference = manual_reference(prof, source, args, kwargs)
+    if verify:
+        others = {} if reference is None else {reference[0]: reference[1]}
+        plan, checked = verify_plans(args, model, inputs, prof, candidates, others, console)
+        reference = None if reference is None else (reference[0], checked[reference[0]])
+    return plan, reference
+
+
+def _print_layouts(console: Console, layouts: Any, plan: Plan) -> None:
+    """The best plan of every stages × replicas layout, and one line when replicas win."""
+    from autosplit.report import faster_layout_line, layout_table
+
+    console.print()
+    if layouts.note:
+        console.print(f" {layouts.note}")
+    console.print(layout_table(layouts, plan))
+    line = faster_layout_line(layouts, plan)
+    if line is not None:
+        console.print(f" {line}")
+
+
+def _check_layout_options(args: argparse.Namespace) -> None:
+    """``--replicas`` and ``--pipeline-only`` against each other and ``--gpus``."""
+    d = args.replicas
+    if d is None:
+        return
+    if args.pipeline_only and d > 1:
+        raise InvalidInputError(f"--pipeline-only with --replicas {d}: give one of them")
+    if args.gpus % d:
+        raise InvalidInputError(f"--replicas {d} does not divide --gpus {args.gpus}: the "
+                                f"layout is --gpus / --replicas stages × --replicas replicas")
+    if d > 1 and args.emit:
+        raise InvalidInputError(f"--emit writes a one-process pipeline: it cannot run "
+                                f"--replicas {d}; plan without --replicas to emit code")
+
+
 def plan_command(args: argparse.Namespace) -> int:
     """``autosplit plan``: profile (or read, or estimate), plan, print; write the plan and,
     on request, the emitted code and the figure."""
-    from autosplit.planner import plan_candidates
+    from autosplit.planner import plan_layouts
     from autosplit.report import print_plan
 
+    _check_layout_options(args)
     console = make_console()
     memory, bandwidth = args.memory, args.bandwidth  # bytes, bytes per second (or None)
     spec = None if args.profile else device_spec(args)
@@ -121,15 +169,16 @@ def plan_command(args: argparse.Namespace) -> int:
         optimizer=args.optimizer,
         bandwidth_bytes_per_s=bandwidth,
     )
-    verify = verifies(args, prof)
-    candidates = plan_candidates(prof, args.gpus, top_k=3 if verify else 1,
-                                 split_size=args.split_size, solver=args.solver, **kwargs)
-    plan = candidates[0]
-    reference = manual_reference(prof, source, args, kwargs)
-    if verify:
-        others = {} if reference is None else {reference[0]: reference[1]}
-        plan, checked = verify_plans(args, model, inputs, prof, candidates, others, console)
-        reference = None if reference is None else (reference[0], checked[reference[0]])
+    searched: dict[str, Any] = dict(kwargs, split_size=args.split_size, solver=args.solver,
+                                    allreduce_bandwidth_bytes_per_s=args.allreduce_bandwidth)
+    layouts = None
+    if (args.replicas or 1) > 1:  # a prediction only: no runtime places replicas yet
+        plan, reference = plan_layouts(prof, args.gpus, replicas=args.replicas,
+                                       **searched).best, None
+    else:
+        plan, reference = _pipeline_plan(args, source, model, inputs, prof, kwargs, console)
+        if not args.pipeline_only and not args.replicas:
+            layouts = plan_layouts(prof, args.gpus, **searched)
     code = None
     if args.emit:
         from autosplit.codegen import emit
@@ -139,6 +188,8 @@ def plan_command(args: argparse.Namespace) -> int:
     print_plan(console, plan, reference)
     if memory is not None and args.gpus > 1:
         _one_device_note(console, prof, memory, kwargs)
+    if layouts is not None:
+        _print_layouts(console, layouts, plan)
     writes: dict[str, Any] = {"-o": plan.save}
     if code is not None:
         writes["--emit"] = lambda path: path.write_text(code)

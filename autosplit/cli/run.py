@@ -11,6 +11,7 @@ from typing import Any
 from autosplit.cli.common import make_console, model_args
 from autosplit.errors import InvalidInputError
 from autosplit.records import Plan
+from autosplit.runnable import require_pipeline_only
 
 __all__ = ["run_command"]
 
@@ -53,6 +54,7 @@ def run_command(args: argparse.Namespace) -> int:
     )
 
     plan = Plan.load(args.plan)
+    require_pipeline_only(plan, "autosplit run")
     p, b, m = len(plan.stages), plan.split_size, plan.microbatches
     _check_batch(args, plan)
     spec = RunSpec(args.model, args.entry, plan, args.steps,

@@ -20,11 +20,14 @@ or its own profile of the same model, and its own memory. Stage s runs on device
 The package: :mod:`~autosplit.planner.settings` (what a plan depends on),
 :mod:`~autosplit.planner.problems` (the numbers the solvers see),
 :mod:`~autosplit.planner.search` (:func:`plan`, :func:`plan_with_balance`,
-:func:`plan_candidates`) and :mod:`~autosplit.planner.assembly` (the Plan record).
+:func:`plan_candidates`), :mod:`~autosplit.planner.layouts` (stages × data-parallel replicas:
+:func:`plan_layouts`, :func:`plan_replicated`) and :mod:`~autosplit.planner.assembly` (the Plan
+record).
 """
 
 from __future__ import annotations
 
+from autosplit.planner.layouts import LayoutOption, Layouts, plan_layouts, plan_replicated
 from autosplit.planner.search import plan, plan_candidates, plan_with_balance
 from autosplit.planner.settings import SETTING_NAMES, SOLVERS, PlanSettings, memory_sizes
 
@@ -32,6 +35,10 @@ __all__ = [
     "plan",
     "plan_candidates",
     "plan_with_balance",
+    "plan_layouts",
+    "plan_replicated",
+    "Layouts",
+    "LayoutOption",
     "PlanSettings",
     "SOLVERS",
     "SETTING_NAMES",

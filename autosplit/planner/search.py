@@ -41,6 +41,25 @@ def _solve(
     return result.partition.balance, label
 
 
+def candidate_sizes(profile: Profile, split_size: int | None, batch: int, what: str) -> list[int]:
+    """Indices of the measured micro-batch sizes b ≤ ``batch`` (only ``split_size`` when given);
+    ``what`` names the batch in messages (``"the batch 8"``).
+
+    Raises:
+        InvalidInputError: ``split_size`` is above the batch or was not profiled, or no
+            profiled size fits.
+    """
+    if split_size is not None:
+        if split_size > batch:
+            raise InvalidInputError(f"split_size {split_size} is larger than {what}")
+        return [profile.size_index(split_size)]
+    sizes = [k for k, b in enumerate(profile.microbatch_sizes) if b <= batch]
+    if not sizes:
+        raise InvalidInputError(f"no profiled micro-batch size fits {what}: profiled sizes "
+                                f"are {list(profile.microbatch_sizes)}")
+    return sizes
+
+
 def plan(
     profile: Profile,
     gpus: int = 2,
@@ -97,17 +116,7 @@ def plan(
     )
     check_search(split_size, solver, time_limit_s)
     batch = settings.batch_size
-    if split_size is not None:
-        if split_size > batch:
-            raise InvalidInputError(f"split_size {split_size} is larger than the batch {batch}")
-        candidates = [profile.size_index(split_size)]
-    else:
-        candidates = [k for k, b in enumerate(profile.microbatch_sizes) if b <= batch]
-        if not candidates:
-            raise InvalidInputError(
-                f"no profiled micro-batch size fits the batch {batch}: profiled sizes are "
-                f"{list(profile.microbatch_sizes)}"
-            )
+    candidates = candidate_sizes(profile, split_size, batch, f"the batch {batch}")
 
     best: tuple[float, int, tuple[int, ...], str] | None = None
     failures: list[InfeasiblePlanError] = []

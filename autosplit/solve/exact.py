@@ -79,6 +79,11 @@ class StepProblem:
         memory_first: ``memory_first[s][i]`` extra bytes when block i starts stage s, or
             ``None``.
         capacity: ``capacity[s]`` bytes of device s, or ``None`` (no limit).
+        grad_bytes: ``grad_bytes[i]`` gradient bytes of block i, or ``None`` (only used with
+            ``grad_limit``).
+        grad_limit: the most gradient bytes one stage may hold, or ``None`` (no limit): the
+            planner of data-parallel replicas bounds the all-reduce with it
+            (:mod:`autosplit.planner.layouts`).
     """
 
     fwd: tuple[tuple[float, ...], ...]
@@ -90,6 +95,8 @@ class StepProblem:
     memory: tuple[tuple[float, ...], ...] | None = None
     memory_first: tuple[tuple[float, ...], ...] | None = None
     capacity: tuple[float, ...] | None = None
+    grad_bytes: tuple[float, ...] | None = None
+    grad_limit: float | None = None
 
     def __post_init__(self) -> None:
         p, n = len(self.fwd), len(self.fwd[0]) if self.fwd else 0
@@ -107,6 +114,8 @@ class StepProblem:
             )
         if (self.capacity is not None or self.memory_first is not None) and self.memory is None:
             raise InvalidInputError("capacity and memory_first need memory as well")
+        if self.grad_limit is not None and (self.grad_bytes is None or len(self.grad_bytes) != n):
+            raise InvalidInputError(f"grad_limit needs grad_bytes, one entry per block ({n})")
 
     @property
     def n(self) -> int:
@@ -228,18 +237,21 @@ class _Tables:
 
     @staticmethod
     def _fits(problem: StepProblem) -> np.ndarray:
-        """``fits[s][i][e]``: blocks i … e-1 fit on device s."""
+        """``fits[s][i][e]``: blocks i … e-1 fit on device s (and within ``grad_limit``)."""
         n, p = problem.n, problem.p
+        out = np.ones((p, n + 1, n + 1), dtype=bool)
+        if problem.grad_limit is not None and problem.grad_bytes is not None:
+            grads = np.concatenate(([0.0], np.cumsum(problem.grad_bytes)))
+            out &= (grads[None, :] - grads[:, None] <= problem.grad_limit)[None]
         if problem.memory is None or problem.capacity is None:
-            return np.ones((p, n + 1, n + 1), dtype=bool)
-        out = np.empty((p, n + 1, n + 1), dtype=bool)
+            return out
         for s in range(p):
             mem = np.concatenate(([0.0], np.cumsum(problem.memory[s])))
             first = np.zeros(n + 1)
             if problem.memory_first is not None:
                 first[:n] = problem.memory_first[s]
             held = mem[None, :] - mem[:, None] + first[:, None]
-            out[s] = held <= problem.capacity[s] * (1 + _MEMORY_RTOL)
+            out[s] &= held <= problem.capacity[s] * (1 + _MEMORY_RTOL)
         return out
 
 

@@ -1,0 +1,302 @@
+"""Layouts: p pipeline stages × d data-parallel replicas on N devices, each planned exactly.
+
+Symbols: N devices, p stages, d replicas (p · d devices used, d | B), B the batch, b the
+micro-batch size, m = ceil(B / (d · b)) micro-batches per replica, G_s the gradient bytes of
+stage s, W the all-reduce bandwidth (bytes/s), o the overlapped share of the all-reduce.
+
+Each replica of a stage runs B / d samples in micro-batches of b; afterwards each stage's d
+replicas all-reduce that stage's gradients, every stage at once over its own group of devices:
+
+    step(p, d) = pipeline_step(B / d; cuts, b) + (1 − o) · 2 (d − 1)/d · max_s G_s / W
+
+(:func:`autosplit.cost.replica_sync_ms`; o = 0 by default: not overlapped, the conservative
+choice). Pure data parallelism is p = 1, d = N: one device's step on B / N samples in
+micro-batches of b (gradient accumulation when b < B / N) plus the all-reduce of every gradient.
+Memory per device is its stage's weights, gradients and optimizer state plus the activations
+in flight of its replica's B / d samples, as for a pipeline alone.
+
+The search is exact over (cuts, b) for each (p, d): the all-reduce grows with max_s G_s, so
+for each b the exact branch and bound (:func:`autosplit.solve.exact.solve_step`) is run again
+under a limit on every stage's gradient bytes, lowered below the last optimum's max_s G_s each
+time, until no balance under the limit beats the best step so far (a balance with at least as
+many gradient bytes as the last optimum cannot be faster than it). :func:`plan_layouts`
+compares every (p, d) with p · d = N, d | B and p ≤ blocks (fewer devices only when no layout
+uses all N, and then it says why).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autosplit import checks
+from autosplit.cost import replica_sync_ms, single_device_ms
+from autosplit.errors import InfeasiblePlanError, InvalidInputError
+from autosplit.planner.assembly import assemble, explain_infeasible
+from autosplit.planner.problems import _copy_bytes, partition_problem, step_problem
+from autosplit.planner.search import SEARCH_LIMIT_S, _solve, candidate_sizes, plan
+from autosplit.planner.settings import PlanSettings, check_search
+from autosplit.records import Plan, Profile
+from autosplit.solve.exact import TIE_RTOL, solve_step
+from autosplit.units import format_bytes
+
+__all__ = ["LayoutOption", "Layouts", "layout_pairs", "plan_layouts", "plan_replicated",
+           "stage_grad_bytes"]
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutOption:
+    """The best plan of one layout, or why it has none.
+
+    Attributes:
+        stages: p.
+        replicas: d.
+        plan: the best plan of this layout, ``None`` when nothing fits.
+        need_bytes: when nothing fits, the memory per device the smallest plan needs (bytes).
+    """
+
+    stages: int
+    replicas: int
+    plan: Plan | None
+    need_bytes: float | None = None
+
+    @property
+    def label(self) -> str:
+        """``"data parallel ×2"``, ``"pipeline 2 stages"`` or ``"2 stages × 2 replicas"``."""
+        if self.stages == 1 and self.replicas > 1:
+            return f"data parallel ×{self.replicas}"
+        if self.replicas == 1:
+            return f"pipeline {self.stages} stage{'s' if self.stages > 1 else ''}"
+        return f"{self.stages} stages × {self.replicas} replicas"
+
+
+@dataclass(frozen=True, slots=True)
+class Layouts:
+    """Every layout considered, with its best plan.
+
+    Attributes:
+        best: the fastest plan over every layout that fits (ties: fewer replicas).
+        options: one entry per layout, pure data parallel first, then the pipeline alone,
+            then the hybrids by replicas, descending.
+        devices: p · d, the devices every layout uses.
+        note: why fewer devices than asked are used, or ``""``.
+    """
+
+    best: Plan
+    options: tuple[LayoutOption, ...]
+    devices: int
+    note: str = ""
+
+    def option(self, stages: int, replicas: int) -> LayoutOption | None:
+        """The option of layout (p, d), or ``None`` when it was not considered."""
+        for o in self.options:
+            if (o.stages, o.replicas) == (stages, replicas):
+                return o
+        return None
+
+
+def stage_grad_bytes(profile: Profile) -> tuple[float, ...]:
+    """Gradient bytes of each block: its parameters, plus every shared parameter it uses but
+    does not own (a stage holding several users counts it more than once: on the safe side)."""
+    copies = _copy_bytes(profile)
+    return tuple(float(blk.param_bytes + copies[i]) for i, blk in enumerate(profile.blocks))
+
+
+def layout_pairs(devices: int, batch: int, blocks: int, smallest: int = 1
+                 ) -> list[tuple[int, int]]:
+    """Every (p, d) with p · d = ``devices``, d | ``batch``, p ≤ ``blocks`` and at least
+    ``smallest`` samples per replica (the smallest micro-batch size): pure data parallel first,
+    then the pipeline alone, then the hybrids by d descending."""
+    pairs = [(devices // d, d) for d in range(devices, 0, -1)
+             if devices % d == 0 and batch % d == 0 and devices // d <= blocks
+             and batch // d >= smallest]
+    return sorted(pairs, key=lambda pd: (pd[0] != 1, pd[1] != 1, -pd[1]))
+
+
+def plan_replicated(
+    profile: Profile,
+    stages: int,
+    replicas: int,
+    *,
+    batch_size: int | None = None,
+    memory_per_gpu: int | float | str | None = None,
+    schedule: str = "gpipe",
+    optimizer: str = "sgd",
+    split_size: int | None = None,
+    bandwidth_bytes_per_s: float | None = None,
+    allreduce_bandwidth_bytes_per_s: float | None = None,
+    allreduce_overlap: float = 0.0,
+    solver: str = "dp",
+    time_limit_s: float | None = None,
+) -> Plan:
+    """The plan with the smallest predicted step for ``stages`` × ``replicas`` devices.
+
+    See the module docstring for the formula and the search. ``replicas=1`` is
+    :func:`autosplit.planner.plan` itself. ``allreduce_bandwidth_bytes_per_s`` defaults to the
+    link bandwidth (``bandwidth_bytes_per_s``, itself defaulting per device kind:
+    :data:`autosplit.devices.DEFAULT_LINK_BYTES_PER_S`); ``allreduce_overlap`` is o in [0, 1].
+
+    Raises:
+        InvalidInputError: ``replicas`` does not divide the batch, or a bad argument (as
+            :func:`autosplit.planner.plan`).
+        InfeasiblePlanError: no cut fits ``memory_per_gpu`` at any size.
+    """
+    checks.instance_of("profile", profile, Profile, "an autosplit Profile")
+    replicas = checks.positive_int("replicas", replicas)
+    batch = checks.positive_int("batch_size", profile.batch_size if batch_size is None
+                                else batch_size)
+    if batch % replicas:
+        raise InvalidInputError(f"replicas={replicas} does not divide the batch {batch}: each "
+                                "replica runs an equal share; pick a divisor of the batch")
+    overlap = checks.non_negative_finite("allreduce_overlap", allreduce_overlap)
+    if overlap > 1:
+        raise InvalidInputError(f"allreduce_overlap={overlap} is above 1: it is the share of "
+                                "the all-reduce hidden behind the backward, within [0, 1]")
+    options = dict(memory_per_gpu=memory_per_gpu, schedule=schedule, optimizer=optimizer,
+                   bandwidth_bytes_per_s=bandwidth_bytes_per_s)
+    if replicas == 1:
+        return plan(profile, stages, batch_size=batch, split_size=split_size, solver=solver,
+                    time_limit_s=time_limit_s, **options)  # type: ignore[arg-type]
+    share = batch // replicas
+    settings = PlanSettings.check(profile, stages, batch_size=share, **options)  # type: ignore
+    check_search(split_size, solver, time_limit_s)
+    width = settings.bandwidth_bytes_per_s if allreduce_bandwidth_bytes_per_s is None else (
+        checks.positive_finite("allreduce_bandwidth_bytes_per_s",
+                               allreduce_bandwidth_bytes_per_s, "bytes/s"))
+
+    def sync(grad: float) -> float:
+        return replica_sync_ms(grad, replicas, width, overlap)
+
+    sizes = candidate_sizes(profile, split_size, share,
+                            f"the share {share} of each of {replicas} replicas")
+    grads = stage_grad_bytes(profile)
+    best: tuple[float, int, tuple[int, ...], str] | None = None
+    failures: list[InfeasiblePlanError] = []
+    unproven: list[int] = []
+    for k in sizes:
+        m = math.ceil(share / profile.microbatch_sizes[k])
+        problem = partition_problem(settings, profile, k, m)
+        try:
+            seed: tuple[int, ...] | None
+            seed, label = _solve(problem, solver, time_limit_s)
+        except InfeasiblePlanError:
+            failures.append(explain_infeasible(settings, profile, k, m))
+            continue
+        base = step_problem(settings, profile, k, m, problem)
+        limit: float | None = None
+        while True:  # lower the gradient limit below each optimum until nothing beats the best
+            found = solve_step(dataclasses.replace(base, grad_bytes=grads, grad_limit=limit),
+                               seed, cutoff=math.inf if best is None else best[0],
+                               time_limit_s=SEARCH_LIMIT_S)
+            if found is None:
+                break
+            if not found.proven:
+                unproven.append(profile.microbatch_sizes[k])
+            g = _max_stage(grads, found.balance)
+            total = found.step_ms + sync(g)
+            if best is None or total < best[0] * (1 - TIE_RTOL):
+                best = (total, k, found.balance, label)
+            if sync(g) == 0.0 or not found.proven:
+                break
+            limit, seed = g - 0.5, None  # gradient bytes are whole numbers
+    if best is None:
+        raise min(failures, key=lambda e: e.min_capacity_bytes or math.inf)
+    _, k, balance, label = best
+    if unproven:
+        label += (f" + search stopped after {SEARCH_LIMIT_S:g} s at b = "
+                  f"{', '.join(map(str, sorted(set(unproven))))}: best found, not proven "
+                  "optimal")
+    candidates = tuple(profile.microbatch_sizes[c] for c in sizes)
+    piped = assemble(settings, profile, balance, k, label, candidates)
+    synced = sync(_max_stage(grads, balance))
+    single, _ = single_device_ms(profile, batch)
+    return dataclasses.replace(
+        piped, batch_size=batch, replicas=replicas, replica_sync_ms=synced,
+        predicted_step_ms=piped.predicted_step_ms + synced,
+        bound_step_ms=piped.bound_step_ms + synced, single_device_ms=single,
+    )
+
+
+def _max_stage(grads: Sequence[float], balance: Sequence[int]) -> float:
+    """The most gradient bytes any stage of ``balance`` holds."""
+    ends = [sum(balance[: s + 1]) for s in range(len(balance))]
+    return max(math.fsum(grads[e - c:e]) for e, c in zip(ends, balance))
+
+
+def plan_layouts(
+    profile: Profile,
+    devices: int = 2,
+    *,
+    replicas: int | None = None,
+    pipeline_only: bool = False,
+    batch_size: int | None = None,
+    **options: object,
+) -> Layouts:
+    """The best plan of every layout of ``devices`` devices as p stages × d replicas.
+
+    Considers every p · d = N with d | B, p ≤ the profile's blocks and B / d at least the
+    smallest micro-batch size (``replicas`` fixes d,
+    ``pipeline_only`` fixes d = 1); when none uses all N devices, the largest count that has
+    one, and ``note`` says why. Each layout is :func:`plan_replicated`; ``options`` are its
+    keyword arguments (``memory_per_gpu`` one size for every device, ``schedule``,
+    ``optimizer``, ``split_size``, ``bandwidth_bytes_per_s``,
+    ``allreduce_bandwidth_bytes_per_s``, ``allreduce_overlap``, ``solver``, ``time_limit_s``).
+
+    Raises:
+        InvalidInputError: ``replicas`` does not divide the batch or the devices, or a bad
+            argument.
+        InfeasiblePlanError: no layout fits ``memory_per_gpu`` (the smallest need is named).
+    """
+    checks.instance_of("profile", profile, Profile, "an autosplit Profile")
+    n_dev = checks.positive_int("devices", devices)
+    batch = checks.positive_int("batch_size", profile.batch_size if batch_size is None
+                                else batch_size)
+    blocks = len(profile.blocks)
+    note = ""
+    if pipeline_only or replicas is not None:
+        d = 1 if replicas is None else checks.positive_int("replicas", replicas)
+        if n_dev % d or batch % d:
+            raise InvalidInputError(
+                f"replicas={d} must divide both the devices ({n_dev}) and the batch ({batch})")
+        if pipeline_only and d != 1:
+            raise InvalidInputError(f"pipeline_only with replicas={d}: give one of them")
+        pairs = [(n_dev // d, d)]
+    else:
+        split = options.get("split_size")
+        smallest = split if isinstance(split, int) else min(profile.microbatch_sizes)
+        if smallest > batch:
+            raise InvalidInputError(
+                f"no profiled micro-batch size fits the batch {batch}: profiled sizes are "
+                f"{list(profile.microbatch_sizes)}")
+        used = n_dev
+        pairs = layout_pairs(used, batch, blocks, smallest)
+        while not pairs:
+            used -= 1
+            pairs = layout_pairs(used, batch, blocks, smallest)
+        if used < n_dev:
+            note = (f"no layout uses all {n_dev} devices (p ≤ {blocks} blocks; d must divide "
+                    f"the batch {batch} and leave each replica at least {smallest} samples): "
+                    f"planning for {used}")
+    found: list[LayoutOption] = []
+    failures: list[InfeasiblePlanError] = []
+    for p, d in pairs:
+        try:
+            one = plan_replicated(profile, p, d, batch_size=batch, **options)  # type: ignore
+        except InfeasiblePlanError as exc:
+            failures.append(exc)
+            found.append(LayoutOption(p, d, None, exc.min_capacity_bytes))
+            continue
+        found.append(LayoutOption(p, d, one))
+    fits = [o for o in found if o.plan is not None]
+    if not fits:
+        if len(failures) == 1:
+            raise failures[0]
+        need = min(e.min_capacity_bytes or math.inf for e in failures)
+        raise InfeasiblePlanError(
+            f"no layout of {pairs[0][0] * pairs[0][1]} devices fits: the smallest needs "
+            f"{format_bytes(need)} per device; try more devices, schedule='1f1b' or a larger "
+            "memory_per_gpu", min_capacity_bytes=need)
+    best = min(fits, key=lambda o: (o.plan.predicted_step_ms, o.replicas))  # type: ignore
+    return Layouts(best.plan, tuple(found), pairs[0][0] * pairs[0][1], note)  # type: ignore

@@ -1,0 +1,259 @@
+"""Layouts of p stages × d data-parallel replicas: the planner against brute force, the choice
+of pure data parallelism, memory limits, the Plan's ``replicas`` field and the CLI table."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import random
+
+import pytest
+from synthetic import make_profile
+
+from autosplit.cli import main
+from autosplit.cost import in_flight, optimizer_factor, replica_sync_ms
+from autosplit.errors import InfeasiblePlanError, InvalidInputError
+from autosplit.planner import plan, plan_layouts, plan_replicated
+from autosplit.records import Plan
+from autosplit.runnable import require_pipeline_only
+from autosplit.simulator import simulate
+
+BANDWIDTH = 1e9  # bytes/s: 1 ms per MB
+
+
+def _compositions(n: int, p: int):
+    for cuts in itertools.combinations(range(1, n), p - 1):
+        bounds = (0, *cuts, n)
+        yield tuple(bounds[i + 1] - bounds[i] for i in range(p))
+
+
+def _brute_force(prof, devices: int, batch: int, capacity: float | None, schedule: str,
+                 allreduce: float) -> float:
+    """The smallest step over every (p, d, cuts, b), from the simulator and the cost formulas
+    written out here: pipeline step of B/d + the largest stage's gradient all-reduce."""
+    n = len(prof.blocks)
+    factor = optimizer_factor("sgd")
+    used = devices
+    while True:
+        pairs = [(used // d, d) for d in range(1, used + 1)
+                 if used % d == 0 and batch % d == 0 and used // d <= n
+                 and batch // d >= prof.microbatch_sizes[0]]
+        if pairs:
+            break
+        used -= 1
+    best = math.inf
+    for p, d in pairs:
+        share = batch // d
+        for k, b in enumerate(prof.microbatch_sizes):
+            if b > share:
+                continue
+            m = math.ceil(share / b)
+            for balance in _compositions(n, p):
+                ends = list(itertools.accumulate(balance))
+                starts = [e - c for e, c in zip(ends, balance)]
+                blocks = [prof.blocks[s:e] for s, e in zip(starts, ends)]
+                memory = [sum(blk.param_bytes * factor
+                              + blk.saved_bytes[k] * in_flight(schedule, m, p, s)
+                              for blk in stage) for s, stage in enumerate(blocks)]
+                if capacity is not None and max(memory) > capacity:
+                    continue
+                fwd = [sum(blk.fwd_ms[k] for blk in stage) for stage in blocks]
+                bwd = [sum(blk.bwd_ms[k] for blk in stage) for stage in blocks]
+                comm = [prof.cuts[e - 1].bytes[k] / BANDWIDTH * 1000 for e in ends[:-1]]
+                step = simulate(fwd, bwd, m, schedule, comm, comm).step_ms
+                grads = max(sum(blk.param_bytes for blk in stage) for stage in blocks)
+                best = min(best, step + replica_sync_ms(grads, d, allreduce))
+    return best
+
+
+def _random_profile(rng: random.Random, n: int, batch: int):
+    sizes = sorted(rng.sample([1, 2, 3, 4, 6], rng.randint(1, 3)))
+    return make_profile(
+        sizes,
+        [[rng.uniform(0.2, 2.0) for _ in sizes] for _ in range(n)],
+        batch_size=batch,
+        param_bytes=[rng.choice([0, 10**5, 10**6, 4 * 10**6]) for _ in range(n)],
+        saved_bytes_per_sample=[rng.choice([0, 10**5, 10**6]) for _ in range(n)],
+        cut_bytes_per_sample=[rng.choice([0, 10**4, 10**5, 10**6]) for _ in range(n - 1)],
+    )
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_plan_layouts_equals_brute_force(seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(30):  # 8 × 30 = 240 random instances
+        n, devices = rng.randint(1, 8), rng.randint(1, 6)
+        batch = rng.choice([6, 8, 12])
+        prof = _random_profile(rng, n, batch)
+        schedule = rng.choice(["gpipe", "1f1b"])
+        capacity = rng.choice([None, 4e6, 1.2e7, 3e7])
+        allreduce = rng.choice([2e8, 1e9, 1e10])
+        expected = _brute_force(prof, devices, batch, capacity, schedule, allreduce)
+        kwargs = dict(memory_per_gpu=capacity, schedule=schedule, bandwidth_bytes_per_s=BANDWIDTH,
+                      allreduce_bandwidth_bytes_per_s=allreduce)
+        if math.isinf(expected):
+            with pytest.raises(InfeasiblePlanError):
+                plan_layouts(prof, devices, **kwargs)
+            continue
+        got = plan_layouts(prof, devices, **kwargs).best
+        assert got.predicted_step_ms == pytest.approx(expected, rel=1e-9, abs=1e-9), (
+            seed, n, devices, batch, schedule, capacity)
+
+
+def _dp_wins_profile(**extra):
+    """Four equal blocks, big activations crossing every cut, small weights: pipelining pays
+    transfers and a bubble that data parallelism does not."""
+    return make_profile([1, 2, 4, 8], [[1.0, 1.0, 1.0, 1.0]] * 4, batch_size=8,
+                        param_bytes=[10**5] * 4, saved_bytes_per_sample=[10**6] * 4,
+                        cut_bytes_per_sample=[10**7] * 3, **extra)
+
+
+def test_pure_data_parallel_is_chosen_when_fastest() -> None:
+    layouts = plan_layouts(_dp_wins_profile(), 2, bandwidth_bytes_per_s=BANDWIDTH)
+    assert [(o.stages, o.replicas) for o in layouts.options] == [(1, 2), (2, 1)]
+    dp = layouts.option(1, 2).plan
+    pipe = layouts.option(2, 1).plan
+    assert layouts.best == dp and dp.replicas == 2 and len(dp.stages) == 1
+    assert dp.predicted_step_ms < pipe.predicted_step_ms
+    # one device's step on B/2 = 4 samples (4 blocks × 1 ms per sample) + the all-reduce of
+    # every gradient (4e5 bytes over 2 ranks at 1 GB/s: 0.4 ms)
+    assert dp.replica_sync_ms == pytest.approx(0.4)
+    assert dp.predicted_step_ms == pytest.approx(16.0 + 0.4)
+    assert dp.batch_size == 8 and dp.microbatches * dp.split_size == 4
+    assert pipe == plan(_dp_wins_profile(), 2, bandwidth_bytes_per_s=BANDWIDTH)
+
+
+def test_the_all_reduce_can_make_the_pipeline_win() -> None:
+    heavy = make_profile([1, 2, 4], [[1.0, 1.0, 1.0]] * 4, batch_size=8,
+                         param_bytes=[10**9] * 4)
+    layouts = plan_layouts(heavy, 2, bandwidth_bytes_per_s=BANDWIDTH)
+    assert layouts.best.replicas == 1
+    # the same all-reduce, fully overlapped, no longer costs anything
+    hidden = plan_layouts(heavy, 2, bandwidth_bytes_per_s=BANDWIDTH, allreduce_overlap=1.0)
+    assert hidden.best.replicas == 2 and hidden.best.replica_sync_ms == 0.0
+
+
+def test_does_not_fit_when_one_device_cannot_hold_the_model() -> None:
+    # 4 blocks of 4 MB weights (16 MB held with SGD): a stage of two fits 20 MB, all four do not
+    prof = make_profile([1, 2], [[1.0, 1.0]] * 4, batch_size=4, param_bytes=[4 * 10**6] * 4)
+    layouts = plan_layouts(prof, 2, memory_per_gpu=20e6, bandwidth_bytes_per_s=BANDWIDTH)
+    dp = layouts.option(1, 2)
+    assert dp.plan is None and dp.need_bytes == pytest.approx(32e6)
+    assert layouts.best.replicas == 1 and len(layouts.best.stages) == 2
+    with pytest.raises(InfeasiblePlanError, match="does not fit"):
+        plan_replicated(prof, 1, 2, memory_per_gpu=20e6)
+
+
+def test_fewer_devices_when_no_layout_uses_all() -> None:
+    prof = make_profile([1], [[1.0]] * 2, batch_size=4)  # 2 blocks, batch 4: not 3, 5 devices
+    layouts = plan_layouts(prof, 3, bandwidth_bytes_per_s=BANDWIDTH)
+    assert layouts.devices == 2 and "no layout uses all 3 devices" in layouts.note
+    assert plan_layouts(prof, 4).devices == 4  # 1 × 4 replicas: 4 divides the batch
+
+
+def test_fixed_replicas_and_bad_values() -> None:
+    prof = _dp_wins_profile()
+    only = plan_layouts(prof, 4, replicas=2, bandwidth_bytes_per_s=BANDWIDTH)
+    assert [(o.stages, o.replicas) for o in only.options] == [(2, 2)]
+    assert only.best.replicas == 2 and len(only.best.stages) == 2
+    assert plan_layouts(prof, 2, pipeline_only=True).best.replicas == 1
+    with pytest.raises(InvalidInputError, match="replicas=3"):
+        plan_layouts(prof, 6, replicas=3)  # 3 does not divide the batch 8
+    with pytest.raises(InvalidInputError, match="allreduce_overlap"):
+        plan_replicated(prof, 1, 2, allreduce_overlap=1.5)
+
+
+def test_plan_replicas_round_trips_and_old_files_load(tmp_path) -> None:
+    dp = plan_replicated(_dp_wins_profile(), 1, 2, bandwidth_bytes_per_s=BANDWIDTH)
+    path = tmp_path / "plan.json"
+    dp.save(path)
+    assert Plan.load(path) == dp
+    assert "layout 1 stage × 2 replicas" in str(dp)
+    pipe = plan(_dp_wins_profile(), 2)
+    assert "layout 2 stages × 1 replica" in str(pipe)
+    data = json.loads(path.read_text())
+    del data["replicas"], data["replica_sync_ms"]
+    data["microbatches"] = math.ceil(data["batch_size"] / data["split_size"])
+    path.write_text(json.dumps(data))
+    assert Plan.load(path).replicas == 1
+    with pytest.raises(InvalidInputError, match="replicas"):
+        dataclasses.replace(dp, replicas=3)  # does not divide the batch 8
+    with pytest.raises(InvalidInputError, match="microbatches"):
+        dataclasses.replace(dp, replicas=4)  # m no longer ceil(B / d / b)
+
+
+def test_runtimes_refuse_replicas() -> None:
+    dp = plan_replicated(_dp_wins_profile(), 1, 2)
+    with pytest.raises(InvalidInputError, match="cannot run replicas yet"):
+        require_pipeline_only(dp, "autosplit run")
+    require_pipeline_only(plan(_dp_wins_profile(), 2), "autosplit run")
+
+
+MODEL = '''
+import torch
+from torch import nn
+
+def build_model():
+    return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.Linear(4, 2))
+
+def example_inputs(batch_size=8):
+    return torch.randn(batch_size, 4)
+'''
+
+
+def _model_and_profile(tmp_path, param_bytes: int = 10**5, saved_bytes: int = 10**6):
+    from autosplit.graph import trace
+    from autosplit.modelfile import load_model_file
+
+    model_file = tmp_path / "model.py"
+    model_file.write_text(MODEL)
+    graph = trace(load_model_file(str(model_file), None).build())
+    n = len(graph.block_names)
+    prof = make_profile([1, 2, 4, 8], [[1.0] * 4] * n, batch_size=8,
+                        param_bytes=[param_bytes] * n, saved_bytes_per_sample=[saved_bytes] * n,
+                        cut_bytes_per_sample=[10**7] * (n - 1), fingerprint=graph.fingerprint)
+    prof = dataclasses.replace(prof, blocks=tuple(
+        dataclasses.replace(blk, name=name) for blk, name in zip(prof.blocks, graph.block_names)))
+    path = tmp_path / "profile.json"
+    prof.save(path)
+    return str(model_file), str(path)
+
+
+def test_cli_shows_the_layouts_and_says_data_parallel_is_faster(tmp_path, capsys) -> None:
+    model, prof = _model_and_profile(tmp_path)
+    out_plan = tmp_path / "plan.json"
+    assert main(["plan", model, "--gpus", "2", "--profile", prof, "--bandwidth", "1GB",
+                 "-o", str(out_plan)]) == 0
+    out = capsys.readouterr().out
+    assert "layout 2 stages × 1 replica" in out
+    assert "data parallel ×2" in out and "pipeline 2 stages" in out
+    assert "is predicted ×" in out and "faster than this pipeline" in out
+    assert "use DistributedDataParallel" in out
+    assert Plan.load(out_plan).replicas == 1  # the runnable pipeline is still the one chosen
+
+    assert main(["plan", model, "--gpus", "2", "--profile", prof, "--pipeline-only",
+                 "-o", str(out_plan)]) == 0
+    assert "data parallel" not in capsys.readouterr().out
+
+    assert main(["plan", model, "--gpus", "2", "--profile", prof, "--replicas", "2",
+                 "-o", str(out_plan)]) == 0
+    assert "layout 1 stage × 2 replicas" in capsys.readouterr().out
+    assert Plan.load(out_plan).replicas == 2
+
+    assert main(["run", model, "--plan", str(out_plan)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot run replicas yet" in err[0], err
+
+
+def test_cli_memory_limit_shows_does_not_fit(tmp_path, capsys) -> None:
+    model, prof = _model_and_profile(tmp_path, param_bytes=3 * 10**6, saved_bytes=10**5)
+    # 3 blocks (the ReLU joins a Linear); with SGD a block holds 6 MB of weights and gradients
+    # + 0.1 MB saved per sample in flight: one device holding all three needs ≥ 18 MB, a stage
+    # of two blocks at b = 1 with 8 in flight 13.6 MB
+    assert main(["plan", model, "--gpus", "2", "--profile", prof, "--memory", "15000000",
+                 "-o", str(tmp_path / "plan.json")]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("data parallel ×2"))
+    assert "does not fit: needs" in row
