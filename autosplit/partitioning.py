@@ -27,6 +27,7 @@ from autosplit.planner import memory_sizes
 from autosplit.planner import plan as make_plan
 from autosplit.profiler import check_inputs, profile_graph
 from autosplit.records import Plan
+from autosplit.runnable import require_pipeline_only
 
 __all__ = ["partition", "PartitionOptions"]
 
@@ -136,6 +137,7 @@ def partition(
     graph = trace(model, granularity=granularity, leaf_modules=leaf_modules,
                   example_inputs=inputs)
     if plan is not None:
+        require_pipeline_only(plan, "partition()")
         return PipelinedModule(model, devs, graph=graph, plan=plan, split_size=split_size)
     if len(devs) > len(graph.blocks):
         raise InvalidInputError(

@@ -12,6 +12,7 @@ import random
 import pytest
 from synthetic import make_profile
 
+import autosplit
 from autosplit.cli import main
 from autosplit.cost import in_flight, optimizer_factor, replica_sync_ms
 from autosplit.errors import InfeasiblePlanError, InvalidInputError
@@ -257,3 +258,17 @@ def test_cli_memory_limit_shows_does_not_fit(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("data parallel ×2"))
     assert "does not fit: needs" in row
+
+
+def test_partition_refuses_a_plan_with_replicas() -> None:
+    import torch
+    from torch import nn
+
+    from autosplit.planner import plan_with_balance
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    x = torch.randn(8, 4)
+    prof = autosplit.profile(model, (x,), microbatch_sizes=[2], repeats=1, budget_s=0)
+    plan = dataclasses.replace(plan_with_balance(prof, (1, 1), 2), replicas=2, microbatches=2)
+    with pytest.raises(autosplit.InvalidInputError, match=r"partition\(\) cannot run replicas"):
+        autosplit.partition(model, plan=plan)

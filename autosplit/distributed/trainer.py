@@ -28,6 +28,7 @@ from autosplit.distributed.stage_module import (
 from autosplit.errors import InvalidInputError, PlanMismatchError
 from autosplit.graph import BlockGraph, Granularity
 from autosplit.records import Plan
+from autosplit.runnable import require_pipeline_only
 from autosplit.stages import graph_for_plan, move, split
 
 
@@ -115,6 +116,7 @@ class Trainer:
                 "no process group: call autosplit.distributed.init_distributed() first (under "
                 "torchrun or autosplit.distributed.launch)"
             )
+        require_pipeline_only(plan, "Trainer")
         self.plan = plan
         self.group = group
         self.rank = dist.get_rank(group)
