@@ -277,7 +277,6 @@ class Stage:
         checked(self, check_stage)
 
 
-
 @dataclass(frozen=True, slots=True)
 class SharedWeight:
     """How a plan keeps a parameter that several stages use equal (a tied embedding …).

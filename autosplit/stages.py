@@ -61,8 +61,6 @@ MODEL_INPUT = -1
 """``StageSpec.sources`` entry of a value that is one of the model's inputs."""
 
 
-
-
 @dataclass(frozen=True, slots=True)
 class StageSpec:
     """Stage ``index``: blocks ``first … end-1`` and the fx values crossing its boundary.

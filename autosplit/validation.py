@@ -188,7 +188,6 @@ def check_unique(names: Sequence[tuple[str, str]], what: str) -> None:
 # file. The records pass their part classes in, so that this module needs none of them.
 
 
-
 def checked(record: Any, check: Callable[[Any], None]) -> None:
     """Run ``check(record)``; its :class:`RecordError` names the record's class."""
     try:
