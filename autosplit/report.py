@@ -126,7 +126,7 @@ def layout_table(layouts: Layouts, chosen: Plan) -> Table:
     step (block sums) and memory per device, or "does not fit" and what it would need."""
     table = Table(box=None, header_style="bold", pad_edge=False)
     for name, justify in (("other layouts", "left"), ("split", "right"),
-                          ("predicted step", "right"), ("memory/device", "right"),
+                          ("step (block sums)", "right"), ("memory/device", "right"),
                           ("note", "left")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     shape = (len(chosen.stages), chosen.replicas)
@@ -137,7 +137,8 @@ def layout_table(layouts: Layouts, chosen: Plan) -> Table:
             table.add_row(option.label, "–", "–", "–", f"does not fit{need}")
             continue
         plan = option.plan
-        notes = ["chosen" if mine else ""]
+        notes = ["chosen (verified above)" if mine and chosen.verification else
+                 "chosen" if mine else ""]
         if plan.replicas > 1:
             notes.append(f"all-reduce {format_ms(plan.replica_sync_ms)}")
             if not mine:
