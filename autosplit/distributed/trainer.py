@@ -29,7 +29,7 @@ from autosplit.errors import InvalidInputError, PlanMismatchError
 from autosplit.graph import BlockGraph, Granularity
 from autosplit.records import Plan
 from autosplit.runnable import require_pipeline_only
-from autosplit.stages import graph_for_plan, move, split
+from autosplit.stages import graph_for_plan, move, split, stage_layout
 
 
 class _LastStageLoss:
@@ -297,11 +297,11 @@ def _shared_copies(
     pipeline, only the members, with local synchronisation). The copies start equal: the
     first holder's values are broadcast to the others.
     """
-    stage_of = [s for s, count in enumerate(plan.balance) for _ in range(count)]
+    layout = stage_layout(graph, plan)
     params = dict(graph.module.named_parameters())
     copies = []
     for shared in graph.shared_params:
-        ranks = tuple(sorted({stage_of[i] % world for i in shared.blocks}))
+        ranks = tuple(sorted({layout.stage_of_block(i) % world for i in shared.blocks}))
         if len(ranks) < 2:
             continue
         members = [r if group is None else dist.get_global_rank(group, r) for r in ranks]
