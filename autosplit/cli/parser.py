@@ -175,10 +175,14 @@ def _add_plan_command(sub: Any) -> None:
                    help="also write the pipelined model as readable Python")
     p.add_argument("--plot", metavar="FILE.png",
                    help="also draw the schedule timeline, time per stage and memory per device")
-    p.add_argument("--no-verify", action="store_true",
-                   help="skip timing the best candidates' stages as they run (predictions then "
-                        "come from block sums)")
+    _add_verify_argument(p)
     p.set_defaults(run=profile_plan.plan_command)
+
+
+def _add_verify_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip timing the shown plans' stages as they run (predictions then "
+                        "come from block sums)")
 
 
 def _add_compare_command(sub: Any) -> None:
@@ -211,9 +215,7 @@ def _add_compare_command(sub: Any) -> None:
                         "(default 2)")
     p.add_argument("--timeout", type=_positive_float, default=300.0, metavar="SECONDS",
                    help="with --measure: how long a rank waits for a peer (default 300)")
-    p.add_argument("--no-verify", action="store_true",
-                   help="skip timing every plan's stages as they run (predictions then come "
-                        "from block sums)")
+    _add_verify_argument(p)
     p.set_defaults(run=compare.compare_command)
 
 
