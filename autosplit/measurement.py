@@ -25,6 +25,7 @@ __all__ = [
     "SPREAD_TOLERANCE",
     "Progress",
     "Deadline",
+    "Loss",
     "SizeResult",
     "SizeState",
     "measure_interleaved",
@@ -113,23 +114,46 @@ def _wall(dev: torch.device) -> float:
     return time.perf_counter()
 
 
+Loss = Callable[[Any], torch.Tensor]
+"""``loss(outputs) -> scalar``, run after the last block (:func:`autosplit.losses.timing_loss`)."""
+
+
+def _backward(outputs: Any, loss: Loss | None) -> bool:
+    """Backward from ``loss(outputs)``, or from a gradient of ones on every output that needs
+    one; False when nothing needs a gradient."""
+    grads_for = [t for t in tensor_leaves(outputs) if t.requires_grad]
+    if not grads_for:
+        return False
+    if loss is not None:
+        loss(outputs).backward()
+    else:
+        torch.autograd.backward(grads_for, [torch.ones_like(t) for t in grads_for])
+    return True
+
+
 def timed_run(seg: Segment, args: Sequence[Any], dev: torch.device,
-         hooks: Any = None) -> tuple[Any, float, float]:
-    """Forward and backward of one block: (outputs, forward ms, backward ms)."""
+              hooks: Any = None, loss: Loss | None = None) -> tuple[Any, float, float]:
+    """Forward and backward of one block: (outputs, forward ms, backward ms).
+
+    With ``loss`` (the last block), the forward time includes the loss's forward and the
+    backward starts from the loss, as in training."""
     with hooks or contextlib.nullcontext():
         t0 = _clock(dev)
         outputs = seg.module(*args)
+        needs_grad = any(t.requires_grad for t in tensor_leaves(outputs))
+        value = loss(outputs) if loss is not None and needs_grad else None
         t1 = _clock(dev)
-    grads_for = [t for t in tensor_leaves(outputs) if t.requires_grad]
     t2 = _clock(dev)
-    if grads_for:
-        torch.autograd.backward(grads_for, [torch.ones_like(t) for t in grads_for])
+    if value is not None:
+        value.backward()
+    else:
+        _backward(outputs, None)
     t3 = _clock(dev)
-    return outputs, _elapsed_ms(t0, t1, dev), _elapsed_ms(t2, t3, dev) if grads_for else 0.0
+    return outputs, _elapsed_ms(t0, t1, dev), _elapsed_ms(t2, t3, dev) if needs_grad else 0.0
 
 
 def warm_up(graph: BlockGraph, segments: Sequence[Segment], state: SizeState,
-             dev: torch.device) -> list[float]:
+            dev: torch.device, loss: Loss | None = None) -> list[float]:
     """Run the whole model once, block by block, untimed (so that no size measured later is
     the first to touch weights, allocator and kernels); returns each block's rough wall time
     (ms, forward + backward) at this size, for the budget."""
@@ -139,9 +163,7 @@ def warm_up(graph: BlockGraph, segments: Sequence[Segment], state: SizeState,
         args = segment_args(graph, env, seg)
         t0 = _wall(dev)
         outputs = seg.module(*args)
-        grads_for = [t for t in tensor_leaves(outputs) if t.requires_grad]
-        if grads_for:
-            torch.autograd.backward(grads_for, [torch.ones_like(t) for t in grads_for])
+        _backward(outputs, loss if seg is segments[-1] else None)
         estimate.append((_wall(dev) - t0) * 1000.0)
         env.update(zip(seg.outputs, (o.detach() if isinstance(o, torch.Tensor) else o
                                      for o in outputs)))
@@ -211,10 +233,12 @@ def measure_interleaved(
     explicit: bool,
     deadline: Deadline,
     progress: Progress | None,
+    loss: Loss | None = None,
 ) -> dict[int, SizeResult]:
     """Measure every block at every size, block after block; within a block the sizes take
     turns, round after round (the order rotates each round), so that a machine slowing down
-    or speeding up meanwhile shifts every size alike instead of one size against another."""
+    or speeding up meanwhile shifts every size alike instead of one size against another.
+    The last block is timed with ``loss`` after it (see :func:`timed_run`)."""
     cuda = dev.type == "cuda"
     params = {_storage(p) for p in graph.module.parameters()}
     total = len(states) * len(segments)
@@ -249,7 +273,8 @@ def measure_interleaved(
                         torch.cuda.synchronize(dev)
                         base = torch.cuda.memory_allocated(dev)
                         torch.cuda.reset_peak_memory_stats(dev)
-                    outputs, f_ms, b_ms = timed_run(seg, state.args(graph, seg), dev, hooks)
+                    outputs, f_ms, b_ms = timed_run(seg, state.args(graph, seg), dev, hooks,
+                                                     loss if seg is segments[-1] else None)
                 except Exception as exc:  # the user's model failed on this input
                     failures.append((b, exc))
                     del states[b]

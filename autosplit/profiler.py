@@ -31,6 +31,7 @@ from autosplit import checks
 from autosplit.devices import describe_device, resolve_device
 from autosplit.errors import ArgumentTypeError, InvalidInputError
 from autosplit.graph import BlockGraph, Granularity, trace
+from autosplit.losses import check_loss, timing_loss
 from autosplit.measurement import (
     Deadline,
     Progress,
@@ -159,6 +160,7 @@ def profile(
     granularity: Granularity = "block",
     leaf_modules: Sequence[type[nn.Module] | str] = (),
     progress: Progress | None = None,
+    loss: str = "mse",
 ) -> Profile:
     """Profile ``model`` block by block; the model itself is left untouched.
 
@@ -181,6 +183,8 @@ def profile(
         granularity: see :func:`autosplit.graph.trace`.
         leaf_modules: see :func:`autosplit.graph.trace`.
         progress: ``progress(done, total, what)`` after each measurement.
+        loss: the training loss timed with the last block (:data:`autosplit.losses.LOSSES`;
+            ``"mse"``, the loss ``autosplit run`` trains with); ``"none"`` leaves it out.
 
     Raises:
         ArgumentTypeError: an argument of the wrong type (a model that is not an ``nn.Module``,
@@ -192,6 +196,7 @@ def profile(
     inputs = check_inputs(example_inputs)
     _check_options(stages, warmup, repeats, threads, budget_s, progress)
     checks.optional(checks.positive_int, "max_repeats", max_repeats)
+    check_loss(loss)
     graph = trace(model, granularity=granularity, leaf_modules=leaf_modules, example_inputs=inputs)
     return profile_graph(
         graph,
@@ -206,6 +211,7 @@ def profile(
         budget_s=budget_s,
         include=include,
         progress=progress,
+        loss=loss,
     )
 
 
@@ -223,6 +229,7 @@ def profile_graph(
     budget_s: float | None = 40.0,
     include: Sequence[int] = (),
     progress: Progress | None = None,
+    loss: str = "mse",
 ) -> Profile:
     """Profile an already traced model (see :func:`profile` for the arguments)."""
     checks.instance_of("graph", graph, BlockGraph, "a BlockGraph (autosplit.trace(model))")
@@ -230,6 +237,7 @@ def profile_graph(
     batch = int(inputs[0].shape[0])
     _check_options(stages, warmup, repeats, threads, budget_s, progress)
     checks.optional(checks.positive_int, "max_repeats", max_repeats)
+    loss_fn = timing_loss(loss)
     explicit = microbatch_sizes is not None
     if explicit:
         sizes = check_microbatch_sizes(microbatch_sizes, batch)
@@ -256,7 +264,7 @@ def profile_graph(
             for b in sizes:  # the model runs once, untimed, at the first size that works
                 try:
                     states[b] = SizeState(work, inputs, b, dev)
-                    estimate_ms = warm_up(work, segments, states[b], dev)
+                    estimate_ms = warm_up(work, segments, states[b], dev, loss_fn)
                     break
                 except Exception as exc:  # the user's model failed on this input
                     states.pop(b, None)
@@ -275,7 +283,7 @@ def profile_graph(
                     work, segments, states, dev, warmup, repeats, cap, failures, explicit,
                     Deadline(start, budget_s, estimate_ms, {b: b / b0 for b in chosen},
                               warmup + repeats),
-                    progress,
+                    progress, loss_fn,
                 )
     finally:
         torch.set_num_threads(old_threads)
@@ -334,4 +342,5 @@ def profile_graph(
         repeats=repeats,
         seconds=round(time.perf_counter() - start, 3),
         shared=graph.shared_params,
+        loss=loss,
     )

@@ -180,6 +180,7 @@ class Profile:
         repeats: timed runs per block and size (the median is kept).
         seconds: wall time the profiling took (s).
         shared: parameters that several blocks use (empty for models without tied weights).
+        loss: the loss timed with the last block (:mod:`autosplit.losses`; older: ``"none"``).
     """
 
     model: str
@@ -197,6 +198,7 @@ class Profile:
     repeats: int = 3
     seconds: float = 0.0
     shared: tuple[SharedParam, ...] = ()
+    loss: str = "none"
 
     def __post_init__(self) -> None:
         checked(self, lambda p: check_profile(

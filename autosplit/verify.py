@@ -29,12 +29,12 @@ from typing import Any
 
 import torch
 
-from autosplit import checks
-from autosplit import measurement
+from autosplit import checks, measurement
 from autosplit.cost import single_device_ms
 from autosplit.devices import resolve_device
 from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph, Segment
+from autosplit.losses import timing_loss
 from autosplit.profiler import check_inputs, check_microbatch_sizes
 from autosplit.records import Plan, Profile
 from autosplit.simulator import simulate_plan
@@ -106,8 +106,12 @@ def time_stages(
     max_rounds: int = 10,
     budget_s: float | None = 60.0,
     progress: Callable[[int, int, str], None] | None = None,
+    loss: str = "none",
 ) -> dict[StageRun, StageTime]:
     """Time each stage run ``(first, end, b)``, taking turns round after round.
+
+    A run that ends with the model's last block is timed with ``loss`` after it
+    (:mod:`autosplit.losses`), as the profile it checks was.
 
     Works on a private copy of the model (the model is left as it was). ``rounds`` timed
     rounds at least, after ``warmup`` untimed ones; more, up to ``max_rounds``, while a run's
@@ -124,6 +128,7 @@ def time_stages(
     for first, end, b in runs:
         graph.extract(first, end)  # checks the range
         check_microbatch_sizes([b], batch, "b")
+    loss_fn = timing_loss(loss)
     dev = resolve_device(device)
     start = time.perf_counter()
     old_threads = torch.get_num_threads()
@@ -149,7 +154,8 @@ def time_stages(
                 for j, r in enumerate(runs):  # A B A B …: every run once per round
                     seg: Segment = segments[r]
                     args = measurement.segment_args(work, envs[r[2]], seg)
-                    _, f_ms, b_ms = measurement.timed_run(seg, args, dev)
+                    last = loss_fn if r[1] == len(work.blocks) else None
+                    _, f_ms, b_ms = measurement.timed_run(seg, args, dev, loss=last)
                     if k >= warmup:
                         fwd[r].append(f_ms)
                         bwd[r].append(b_ms)
@@ -216,7 +222,7 @@ def verify_plans(
         _, b_one = single_device_ms(profile, plan.batch_size)
         singles[name] = (0, n, b_one)
     runs = [r for plan in plans.values() for r in _stage_runs(plan)] + list(singles.values())
-    times = time_stages(graph, example_inputs, runs, **options)
+    times = time_stages(graph, example_inputs, runs, **{"loss": profile.loss, **options})
     rounds = min(t.rounds for t in times.values())
     distinct = len(dict.fromkeys(runs))
     out = {}

@@ -165,3 +165,37 @@ def test_cuda_link_bandwidth_is_measured(src: str, dst: str) -> None:
 
     bandwidth = measure_link_bandwidth(src, dst, nbytes=2**20, repeats=3)
     assert 0 < bandwidth < float("inf")
+
+
+def test_the_last_block_is_timed_with_the_loss(monkeypatch) -> None:
+    from autosplit import measurement
+
+    model = LongSkip()
+    n = len(autosplit.trace(model).blocks)
+    calls: list[tuple[int, bool]] = []
+    real = measurement.timed_run
+
+    def recording(seg, args, dev, hooks=None, loss=None):
+        calls.append((seg.first, loss is not None))
+        return real(seg, args, dev, hooks, loss)
+
+    monkeypatch.setattr(measurement, "timed_run", recording)
+    prof = autosplit.profile(model, torch.randn(8, 6), microbatch_sizes=[4], warmup=0, repeats=1)
+    assert prof.loss == "mse"
+    assert {first for first, with_loss in calls if with_loss} == {n - 1}
+    assert {first for first, _ in calls} == set(range(n))
+    calls.clear()
+    prof = autosplit.profile(model, torch.randn(8, 6), microbatch_sizes=[4], warmup=0, repeats=1,
+                             loss="none")
+    assert prof.loss == "none" and not any(with_loss for _, with_loss in calls)
+    with pytest.raises(InvalidInputError, match="loss must be one of 'mse', 'none', got 'l1'"):
+        autosplit.profile(model, torch.randn(8, 6), loss="l1")
+
+
+def test_the_timed_loss_is_the_tutorial_loss_on_zero_targets() -> None:
+    from autosplit.losses import timing_loss, tutorial_loss
+
+    out = (torch.randn(4, 3, requires_grad=True), torch.arange(4), torch.randn(4))
+    expected = tutorial_loss(out, (torch.zeros(4, 3), torch.zeros(4)))
+    torch.testing.assert_close(timing_loss("mse")(out), expected)
+    assert timing_loss("none") is None

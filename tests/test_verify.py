@@ -171,14 +171,20 @@ def test_stage_runs_take_turns_a_b_a_b(small, monkeypatch) -> None:
     order: list[tuple[int, int, int]] = []
     real = measurement.timed_run
 
-    def recording(seg, args, dev, hooks=None):
+    with_loss: list[bool] = []
+
+    def recording(seg, args, dev, hooks=None, loss=None):
         order.append((seg.first, seg.end, int(args[0].shape[0])))
-        return real(seg, args, dev, hooks)
+        with_loss.append(loss is not None)
+        return real(seg, args, dev, hooks, loss)
 
     monkeypatch.setattr(measurement, "timed_run", recording)
     runs = [(0, 3, 4), (3, 7, 4), (0, 7, 8)]
-    times = time_stages(trace(model), x, runs, warmup=1, rounds=2, max_rounds=2)
+    graph = trace(model)
+    assert len(graph.blocks) == 7
+    times = time_stages(graph, x, runs, warmup=1, rounds=2, max_rounds=2, loss="mse")
     assert order == runs * 3  # one warm-up round, then two timed: A B C A B C A B C
+    assert with_loss == [False, True, True] * 3  # the runs that end with the last block
     assert all(t.forward_ms > 0 and t.backward_ms > 0 and t.rounds == 2 for t in times.values())
 
 

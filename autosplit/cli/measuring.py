@@ -85,6 +85,7 @@ def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, cons
             threads=args.threads,
             budget_s=args.budget,
             progress=progress,
+            loss=args.loss,
         )
         bar.update(task, completed=1, total=1)
     console.print(

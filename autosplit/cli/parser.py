@@ -119,6 +119,9 @@ def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
                         "spread is above 5%%; the median is kept (default 3)")
     p.add_argument("--budget", type=_budget_seconds, default=40.0, metavar="SECONDS",
                    help="stop starting new default sizes after this long (default 40)")
+    p.add_argument("--loss", choices=("mse", "none"), default="mse",
+                   help="the loss timed with the last block: mse (the tutorial's, which "
+                        "`autosplit run` trains with; default) or none")
 
 
 def _add_memory_arguments(p: argparse.ArgumentParser, optimizer_help: str) -> None:

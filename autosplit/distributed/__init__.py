@@ -33,7 +33,6 @@ from autosplit.distributed.job import (
     RunSpec,
     measure_plans,
     train_model_file,
-    tutorial_loss,
     tutorial_targets,
 )
 from autosplit.distributed.launch import (
@@ -54,6 +53,7 @@ from autosplit.distributed.stage_module import (
 )
 from autosplit.distributed.trainer import Trainer, plan_digest
 from autosplit.errors import RankFailedError
+from autosplit.losses import tutorial_loss
 from autosplit.stages import CutValueError, graph_for_plan
 
 __all__ = [

@@ -20,25 +20,8 @@ from torch.utils import _pytree as pytree
 
 from autosplit.distributed.trainer import Trainer
 from autosplit.errors import InvalidInputError
+from autosplit.losses import tutorial_loss
 from autosplit.records import Plan
-
-
-def tutorial_loss(output: Any, target: Any) -> torch.Tensor:
-    """The tutorial's loss: MSE of every floating output tensor against its target.
-
-    ``target`` holds one tensor per floating output leaf, in order (see
-    :func:`tutorial_targets`); integer outputs are ignored.
-    """
-    leaves = [x for x in pytree.tree_leaves(output)
-              if isinstance(x, torch.Tensor) and x.is_floating_point()]
-    targets = pytree.tree_leaves(target)
-    if len(leaves) != len(targets):
-        raise InvalidInputError(
-            f"the model returns {len(leaves)} floating tensors but {len(targets)} targets "
-            "were given"
-        )
-    losses = [nn.functional.mse_loss(x, t.to(x.dtype)) for x, t in zip(leaves, targets)]
-    return torch.stack(losses).sum()
 
 
 def tutorial_targets(
