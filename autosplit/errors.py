@@ -20,6 +20,7 @@ __all__ = [
     "CodegenError",
     "ModelFileError",
     "RankFailedError",
+    "ScheduleUnavailableError",
 ]
 
 
@@ -107,3 +108,20 @@ class RankFailedError(AutosplitError):
         super().__init__(message)
         self.rank = rank
         self.failures = failures
+
+
+class ScheduleUnavailableError(InvalidInputError):
+    """torch's schedule class cannot run the given ranks, stages per rank and micro-batches
+    (e.g. 1F1B with fewer micro-batches than stages, ZB-V with v ≠ 2).
+
+    Attributes:
+        schedule: the autosplit schedule name; p, v, m: ranks, stages per rank, micro-batches.
+        reason: torch's own message, on one line.
+    """
+
+    def __init__(self, message: str, *, schedule: str, p: int, v: int, m: int,
+                 reason: str) -> None:
+        super().__init__(message)
+        self.schedule = schedule
+        self.p, self.v, self.m = p, v, m
+        self.reason = reason

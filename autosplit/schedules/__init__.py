@@ -1,0 +1,30 @@
+"""Every schedule torch.distributed.pipelining can run, simulated from torch's own order.
+
+:mod:`~autosplit.schedules.torch_order` gets each rank's action order from torch's schedule
+classes (no process group); :mod:`~autosplit.schedules.replay` replays it as a discrete-event
+simulation with per-stage costs and reports the step time, each rank's busy and idle time, and
+the memory in flight on each rank over time. Not yet used by the planner, which simulates GPipe
+and 1F1B with :mod:`autosplit.simulator`.
+"""
+
+from autosplit.schedules.replay import StageCosts, TimedAction, Timeline, replay, simulate_schedule
+from autosplit.schedules.torch_order import (
+    SCHEDULES,
+    Action,
+    ScheduleOrder,
+    torch_class_name,
+    torch_order,
+)
+
+__all__ = [
+    "SCHEDULES",
+    "Action",
+    "ScheduleOrder",
+    "StageCosts",
+    "TimedAction",
+    "Timeline",
+    "replay",
+    "simulate_schedule",
+    "torch_class_name",
+    "torch_order",
+]

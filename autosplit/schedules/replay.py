@@ -1,0 +1,279 @@
+"""Replay a schedule's action order as a discrete-event simulation (pure numbers, no torch).
+
+Symbols: p ranks, v stages per rank, n = p·v stages, m micro-batches, s a stage, i a
+micro-batch, r a rank. Costs per stage and micro-batch (ms): ``F_s`` forward, ``B_s`` backward
+for the input (the gradient sent upstream), ``W_s`` backward for the weights; a full backward
+costs ``B_s + W_s``. With activation checkpointing on stage s the forward is recomputed in the
+backward: a full backward or an input backward costs ``F_s`` more.
+
+The model of one training step (as :mod:`autosplit.simulator`, generalised to several stages
+per rank and a split backward):
+
+* Each rank runs one action at a time, in torch's order (:class:`ScheduleOrder`), and starts an
+  action as soon as the rank is free *and* the action's inputs are there.
+* ``F(s, i)`` needs ``F(s-1, i)`` plus the forward transfer over cut s-1 (``comm_fwd_ms[s-1]``);
+  ``F(0, i)`` needs nothing.
+* The backward of (s, i) — ``B`` or ``I`` — needs ``F(s, i)`` and, unless s is the last stage,
+  the backward of (s+1, i) (its ``B`` or ``I``) plus the backward transfer over cut s
+  (``comm_bwd_ms[s]``). The loss is part of the last stage's forward.
+* ``W(s, i)`` needs ``I(s, i)``.
+* A transfer between stages on the same rank (ZB-V's turn of the V) costs nothing; any other
+  delays the receiver but occupies neither rank (asynchronous sends).
+
+Memory in flight (bytes), per rank, summed over its stages: micro-batch i holds stage s's saved
+activations ``activation_bytes[s]`` from the end of ``F(s, i)`` until the end of its last
+backward on s (``B``, or ``W`` when split: the weight gradient still needs the layer inputs),
+half-open ``[F.end, last.end)``. With checkpointing only the stage input ``input_bytes[s]`` is
+kept over that interval, and the recomputed activations ``activation_bytes[s]`` are held from
+the start of the backward (``B`` or ``I``) until the same end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autosplit import checks
+from autosplit.errors import ArgumentTypeError, InvalidInputError
+from autosplit.schedules.torch_order import Kind, ScheduleOrder, torch_order
+
+__all__ = ["StageCosts", "TimedAction", "Timeline", "replay", "simulate_schedule"]
+
+
+def _per(
+    name: str, values: Sequence[float], n: int | None, per: str, unit: str
+) -> tuple[float, ...]:
+    return checks.sequence_of(
+        name, values, lambda k, x: checks.non_negative_finite(k, x, unit),
+        length=n, per=per, allow_empty=n == 0,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StageCosts:
+    """Per-stage costs of one micro-batch (n stages, n - 1 cuts; cut c is between s = c, c+1).
+
+    Attributes:
+        fwd_ms: ``F_s``, forward time (ms).
+        bwd_input_ms: ``B_s``, backward time for the stage's input (ms).
+        bwd_weight_ms: ``W_s``, backward time for the stage's weights (ms); default 0 each
+            (then a split backward ``I`` costs all of it and ``W`` nothing).
+        activation_bytes: bytes the forward keeps for the backward (bytes); default 0 each.
+        input_bytes: bytes of the stage's input, what checkpointing keeps (bytes); default 0.
+        checkpoint: whether stage s recomputes its forward in the backward; default off.
+        comm_fwd_ms: forward transfer over each cut (ms); default 0.
+        comm_bwd_ms: gradient transfer back over each cut (ms); default 0.
+
+    Raises:
+        ArgumentTypeError, InvalidInputError: a value that is not a finite number ≥ 0, or a
+            length other than n (n - 1 for the cuts).
+    """
+
+    fwd_ms: tuple[float, ...]
+    bwd_input_ms: tuple[float, ...]
+    bwd_weight_ms: tuple[float, ...] | None = None
+    activation_bytes: tuple[float, ...] | None = None
+    input_bytes: tuple[float, ...] | None = None
+    checkpoint: tuple[bool, ...] | None = None
+    comm_fwd_ms: tuple[float, ...] | None = None
+    comm_bwd_ms: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        fwd = _per("fwd_ms", self.fwd_ms, None, "stage", "ms")
+        n = len(fwd)
+        fields = {
+            "fwd_ms": fwd,
+            "bwd_input_ms": _per("bwd_input_ms", self.bwd_input_ms, n, "stage", "ms"),
+        }
+        for name, length, per, unit in (
+            ("bwd_weight_ms", n, "stage", "ms"), ("activation_bytes", n, "stage", "bytes"),
+            ("input_bytes", n, "stage", "bytes"), ("comm_fwd_ms", n - 1, "cut", "ms"),
+            ("comm_bwd_ms", n - 1, "cut", "ms"),
+        ):
+            given = getattr(self, name)
+            fields[name] = (0.0,) * length if given is None else _per(name, given, length, per,
+                                                                      unit)
+        flags = (False,) * n if self.checkpoint is None else checks.sequence_of(
+            "checkpoint", self.checkpoint, _flag, length=n, per="stage")
+        for name, value in {**fields, "checkpoint": flags}.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def n(self) -> int:
+        """Number of stages."""
+        return len(self.fwd_ms)
+
+    def duration_ms(self, kind: Kind, s: int) -> float:
+        """Time of one action of ``kind`` on stage s (ms), recomputation included."""
+        recompute = self.fwd_ms[s] if self.checkpoint[s] else 0.0  # type: ignore[index]
+        if kind == "F":
+            return self.fwd_ms[s]
+        if kind == "W":
+            return self.bwd_weight_ms[s]  # type: ignore[index]
+        full = self.bwd_weight_ms[s] if kind == "B" else 0.0  # type: ignore[index]
+        return recompute + self.bwd_input_ms[s] + full
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ArgumentTypeError(f"{name} must be True or False, got {checks.show(value)}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class TimedAction:
+    """One action of the simulated step.
+
+    Attributes:
+        rank: the rank that runs it; stage: global stage s; microbatch: i.
+        kind: ``"F"``, ``"B"``, ``"I"`` or ``"W"`` (see :class:`~autosplit.schedules.Action`).
+        start_ms, end_ms: when it starts and ends (ms from the step's start).
+    """
+
+    rank: int
+    stage: int
+    kind: Kind
+    microbatch: int
+    start_ms: float
+    end_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """The simulated timeline of one training step.
+
+    Attributes:
+        order: the replayed action order (schedule, p, v, m, stage placement).
+        step_ms: makespan, the end of the last action on any rank (ms).
+        actions: ``actions[r]`` is rank r's actions with their times, in execution order.
+        busy_ms: ``busy_ms[r]`` is rank r's total compute time (ms).
+        memory: ``memory[r]`` is rank r's bytes in flight as a step function: ``(t_ms,
+            bytes)`` pairs, the bytes held from ``t_ms`` until the next pair's time; starts
+            at ``(0.0, 0.0)``.
+        peak_bytes: ``peak_bytes[r]``, the largest bytes in flight on rank r (bytes).
+    """
+
+    order: ScheduleOrder
+    step_ms: float
+    actions: tuple[tuple[TimedAction, ...], ...]
+    busy_ms: tuple[float, ...]
+    memory: tuple[tuple[tuple[float, float], ...], ...]
+    peak_bytes: tuple[float, ...]
+
+    @property
+    def idle_ms(self) -> tuple[float, ...]:
+        """``step_ms - busy_ms[r]`` per rank (ms)."""
+        return tuple(self.step_ms - b for b in self.busy_ms)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of the p ranks over the step, ``1 - Σ busy / (p · step)`` (0 if empty)."""
+        if self.step_ms <= 0:
+            return 0.0
+        return 1.0 - math.fsum(self.busy_ms) / (len(self.busy_ms) * self.step_ms)
+
+
+def simulate_schedule(schedule: str, p: int, v: int, m: int, costs: StageCosts) -> Timeline:
+    """:func:`replay` of torch's order for ``schedule`` (see :func:`torch_order`)."""
+    return replay(torch_order(schedule, p, v, m), costs)
+
+
+def replay(order: ScheduleOrder, costs: StageCosts) -> Timeline:
+    """Simulate one training step: each rank runs ``order``'s actions with ``costs``.
+
+    Raises:
+        ArgumentTypeError: ``order`` or ``costs`` of the wrong type.
+        InvalidInputError: ``costs`` has not one entry per stage of ``order`` (p·v).
+    """
+    checks.instance_of("order", order, ScheduleOrder, "a ScheduleOrder (see torch_order)")
+    checks.instance_of("costs", costs, StageCosts, "a StageCosts")
+    if costs.n != order.n:
+        raise InvalidInputError(
+            f"costs has {costs.n} stages but the schedule runs p·v = {order.p}·{order.v} = "
+            f"{order.n}: give one entry per stage"
+        )
+    n, place = order.n, order.stage_rank
+    hop_f = [0.0 if place[c] == place[c + 1] else costs.comm_fwd_ms[c] for c in range(n - 1)]
+    hop_b = [0.0 if place[c] == place[c + 1] else costs.comm_bwd_ms[c] for c in range(n - 1)]
+    # end times: ("F", s, i); ("G", s, i), the input gradient (B or I); ("W", s, i)
+    end: dict[tuple[str, int, int], float] = {}
+    timed: list[list[TimedAction]] = [[] for _ in order.actions]
+    free = [0.0] * order.p
+    cursor = [0] * order.p
+    remaining = sum(len(row) for row in order.actions)
+    while remaining:
+        progressed = False
+        for r, row in enumerate(order.actions):
+            while cursor[r] < len(row):
+                a = row[cursor[r]]
+                s, i = a.stage, a.microbatch
+                if a.kind == "F":
+                    needs = [] if s == 0 else [(("F", s - 1, i), hop_f[s - 1])]
+                elif a.kind == "W":
+                    needs = [(("G", s, i), 0.0)]
+                else:
+                    needs = [(("F", s, i), 0.0)]
+                    if s < n - 1:
+                        needs.append((("G", s + 1, i), hop_b[s]))
+                if any(key not in end for key, _ in needs):
+                    break
+                ready = max((end[key] + delay for key, delay in needs), default=0.0)
+                begin = max(free[r], ready)
+                finish = begin + costs.duration_ms(a.kind, s)
+                mark = "G" if a.kind in ("B", "I") else a.kind
+                end[mark, s, i] = finish
+                free[r] = finish
+                timed[r].append(TimedAction(r, s, a.kind, i, begin, finish))
+                cursor[r] += 1
+                remaining -= 1
+                progressed = True
+        assert progressed, f"order {order.schedule!r} deadlocked at {cursor}"  # internal
+    memory, peaks = _memory(order, costs, timed)
+    return Timeline(
+        order=order,
+        step_ms=max(free),
+        actions=tuple(tuple(row) for row in timed),
+        busy_ms=tuple(math.fsum(t.end_ms - t.start_ms for t in row) for row in timed),
+        memory=memory,
+        peak_bytes=peaks,
+    )
+
+
+def _memory(
+    order: ScheduleOrder, costs: StageCosts, timed: list[list[TimedAction]]
+) -> tuple[tuple[tuple[tuple[float, float], ...], ...], tuple[float, ...]]:
+    """Bytes in flight per rank over time, and their peaks (see the module docstring).
+
+    Changes are applied in each rank's execution order (an action's start, then its end), so
+    at equal times a free at one action's end comes before an allocation at the next one's
+    start, and the peak counts bytes held even for an instant (a zero-time action).
+    """
+    last = {(a.stage, a.microbatch): a.kind for row in order.actions for a in row
+            if a.kind in ("B", "W")}
+    curves, peaks = [], []
+    for row in timed:
+        held = peak = 0.0
+        curve = [(0.0, 0.0)]
+        for t in row:
+            s = t.stage
+            ckpt = costs.checkpoint[s]  # type: ignore[index]
+            act = costs.activation_bytes[s]  # type: ignore[index]
+            kept = costs.input_bytes[s] if ckpt else act  # type: ignore[index]
+            changes: list[tuple[float, float]] = []
+            if ckpt and t.kind in ("B", "I"):
+                changes.append((t.start_ms, act))  # the recomputed activations
+            if t.kind == "F":
+                changes.append((t.end_ms, kept))
+            elif last[s, t.microbatch] == t.kind:
+                changes.append((t.end_ms, -kept - (act if ckpt else 0.0)))
+            for when, delta in changes:
+                held += delta
+                peak = max(peak, held)
+                if curve[-1][0] == when:
+                    curve[-1] = (when, held)
+                else:
+                    curve.append((when, held))
+        curves.append(tuple(curve))
+        peaks.append(peak)
+    return tuple(curves), tuple(peaks)

@@ -1,0 +1,190 @@
+"""Each rank's action order, taken from torch.distributed.pipelining's own schedule classes.
+
+Symbols: p ranks, v stages per rank, n = p·v stages, m micro-batches, s a stage, i a
+micro-batch. Action kinds follow torch's ``_ComputationType``: ``F`` forward, ``B`` full
+backward, ``I`` backward for the stage's input (the gradient sent upstream), ``W`` backward for
+the stage's weights (``B`` = ``I`` then ``W`` in one go).
+
+How the order is obtained, without a process group:
+
+* The schedule classes compute every rank's order in their constructor from nothing but
+  ``stage.group_size``, ``stage.group_rank``, ``stage.num_stages`` and ``len(stages)``. We
+  construct the class for rank 0 with v lightweight stand-in stages carrying those attributes
+  (no module, no device, no communication) and read what the runtime executes:
+  ``pipeline_order_with_comms[r]`` for the ``_PipelineScheduleRuntime`` classes (looped BFS,
+  interleaved 1F1B, interleaved zero-bubble, ZB-V, DualPipeV), keeping its compute actions.
+  ``OVERLAP_F_B`` (DualPipeV) runs its sub-actions one after the other, so it is flattened.
+* ``ScheduleGPipe`` and ``Schedule1F1B`` run hand-written loops, not an action list (their
+  ``pipeline_order`` is documentation only, and for 1F1B's last rank it lists micro-batches
+  1 … m instead of 0 … m-1 in torch 2.14). For them we run the loop itself,
+  ``_step_microbatches``, once per rank with a stand-in stage that records each
+  ``forward_one_chunk`` and ``backward_one_chunk`` call and has nothing to send or receive.
+
+When torch refuses (p, v, m) (e.g. 1F1B with m < p, ZB-V with v ≠ 2), its message becomes a
+:class:`~autosplit.errors.ScheduleUnavailableError`.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Literal
+
+from autosplit import checks
+from autosplit.errors import ScheduleUnavailableError
+
+__all__ = ["SCHEDULES", "Action", "ScheduleOrder", "torch_class_name", "torch_order"]
+
+SCHEDULES = ("gpipe", "1f1b", "looped-bfs", "interleaved-1f1b", "interleaved-zb", "zbv",
+             "dualpipev")
+"""Schedule names, each run by one of torch's classes (see :func:`torch_class_name`)."""
+
+_CLASSES = {
+    "looped-bfs": "ScheduleLoopedBFS",
+    "interleaved-1f1b": "ScheduleInterleaved1F1B",
+    "interleaved-zb": "ScheduleInterleavedZeroBubble",
+    "zbv": "ScheduleZBVZeroBubble",
+    "dualpipev": "ScheduleDualPipeV",
+}
+# "gpipe" and "1f1b" pick a class by v, as autosplit.distributed.stage_module.build_schedule does
+_SINGLE = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+_MULTI = {"gpipe": "ScheduleLoopedBFS", "1f1b": "ScheduleInterleaved1F1B"}
+
+Kind = Literal["F", "B", "I", "W"]
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One compute action of a rank.
+
+    Attributes:
+        kind: ``"F"`` forward, ``"B"`` full backward, ``"I"`` input-gradient backward,
+            ``"W"`` weight-gradient backward.
+        stage: global stage index s, 0 ≤ s < n.
+        microbatch: micro-batch index i, 0 ≤ i < m.
+    """
+
+    kind: Kind
+    stage: int
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{self.microbatch}"  # torch's notation: 2F0, 1I3
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleOrder:
+    """Every rank's compute actions, in the order torch's runtime executes them.
+
+    Attributes:
+        schedule: the autosplit name (one of :data:`SCHEDULES`).
+        torch_class: the torch class that runs it, e.g. ``"ScheduleInterleaved1F1B"``.
+        p: ranks; v: stages per rank; m: micro-batches.
+        stage_rank: ``stage_rank[s]`` is the rank holding stage s (n = p·v entries).
+        actions: ``actions[r]`` is rank r's actions in execution order.
+    """
+
+    schedule: str
+    torch_class: str
+    p: int
+    v: int
+    m: int
+    stage_rank: tuple[int, ...]
+    actions: tuple[tuple[Action, ...], ...]
+
+    @property
+    def n(self) -> int:
+        """Number of stages, p·v."""
+        return self.p * self.v
+
+    @property
+    def splits_backward(self) -> bool:
+        """Whether some backward runs as ``I`` then ``W`` (zero-bubble schedules)."""
+        return any(a.kind == "W" for row in self.actions for a in row)
+
+
+def torch_class_name(schedule: str, v: int) -> str:
+    """The torch class that runs ``schedule`` with v stages per rank.
+
+    ``"gpipe"``/``"1f1b"`` are ``ScheduleGPipe``/``Schedule1F1B`` for v = 1 and
+    ``ScheduleLoopedBFS``/``ScheduleInterleaved1F1B`` for v > 1 (as ``autosplit run`` builds
+    them); every other name is one class.
+    """
+    checks.one_of("schedule", schedule, SCHEDULES)
+    if schedule in _SINGLE:
+        return (_SINGLE if v == 1 else _MULTI)[schedule]
+    return _CLASSES[schedule]
+
+
+def torch_order(schedule: str, p: int, v: int, m: int) -> ScheduleOrder:
+    """Torch's action order for ``schedule`` on p ranks, v stages per rank, m micro-batches.
+
+    Raises:
+        ArgumentTypeError, InvalidInputError: an unknown schedule, or p, v, m not integers ≥ 1.
+        ScheduleUnavailableError: torch's class refuses (p, v, m); the message gives torch's
+            reason.
+    """
+    p = checks.positive_int("p (ranks)", p)
+    v = checks.positive_int("v (stages per rank)", v)
+    m = checks.positive_int("m (micro-batches)", m)
+    checks.one_of("schedule", schedule, SCHEDULES)
+    return _torch_order(schedule, p, v, m)
+
+
+@functools.lru_cache(maxsize=256)
+def _torch_order(schedule: str, p: int, v: int, m: int) -> ScheduleOrder:
+    name = torch_class_name(schedule, v)
+    from torch.distributed.pipelining import schedules as torch_schedules
+
+    cls = getattr(torch_schedules, name)
+    try:
+        if name in _SINGLE.values():
+            actions = [_record_single(cls, p, r, m) for r in range(p)]
+            stage_rank = tuple(range(p))
+        else:
+            built = cls([_stand_in(p, v, k) for k in range(v)], m)
+            actions = [_compute_actions(built.pipeline_order_with_comms[r]) for r in range(p)]
+            stage_rank = tuple(built.stage_index_to_group_rank[s] for s in range(p * v))
+    except (ValueError, AssertionError, RuntimeError) as exc:
+        reason = " ".join(str(exc).split("\n\n")[0].split())
+        raise ScheduleUnavailableError(
+            f"schedule {schedule!r} ({name}) cannot run p={p} ranks × v={v} stages per rank "
+            f"with m={m} micro-batches: {reason}",
+            schedule=schedule, p=p, v=v, m=m, reason=reason,
+        ) from None
+    return ScheduleOrder(schedule, name, p, v, m, stage_rank, tuple(actions))
+
+
+def _stand_in(p: int, v: int, k: int, rank: int = 0) -> SimpleNamespace:
+    """What a schedule's constructor reads of a ``PipelineStage``: sizes and rank, no module."""
+    return SimpleNamespace(
+        num_stages=p * v, group_size=p, group_rank=rank, submod=None,
+        stage_index=rank + k * p, stage_index_to_group_rank={}, is_first=rank + k * p == 0,
+        is_last=False,
+    )
+
+
+def _compute_actions(row: list[Any]) -> tuple[Action, ...]:
+    out: list[Action] = []
+    for a in row:
+        for sub in a.sub_actions if a.sub_actions is not None else (a,):
+            kind = sub.computation_type.value
+            if kind in ("F", "B", "I", "W"):
+                out.append(Action(kind, sub.stage_index, sub.microbatch_index))
+    return tuple(out)
+
+
+def _record_single(cls: type, p: int, rank: int, m: int) -> tuple[Action, ...]:
+    """Rank ``rank``'s actions, recorded by running the class's own loop on a stand-in."""
+    done: list[Action] = []
+    stage = _stand_in(p, 1, 0, rank)
+    stage.get_fwd_recv_ops = stage.get_fwd_send_ops = lambda i: []
+    stage.get_bwd_recv_ops = stage.get_bwd_send_ops = lambda i: []
+    stage.forward_one_chunk = lambda i, *args, **kwargs: done.append(Action("F", rank, i))
+    stage.backward_one_chunk = lambda i, **kwargs: done.append(Action("B", rank, i))
+    stage.perform_reduce_grad = lambda *args: None
+    schedule = cls(stage, m)
+    schedule._initialize_stage = lambda *args, **kwargs: None  # no shapes to infer: no tensors
+    schedule._step_microbatches(None, None, None, None, return_outputs=False)
+    return tuple(done)

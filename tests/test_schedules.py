@@ -1,0 +1,289 @@
+"""Tests of autosplit.schedules: torch's action orders and their replay.
+
+Hand-computed timelines are tables, one row per rank, each action as
+``<stage><kind><micro-batch> start–end`` in ms (torch's notation: ``2I0`` is the input backward
+of micro-batch 0 on stage 2), in the rank's execution order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_simulator import table  # rows like "0F0 0–1, 0F1 1–2": name, start–end
+
+from autosplit.errors import ArgumentTypeError, InvalidInputError, ScheduleUnavailableError
+from autosplit.schedules import (
+    SCHEDULES,
+    StageCosts,
+    Timeline,
+    replay,
+    simulate_schedule,
+    torch_class_name,
+    torch_order,
+)
+from autosplit.simulator import schedule_order, simulate
+
+
+def timeline(result: Timeline) -> list[list[tuple[str, float, float]]]:
+    """``[[("0F0", 0.0, 1.0), …] per rank]`` for comparison with the tables."""
+    return [
+        [(f"{t.stage}{t.kind}{t.microbatch}", t.start_ms, t.end_ms) for t in row]
+        for row in result.actions
+    ]
+
+
+def costs(n: int, f: float, b: float, w: float = 0.0, **kw: object) -> StageCosts:
+    return StageCosts((f,) * n, (b,) * n, (w,) * n, **kw)  # type: ignore[arg-type]
+
+
+# -- torch's orders -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_every_order_torch_accepts_is_complete_placed_and_replays(schedule: str) -> None:
+    rng = random.Random(schedule)
+    built = 0
+    for p, v, m in itertools.product((1, 2, 3, 4), (1, 2, 3), (1, 2, 3, 4, 5, 8)):
+        try:
+            order = torch_order(schedule, p, v, m)
+        except ScheduleUnavailableError as exc:
+            assert (exc.schedule, exc.p, exc.v, exc.m) == (schedule, p, v, m)
+            assert exc.reason and exc.reason in str(exc)
+            continue
+        built += 1
+        assert (order.p, order.v, order.m, order.n) == (p, v, m, p * v)
+        seen: dict[tuple[str, int, int], int] = {}
+        for r, row in enumerate(order.actions):
+            for a in row:
+                assert order.stage_rank[a.stage] == r
+                assert 0 <= a.microbatch < m
+                key = (a.kind, a.stage, a.microbatch)
+                assert key not in seen
+                seen[key] = r
+        for s, i in itertools.product(range(p * v), range(m)):
+            assert ("F", s, i) in seen
+            assert (("B", s, i) in seen) != (("I", s, i) in seen and ("W", s, i) in seen)
+        n = p * v
+        random_costs = StageCosts(
+            [rng.uniform(0, 3) for _ in range(n)], [rng.uniform(0, 3) for _ in range(n)],
+            [rng.uniform(0, 3) for _ in range(n)], comm_fwd_ms=[rng.uniform(0, 1)] * (n - 1),
+            comm_bwd_ms=[rng.uniform(0, 1)] * (n - 1),
+        )
+        result = replay(order, random_costs)  # no deadlock: every action gets a time
+        assert sum(len(row) for row in result.actions) == len(seen)
+    assert built > 0
+
+
+def test_one_f_one_b_order_is_autosplit_simulator_order() -> None:
+    for p, m in [(2, 2), (2, 5), (3, 3), (4, 7)]:
+        order = torch_order("1f1b", p, 1, m)
+        for s in range(p):
+            assert [(a.kind, a.microbatch) for a in order.actions[s]] == list(
+                schedule_order("1f1b", m, p, s))
+
+
+def test_gpipe_runs_backwards_in_forward_micro_batch_order() -> None:
+    # torch's ScheduleGPipe loops over i = 0 … m-1 for the backward too
+    order = torch_order("gpipe", 2, 1, 3)
+    assert [str(a) for a in order.actions[1]] == ["1F0", "1F1", "1F2", "1B0", "1B1", "1B2"]
+
+
+def test_class_names_follow_what_autosplit_run_builds() -> None:
+    from autosplit.distributed.stage_module import INTERLEAVED_SCHEDULES
+    from autosplit.distributed.stage_module import SCHEDULES as RUN_SCHEDULES
+
+    for name, cls in RUN_SCHEDULES.items():
+        assert torch_class_name(name, 1) == cls
+        assert torch_class_name(name, 2) == INTERLEAVED_SCHEDULES[name]
+        assert torch_order(name, 2, 2, 4).torch_class == INTERLEAVED_SCHEDULES[name]
+    assert torch_class_name("zbv", 2) == "ScheduleZBVZeroBubble"
+
+
+def test_v_schedules_place_stages_as_a_v() -> None:
+    assert torch_order("zbv", 3, 2, 6).stage_rank == (0, 1, 2, 2, 1, 0)
+    assert torch_order("dualpipev", 2, 2, 4).stage_rank == (0, 1, 1, 0)
+    assert torch_order("interleaved-zb", 2, 3, 4).stage_rank == (0, 1, 0, 1, 0, 1)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "p", "v", "m", "words"),
+    [
+        ("1f1b", 3, 1, 2, ["Schedule1F1B", "m=2", "(2) must be greater than or equal"]),
+        ("zbv", 2, 3, 4, ["ScheduleZBVZeroBubble", "v=3", "exactly 2 stages per rank"]),
+        ("dualpipev", 2, 2, 3, ["ScheduleDualPipeV", "at least as many microbatches"]),
+    ],
+)
+def test_torch_refusal_becomes_a_clear_reason(
+    schedule: str, p: int, v: int, m: int, words: list[str]
+) -> None:
+    with pytest.raises(ScheduleUnavailableError) as info:
+        torch_order(schedule, p, v, m)
+    assert all(w in str(info.value) for w in words), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "words"),
+    [
+        (("pipedream", 2, 1, 4), InvalidInputError, "unknown schedule 'pipedream'"),
+        (("gpipe", 0, 1, 4), InvalidInputError, "p (ranks) must be a positive integer, got 0"),
+        (("gpipe", 2, 1.0, 4), ArgumentTypeError, "v (stages per rank) must be an integer"),
+        (("gpipe", 2, 1, -1), InvalidInputError, "m (micro-batches)"),
+    ],
+)
+def test_bad_order_arguments(args: tuple, error: type, words: str) -> None:
+    with pytest.raises(error, match=None) as info:
+        torch_order(*args)
+    assert words in str(info.value)
+
+
+# -- cross-check with autosplit.simulator ---------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    p=st.integers(1, 4),
+    m=st.integers(1, 8),
+    data=st.data(),
+)
+def test_gpipe_and_1f1b_replay_equal_the_simulator(p: int, m: int, data: st.DataObject) -> None:
+    times = st.lists(st.floats(0, 10), min_size=p, max_size=p)
+    fwd, bwd, act = data.draw(times), data.draw(times), data.draw(times)
+    share = data.draw(st.lists(st.floats(0, 1), min_size=p, max_size=p))
+    cuts = st.lists(st.floats(0, 3), min_size=p - 1, max_size=p - 1)
+    cf, cb = data.draw(cuts), data.draw(cuts)
+    c = StageCosts(fwd, [b * (1 - x) for b, x in zip(bwd, share)],
+                   [b * x for b, x in zip(bwd, share)], activation_bytes=act,
+                   comm_fwd_ms=cf, comm_bwd_ms=cb)
+    for schedule in ("gpipe", "1f1b") if m >= p else ("gpipe",):
+        ours = simulate_schedule(schedule, p, 1, m, c)
+        theirs = simulate(fwd, bwd, m, schedule, cf, cb)
+        assert ours.step_ms == pytest.approx(theirs.step_ms, rel=1e-9, abs=1e-9)
+        assert ours.busy_ms == pytest.approx(theirs.busy_ms, rel=1e-9, abs=1e-9)
+        for s in range(p):  # same busy intervals; GPipe's backward labels differ (reversed)
+            spans = sorted(x for t in ours.actions[s] for x in (t.start_ms, t.end_ms))
+            expected = sorted(x for e in theirs.events[s] for x in (e.start_ms, e.end_ms))
+            assert spans == pytest.approx(expected, rel=1e-9, abs=1e-9)
+            assert ours.peak_bytes[s] == pytest.approx(act[s] * theirs.peak_in_flight[s])
+
+
+# -- hand-computed timelines ----------------------------------------------------------------------
+
+
+def test_interleaved_1f1b_two_ranks_two_stages_each() -> None:
+    # stages 0, 2 on rank 0 and 1, 3 on rank 1; F = 1, B = 2 (full backward), no transfers
+    result = simulate_schedule("interleaved-1f1b", 2, 2, 2, costs(4, 1.0, 2.0))
+    assert timeline(result) == table(
+        "0F0 0–1, 0F1 1–2, 2F0 2–3, 2F1 3–4, 2B0 6–8, 2B1 9–11, 0B0 11–13, 0B1 13–15",
+        "1F0 1–2, 1F1 2–3, 3F0 3–4, 3B0 4–6, 3F1 6–7, 3B1 7–9, 1B0 9–11, 1B1 11–13",
+    )
+    assert result.step_ms == 15.0
+    assert result.busy_ms == (12.0, 12.0)
+    assert result.idle_ms == (3.0, 3.0)
+    assert result.bubble_fraction == pytest.approx(3 / 15)
+
+
+def test_interleaved_zero_bubble_two_ranks_two_stages_each() -> None:
+    # F = I = W = 1; stage s keeps 8, 4, 2, 1 bytes per micro-batch until its W
+    result = simulate_schedule(
+        "interleaved-zb", 2, 2, 2, costs(4, 1.0, 1.0, 1.0, activation_bytes=(8, 4, 2, 1)))
+    assert timeline(result) == table(
+        "0F0 0–1, 0F1 1–2, 2F0 2–3, 2F1 3–4, 2I0 5–6, 2W0 6–7, 2I1 7–8, 2W1 8–9, "
+        "0I0 9–10, 0W0 10–11, 0I1 11–12, 0W1 12–13",
+        "1F0 1–2, 1F1 2–3, 3F0 3–4, 3I0 4–5, 3F1 5–6, 3I1 6–7, 3W0 7–8, 1I0 8–9, "
+        "3W1 9–10, 1I1 10–11, 1W0 11–12, 1W1 12–13",
+    )
+    assert result.step_ms == 13.0
+    assert result.idle_ms == (1.0, 1.0)
+    assert result.memory == (
+        ((0, 0), (1, 8), (2, 16), (3, 18), (4, 20), (7, 18), (9, 16), (11, 8), (13, 0)),
+        ((0, 0), (2, 4), (3, 8), (4, 9), (6, 10), (8, 9), (10, 8), (12, 4), (13, 0)),
+    )
+    assert result.peak_bytes == (20.0, 10.0)
+
+
+def test_zbv_with_transfers_free_at_the_turn_of_the_v() -> None:
+    # stages 0, 3 on rank 0 and 1, 2 on rank 1; F = I = W = 1; 0.5 ms over cuts 0 and 2,
+    # nothing over cut 1 (stages 1 and 2 share rank 1) although 0.5 is given
+    c = costs(4, 1.0, 1.0, 1.0, comm_fwd_ms=(0.5,) * 3, comm_bwd_ms=(0.5,) * 3)
+    result = simulate_schedule("zbv", 2, 2, 2, c)
+    assert timeline(result) == table(
+        "0F0 0–1, 0F1 1–2, 3F0 4–5, 3I0 5–6, 3W0 6–7, 3F1 7–8, 3I1 8–9, 3W1 9–10, "
+        "0I0 10–11, 0W0 11–12, 0I1 14–15, 0W1 15–16",
+        "1F0 1.5–2.5, 2F0 2.5–3.5, 1F1 3.5–4.5, 2F1 4.5–5.5, 2I0 6.5–7.5, 2W0 7.5–8.5, "
+        "1I0 8.5–9.5, 1W0 9.5–10.5, 2I1 10.5–11.5, 2W1 11.5–12.5, 1I1 12.5–13.5, 1W1 13.5–14.5",
+    )
+    assert result.step_ms == 16.0
+    assert result.busy_ms == (12.0, 12.0)
+
+
+# -- memory ---------------------------------------------------------------------------------------
+
+
+def test_gpipe_and_1f1b_memory_peaks() -> None:
+    c = costs(2, 1.0, 2.0, activation_bytes=(100, 10))
+    assert simulate_schedule("gpipe", 2, 1, 3, c).peak_bytes == (300, 30)
+    one = simulate_schedule("1f1b", 2, 1, 3, c)
+    assert timeline(one) == table(
+        "0F0 0–1, 0F1 1–2, 0B0 4–6, 0F2 6–7, 0B1 7–9, 0B2 10–12",
+        "1F0 1–2, 1B0 2–4, 1F1 4–5, 1B1 5–7, 1F2 7–8, 1B2 8–10",
+    )
+    assert one.memory == (
+        ((0, 0), (1, 100), (2, 200), (6, 100), (7, 200), (9, 100), (12, 0)),
+        ((0, 0), (2, 10), (4, 0), (5, 10), (7, 0), (8, 10), (10, 0)),
+    )
+    assert one.peak_bytes == (200, 10)
+
+
+def test_checkpointing_keeps_the_input_and_recomputes_in_the_backward() -> None:
+    # stage 0 checkpointed: keeps its 4-byte input, recomputes (F = 1) inside B (2): B takes 3
+    # and holds the 100 recomputed bytes from its start until its end
+    c = costs(2, 1.0, 2.0, activation_bytes=(100, 10), input_bytes=(4, 50),
+              checkpoint=(True, False))
+    result = simulate_schedule("gpipe", 2, 1, 2, c)
+    assert timeline(result) == table(
+        "0F0 0–1, 0F1 1–2, 0B0 5–8, 0B1 8–11",
+        "1F0 1–2, 1F1 2–3, 1B0 3–5, 1B1 5–7",
+    )
+    assert result.busy_ms == (8.0, 6.0)
+    assert result.memory == (
+        ((0, 0), (1, 4), (2, 8), (5, 108), (8, 104), (11, 0)),
+        ((0, 0), (2, 10), (3, 20), (5, 10), (7, 0)),
+    )
+    assert result.peak_bytes == (108, 20)
+
+
+def test_checkpointing_adds_the_forward_to_the_input_backward_only() -> None:
+    c = StageCosts((1.5,), (2.0,), (0.25,), checkpoint=(True,))
+    assert (c.duration_ms("F", 0), c.duration_ms("I", 0), c.duration_ms("W", 0),
+            c.duration_ms("B", 0)) == (1.5, 3.5, 0.25, 3.75)
+
+
+# -- bad costs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"fwd_ms": (1.0, -1.0)}, InvalidInputError, "fwd_ms[1] must be a finite number ≥ 0"),
+        ({"bwd_input_ms": (1.0,)}, InvalidInputError, "bwd_input_ms must have 2 entries"),
+        ({"comm_fwd_ms": (1.0, 1.0)}, InvalidInputError, "comm_fwd_ms must have 1 entries"),
+        ({"activation_bytes": (1.0, float("nan"))}, InvalidInputError, "activation_bytes[1]"),
+        ({"checkpoint": (1, 0)}, ArgumentTypeError, "checkpoint[0] must be True or False"),
+        ({"fwd_ms": "12"}, ArgumentTypeError, "fwd_ms must be a list"),
+    ],
+)
+def test_bad_costs(kwargs: dict, error: type, words: str) -> None:
+    given_ = {"fwd_ms": (1.0, 1.0), "bwd_input_ms": (1.0, 1.0), **kwargs}
+    with pytest.raises(error) as info:
+        StageCosts(**given_)
+    assert words in str(info.value)
+
+
+def test_costs_must_cover_every_stage_of_the_order() -> None:
+    with pytest.raises(InvalidInputError, match=r"p·v = 2·2 = 4"):
+        replay(torch_order("interleaved-1f1b", 2, 2, 2), costs(2, 1.0, 1.0))
