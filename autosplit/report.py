@@ -15,12 +15,7 @@ from autosplit.units import format_bytes, format_ms
 if TYPE_CHECKING:
     from autosplit.planner.layouts import Layouts
 
-__all__ = ["stage_table", "print_plan", "comparison_table", "layout_table", "faster_layout_line",
-           "PREDICTION_NOISE"]
-
-PREDICTION_NOISE = 0.05
-"""Relative spread assumed for a prediction from block sums when a layout is compared with the
-chosen plan (unverified predictions carry no spread of their own)."""
+__all__ = ["stage_table", "print_plan", "comparison_table", "layout_table"]
 
 
 def _span(blocks: Sequence[str]) -> str:
@@ -52,18 +47,19 @@ def stage_table(plan: Plan) -> Table:
     return table
 
 
-def print_plan(console: Console, plan: Plan, reference: tuple[str, Plan] | None = None) -> None:
-    """The stage table and the summary, as the CLI shows them."""
+def print_plan(console: Console, plan: Plan,
+               references: Sequence[tuple[str, Plan]] = ()) -> None:
+    """The stage table and the summary, as the CLI shows them, with one "vs …" line per
+    reference plan (a hand split; the best pipeline beside a plan with replicas)."""
     console.print(stage_table(plan))
     console.print()
     lines = plan.summary_lines()
-    if reference is not None:
-        label, other = reference
+    for k, (label, other) in enumerate(references):
         claim = ratio_with_spread(
             other.predicted_step_ms, other.step_spread, plan.predicted_step_ms, plan.step_spread
         )
         lines.insert(
-            3, f"vs {label}: {claim.text} ({format_ms(other.predicted_step_ms)}"
+            3 + k, f"vs {label}: {claim.text} ({format_ms(other.predicted_step_ms)}"
             f"{spread_text(other.step_spread)})"
         )
     for line in lines:
@@ -141,8 +137,6 @@ def layout_table(layouts: Layouts, chosen: Plan) -> Table:
                  "chosen" if mine else ""]
         if plan.replicas > 1:
             notes.append(f"all-reduce {format_ms(plan.replica_sync_ms)}")
-            if not mine:
-                notes.append("autosplit run cannot run replicas yet")
         table.add_row(
             option.label,
             f"{plan.microbatches}×{plan.split_size}",
@@ -153,22 +147,3 @@ def layout_table(layouts: Layouts, chosen: Plan) -> Table:
     return table
 
 
-def faster_layout_line(layouts: Layouts, chosen: Plan) -> str | None:
-    """One line when a layout with replicas is predicted faster than the chosen pipeline
-    beyond the noise (the chosen plan's verified spread, else :data:`PREDICTION_NOISE`),
-    both from block sums; ``None`` otherwise."""
-    if chosen.replicas > 1:
-        return None
-    mine = layouts.option(len(chosen.stages), 1)
-    others = [o for o in layouts.options if o.plan is not None and o.replicas > 1]
-    if mine is None or mine.plan is None or not others:
-        return None
-    best = min(others, key=lambda o: (o.plan.predicted_step_ms, o.replicas))  # type: ignore
-    assert best.plan is not None
-    noise = PREDICTION_NOISE if chosen.step_spread is None else chosen.step_spread
-    claim = ratio_with_spread(mine.plan.predicted_step_ms, noise,
-                              best.plan.predicted_step_ms, noise)
-    if claim.within_noise or claim.ratio <= 1:
-        return None
-    return (f"{best.label} is predicted ×{claim.ratio:.2f} faster than this pipeline (block "
-            f"sums): autosplit run cannot run replicas yet — use DistributedDataParallel")

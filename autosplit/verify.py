@@ -204,7 +204,8 @@ def verify_plans(
 
     Each returned plan's stages have ``compute_ms`` / ``forward_ms`` from the stage runs,
     ``block_sum_ms`` from the search and ``verified_spread``; ``predicted_step_ms`` is the
-    schedule simulation of those times, ``step_spread`` its spread (the simulation of every
+    schedule simulation of those times (plus the replicas' gradient all-reduce, from the cost
+    model, for a plan with replicas), ``step_spread`` its spread (the simulation of every
     stage at median ± spread), ``single_device_ms`` the whole model timed in one piece at the
     single device's micro-batch size, and ``verification`` says how. ``options`` are
     :func:`time_stages`'s keyword arguments.
@@ -229,7 +230,8 @@ def verify_plans(
     for name, plan in plans.items():
         stage_times = [times[r] for r in _stage_runs(plan)]
         mid, low, high = (_scaled(plan, stage_times, f) for f in (0, -1, 1))
-        step = simulate_plan(mid).step_ms
+        sync = plan.replica_sync_ms if plan.replicas > 1 else 0.0  # not timed: the model's
+        step = simulate_plan(mid).step_ms + sync
         spread = (simulate_plan(high).step_ms - simulate_plan(low).step_ms) / 2 / step
         one = times[singles[name]]
         m_one = math.ceil(plan.batch_size / singles[name][2])

@@ -137,7 +137,8 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     prof, plan = base / "prof.json", base / "plan.json"
     assert main(["profile", str(TOY), "--microbatch-sizes", "2,4", "--repeats", "1",
                  "-o", str(prof)]) == 0
-    assert main(["plan", str(TOY), "--gpus", "2", "--profile", str(prof), "-o", str(plan)]) == 0
+    assert main(["plan", str(TOY), "--gpus", "2", "--profile", str(prof), "--pipeline-only",
+                 "-o", str(plan)]) == 0
     zero, empty = json.loads(prof.read_text()), json.loads(plan.read_text())
     zero["microbatch_sizes"][0] = 0
     empty["stages"][1]["blocks"] = []

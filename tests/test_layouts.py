@@ -222,21 +222,33 @@ def _model_and_profile(tmp_path, param_bytes: int = 10**5, saved_bytes: int = 10
     return str(model_file), str(path)
 
 
-def test_cli_shows_the_layouts_and_says_data_parallel_is_faster(tmp_path, capsys) -> None:
+def test_cli_chooses_data_parallel_when_it_is_faster(tmp_path, capsys) -> None:
     model, prof = _model_and_profile(tmp_path)
     out_plan = tmp_path / "plan.json"
     assert main(["plan", model, "--gpus", "2", "--profile", prof, "--bandwidth", "1GB",
                  "-o", str(out_plan)]) == 0
     out = capsys.readouterr().out
-    assert "layout 2 stages × 1 replica" in out
+    assert "layout 1 stage × 2 replicas" in out  # data parallelism is chosen: it is faster
     assert "data parallel ×2" in out and "pipeline 2 stages" in out
-    assert "is predicted ×" in out and "faster than this pipeline" in out
-    assert "use DistributedDataParallel" in out
-    assert Plan.load(out_plan).replicas == 1  # the runnable pipeline is still the one chosen
+    assert "vs the best pipeline: ×" in out
+    chosen = Plan.load(out_plan)
+    assert chosen.replicas == 2 and len(chosen.stages) == 1
+    rows = {line.split()[0] + " " + line.split()[1]: line for line in out.splitlines()
+            if line.startswith(("data parallel", "pipeline 2"))}
+    assert "chosen" in rows["data parallel"] and "chosen" not in rows["pipeline 2"]
 
     assert main(["plan", model, "--gpus", "2", "--profile", prof, "--pipeline-only",
                  "-o", str(out_plan)]) == 0
-    assert "data parallel" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "data parallel" not in out and "layout 2 stages × 1 replica" in out
+    assert Plan.load(out_plan).replicas == 1
+
+    emitted = tmp_path / "pipelined.py"
+    assert main(["plan", model, "--gpus", "2", "--profile", prof, "--emit", str(emitted),
+                 "-o", str(out_plan)]) == 0
+    out = capsys.readouterr().out
+    assert "only pipelines of 2 stages were considered" in out
+    assert Plan.load(out_plan).replicas == 1 and emitted.exists()
 
     assert main(["plan", model, "--gpus", "2", "--profile", prof, "--replicas", "2",
                  "-o", str(out_plan)]) == 0

@@ -18,7 +18,7 @@ from autosplit.cli.measuring import (
     verifies,
     verify_plans,
 )
-from autosplit.errors import InvalidInputError
+from autosplit.errors import InfeasiblePlanError, InvalidInputError
 from autosplit.records import Plan, Profile
 
 __all__ = ["profile_command", "plan_command", "manual_reference"]
@@ -84,7 +84,6 @@ def manual_reference(prof: Profile, source: Any, args: argparse.Namespace,
 def _one_device_note(console: Console, prof: Profile, memory: float,
                      kwargs: dict[str, Any]) -> None:
     """Say whether one device of ``memory`` bytes could hold the model, and what it needs."""
-    from autosplit.errors import InfeasiblePlanError
     from autosplit.planner import plan as make_plan
     from autosplit.units import format_bytes
 
@@ -100,36 +99,68 @@ def _one_device_note(console: Console, prof: Profile, memory: float,
         console.print(f" one device of {format_bytes(memory)} could hold it too")
 
 
-def _pipeline_plan(args: argparse.Namespace, source: Any, model: Any, inputs: Any,
-                   prof: Profile, kwargs: dict[str, Any],
-                   console: Console) -> tuple[Plan, tuple[str, Plan] | None]:
-    """The pipeline of ``--gpus`` stages (verified unless ``--no-verify``) and the hand split
-    beside it."""
+def _chosen_plan(args: argparse.Namespace, source: Any, model: Any, inputs: Any,
+                 prof: Profile, kwargs: dict[str, Any], layouts: Any,
+                 console: Console) -> tuple[Plan, list[tuple[str, Plan]]]:
+    """The plan of ``--gpus`` devices and the plans it is printed against.
+
+    The candidates are the best pipelines of ``--gpus`` stages by block sums and, with
+    ``layouts``, the best plan of every layout with replicas; all are timed stage by stage
+    together (unless ``--no-verify``) and the fastest verified one is chosen. Beside it: the
+    hand split, and the best pipeline when the choice has replicas.
+    """
     from autosplit.planner import plan_candidates
 
     verify = verifies(args, prof)
-    candidates = plan_candidates(prof, args.gpus, top_k=3 if verify else 1,
-                                 split_size=args.split_size, solver=args.solver, **kwargs)
-    plan = candidates[0]
+    replicated = [] if layouts is None else [
+        o.plan for o in layouts.options if o.plan is not None and o.replicas > 1]
+    try:
+        pipelines: tuple[Plan, ...] = plan_candidates(
+            prof, args.gpus, top_k=3 if verify else 1, split_size=args.split_size,
+            solver=args.solver, **kwargs)
+    except InfeasiblePlanError:
+        if not replicated:
+            raise
+        pipelines = ()
+    candidates = [*pipelines, *replicated]
+    others: dict[str, Plan] = {}
     reference = manual_reference(prof, source, args, kwargs)
+    if reference is not None:
+        others[reference[0]] = reference[1]
+    # each pipeline candidate again, by name (its stage runs are timed once): the best
+    # pipeline after verification is printed beside a choice with replicas
+    piped = {f"pipeline {i}": c for i, c in enumerate(pipelines)} if replicated else {}
     if verify:
-        others = {} if reference is None else {reference[0]: reference[1]}
-        plan, checked = verify_plans(args, model, inputs, prof, candidates, others, console)
-        reference = None if reference is None else (reference[0], checked[reference[0]])
-    return plan, reference
+        plan, others = verify_plans(args, model, inputs, prof, candidates, {**others, **piped},
+                                    console)
+    else:
+        plan = min(candidates, key=lambda c: c.predicted_step_ms)
+        others = {**others, **piped}
+    if piped and pipelines:
+        best_piped = min((others.pop(name) for name in piped),
+                         key=lambda c: c.predicted_step_ms)
+        if plan.replicas > 1:
+            others["the best pipeline"] = best_piped
+    return plan, list(others.items())
+
+
+def _fixed_layout_plan(args: argparse.Namespace, model: Any, inputs: Any, prof: Profile,
+                       plan: Plan, console: Console) -> tuple[Plan, list[tuple[str, Plan]]]:
+    """The best plan of the layout ``--replicas`` fixes, its stages verified unless
+    ``--no-verify``."""
+    if verifies(args, prof):
+        plan, _ = verify_plans(args, model, inputs, prof, [plan], {}, console)
+    return plan, []
 
 
 def _print_layouts(console: Console, layouts: Any, plan: Plan) -> None:
-    """The best plan of every stages × replicas layout, and one line when replicas win."""
-    from autosplit.report import faster_layout_line, layout_table
+    """The best plan of every stages × replicas layout, by block sums, the chosen one marked."""
+    from autosplit.report import layout_table
 
     console.print()
     if layouts.note:
         console.print(f" {layouts.note}")
     console.print(layout_table(layouts, plan))
-    line = faster_layout_line(layouts, plan)
-    if line is not None:
-        console.print(f" {line}")
 
 
 def _check_layout_options(args: argparse.Namespace) -> None:
@@ -172,24 +203,31 @@ def plan_command(args: argparse.Namespace) -> int:
     searched: dict[str, Any] = dict(kwargs, split_size=args.split_size, solver=args.solver,
                                     allreduce_bandwidth_bytes_per_s=args.allreduce_bandwidth)
     layouts = None
-    if (args.replicas or 1) > 1:  # a prediction only: no runtime places replicas yet
-        plan, reference = plan_layouts(prof, args.gpus, replicas=args.replicas,
-                                       **searched).best, None
+    if (args.replicas or 1) > 1:
+        fixed = plan_layouts(prof, args.gpus, replicas=args.replicas, **searched)
+        plan, references = _fixed_layout_plan(args, model, inputs, prof, fixed.best, console)
     else:
-        plan, reference = _pipeline_plan(args, source, model, inputs, prof, kwargs, console)
-        if not args.pipeline_only and not args.replicas:
-            layouts = plan_layouts(prof, args.gpus, **searched)
+        if not args.pipeline_only and not args.replicas and not args.emit:
+            try:
+                layouts = plan_layouts(prof, args.gpus, **searched)
+            except InfeasiblePlanError:  # nothing fits: the pipeline's planner says why
+                layouts = None
+        plan, references = _chosen_plan(args, source, model, inputs, prof, kwargs, layouts,
+                                        console)
     code = None
     if args.emit:
         from autosplit.codegen import emit
 
         code = emit(plan, source.ref, model=model, command=shlex.join(["autosplit", *args.argv]))
     console.print()
-    print_plan(console, plan, reference)
+    print_plan(console, plan, references)
     if memory is not None and args.gpus > 1:
         _one_device_note(console, prof, memory, kwargs)
     if layouts is not None:
         _print_layouts(console, layouts, plan)
+    elif args.emit and not args.pipeline_only and args.gpus > 1:
+        console.print(f"\n --emit writes a one-process pipeline: only pipelines of {args.gpus} "
+                      "stages were considered (plan without --emit to weigh data parallelism)")
     writes: dict[str, Any] = {"-o": plan.save}
     if code is not None:
         writes["--emit"] = lambda path: path.write_text(code)
