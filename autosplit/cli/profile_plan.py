@@ -4,6 +4,7 @@ beside."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 from typing import Any
 
@@ -18,8 +19,10 @@ from autosplit.cli.measuring import (
     verifies,
     verify_plans,
 )
+from autosplit.cli.topology_args import resolve_device_count, topology_for
 from autosplit.errors import InvalidInputError
 from autosplit.records import Plan, Profile
+from autosplit.topology import placements
 
 __all__ = ["profile_command", "plan_command", "manual_reference"]
 
@@ -153,6 +156,7 @@ def plan_command(args: argparse.Namespace) -> int:
     from autosplit.planner import plan_layouts
     from autosplit.report import print_plan
 
+    counts = resolve_device_count(args)
     _check_layout_options(args)
     console = make_console()
     memory, bandwidth = args.memory, args.bandwidth  # bytes, bytes per second (or None)
@@ -170,13 +174,28 @@ def plan_command(args: argparse.Namespace) -> int:
         bandwidth_bytes_per_s=bandwidth,
     )
     searched: dict[str, Any] = dict(kwargs, split_size=args.split_size, solver=args.solver,
-                                    allreduce_bandwidth_bytes_per_s=args.allreduce_bandwidth)
+                                    allreduce_bandwidth_bytes_per_s=args.allreduce_bandwidth,
+                                    max_stages=args.max_stages)
+    topology = None
+    if counts is not None:
+        topology = topology_for(counts, spec, prof.device.kind, bandwidth,
+                                args.inter_node_bandwidth)
+        searched.update(topology=topology, bandwidth_bytes_per_s=None)
+        kwargs["bandwidth_bytes_per_s"] = placements(topology, args.gpus, 1)[0].link_bytes_per_s
     layouts = None
     if (args.replicas or 1) > 1:  # a prediction only: no runtime places replicas yet
         plan, reference = plan_layouts(prof, args.gpus, replicas=args.replicas,
                                        **searched).best, None
+    elif args.gpus > min(len(prof.blocks), args.max_stages or args.gpus) and not (
+            args.pipeline_only):
+        # no pipeline of N stages: the best layout with replicas (a prediction only)
+        layouts = plan_layouts(prof, args.gpus, **searched)
+        plan, reference = layouts.best, None
     else:
         plan, reference = _pipeline_plan(args, source, model, inputs, prof, kwargs, console)
+        if topology is not None:
+            plan = dataclasses.replace(plan, placement="pp-inner",
+                                       devices_per_node=topology.per_node)
         if not args.pipeline_only and not args.replicas:
             layouts = plan_layouts(prof, args.gpus, **searched)
     code = None
