@@ -108,7 +108,8 @@ def replica_sync_ms(
     hides it. PyTorch DDP's gradient buckets start all-reducing during the backward (Li et al.,
     "PyTorch Distributed: Experiences on Accelerating Data Parallel Training", VLDB 2020, §3.2.3),
     so in practice part of it hides (o up to 1); whether it does on a given machine is a
-    measurement, not a default.
+    measurement, not a default: on 2 gloo CPU ranks of one thread each it does not
+    (``benchmarks/allreduce_overlap.py``: DDP's step is longer than backward + all-reduce).
     """
     if not 0.0 <= overlap <= 1.0:
         raise InvalidInputError(f"overlap must be within [0, 1], got {overlap}")

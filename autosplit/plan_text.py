@@ -58,6 +58,11 @@ def summary_lines(plan: Any) -> list[str]:
     if d > 1:
         lines.append(f"gradient all-reduce among {d} replicas: "
                      f"{format_ms(plan.replica_sync_ms)} per step, after the last backward")
+    if getattr(plan, "placement", ""):
+        from autosplit.topology import placement_text
+
+        lines.append(f"placement {placement_text(plan.placement, p, d, plan.devices_per_node)}"
+                     f" (nodes of {plan.devices_per_node} devices)")
     if plan.verification:
         lines.append(f"verified: {plan.verification}")
     if plan.speedup < 1 and claim is not None and not claim.within_noise:

@@ -181,6 +181,9 @@ class Profile:
         seconds: wall time the profiling took (s).
         shared: parameters that several blocks use (empty for models without tied weights).
         loss: the loss timed with the last block (:mod:`autosplit.losses`; older: ``"none"``).
+        allreduce_bytes_per_s: the all-reduce bus bandwidth measured on this machine's
+            backend (bytes/s, :func:`autosplit.collectives.measure_allreduce_bandwidth`), the
+            default for the replicas' gradient all-reduce; ``None`` when not measured.
     """
 
     model: str
@@ -199,6 +202,7 @@ class Profile:
     seconds: float = 0.0
     shared: tuple[SharedParam, ...] = ()
     loss: str = "none"
+    allreduce_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
         checked(self, lambda p: check_profile(
@@ -358,6 +362,13 @@ class Plan:
             saved before this field load with 1.
         replica_sync_ms: predicted exposed time of the replicas' gradient all-reduce per step
             (the stage with the most gradient bytes; 0 for one replica).
+        allreduce_bytes_per_s: the bandwidth that all-reduce was costed at (bytes/s), ``None``
+            for one replica.
+        placement: which mesh dimension is inner, i.e. on consecutive devices numbered node
+            by node: ``"pp-inner"`` (a replica's stages together: mesh ("dp", "pp")) or
+            ``"dp-inner"`` (a stage's replicas together: mesh ("pp", "dp")); ``""`` when
+            planned without a topology (:mod:`autosplit.topology`).
+        devices_per_node: G of the topology planned for, ``None`` without one.
     """
 
     model: str
@@ -381,6 +392,9 @@ class Plan:
     single_device_spread: float | None = None
     replicas: int = 1
     replica_sync_ms: float = 0.0
+    allreduce_bytes_per_s: float | None = None
+    placement: str = ""
+    devices_per_node: int | None = None
 
     def __post_init__(self) -> None:
         checked(self, lambda p: check_plan(

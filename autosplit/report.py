@@ -137,6 +137,8 @@ def layout_table(layouts: Layouts, chosen: Plan) -> Table:
                  "chosen" if mine else ""]
         if plan.replicas > 1:
             notes.append(f"all-reduce {format_ms(plan.replica_sync_ms)}")
+            if plan.placement and plan.stages[1:]:
+                notes.append(plan.placement)
         table.add_row(
             option.label,
             f"{plan.microbatches}×{plan.split_size}",

@@ -140,6 +140,14 @@ def check_ms(value: Any, path: str, what: str = "times") -> None:
         raise RecordError(path, f"is {value}: {what} must be finite and ≥ 0")
 
 
+def _check_bandwidth(value: Any, path: str) -> None:
+    """``None`` or a bandwidth (bytes/s): a finite number > 0."""
+    if value is not None:
+        check_ms(value, path, "bandwidths")
+        if value == 0:
+            raise RecordError(path, "is 0: a bandwidth must be > 0")
+
+
 def check_text(value: Any, path: str, *, empty: bool = False) -> None:
     """A string; non-empty unless ``empty``."""
     if not isinstance(value, str):
@@ -271,6 +279,7 @@ def check_profile(p: Any, *, block_type: type, cut_type: type, device_type: type
     check_count(p.warmup, "warmup")
     check_count(p.repeats, "repeats")
     check_ms(p.seconds, "seconds")
+    _check_bandwidth(p.allreduce_bytes_per_s, "allreduce_bytes_per_s")
 
 
 def check_stage(s: Any) -> None:
@@ -337,6 +346,10 @@ def check_plan(p: Any, *, stage_type: type, weight_type: type) -> None:
     check_choice(p.optimizer, "optimizer", KNOWN_OPTIMIZERS)
     for field in ("predicted_step_ms", "single_device_ms", "bound_step_ms", "replica_sync_ms"):
         check_ms(getattr(p, field), field)
+    _check_bandwidth(p.allreduce_bytes_per_s, "allreduce_bytes_per_s")
+    check_choice(p.placement, "placement", ("", "pp-inner", "dp-inner"))
+    if p.devices_per_node is not None:
+        check_size(p.devices_per_node, "devices_per_node")
     check_text(p.solver, "solver")
     check_row(p.candidates, "candidates", check_size, nonempty=True)
     if p.split_size not in p.candidates:

@@ -51,6 +51,18 @@ def test_analytic_benchmark_smoke(tmp_path) -> None:
         assert 0 < r["efficiency"] <= 1.5
 
 
+def test_scale_benchmark_smoke(tmp_path) -> None:
+    run_benchmark("scale.py", tmp_path)
+    data = json.loads((tmp_path / "scale_smoke.json").read_text())
+    (scale,) = data["scales"]
+    assert scale["devices"] == 4 and scale["topology"].startswith("2 nodes × 2 devices")
+    chosen = scale["chosen"]
+    assert chosen["stages"] * chosen["replicas"] == 4 and chosen["fits"]
+    steps = [o["step_ms"] for o in scale["options"] if o["fits"]]
+    assert chosen["step_ms"] == min(steps)
+    assert "| devices | topology |" in (tmp_path / "scale_smoke.md").read_text()
+
+
 def load_benchmark(name: str):  # type: ignore[no-untyped-def]
     """A benchmark script as a module (it puts benchmarks/ on sys.path for its own imports)."""
     spec = importlib.util.spec_from_file_location(f"benchmark_{name}", ROOT / "benchmarks" / f"{name}.py")

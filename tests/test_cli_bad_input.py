@@ -127,6 +127,19 @@ ROWS: dict[str, Row] = {
                                               "larger than the batch 20"),
     "--manual-split-size with no hand split": Row([*C, "--manual-split-size", "4"],
                                                   "needs a hand split"),
+    # devices in nodes
+    "no device count": Row(P[:2] + P[4:], "give the device count"),
+    "--nodes not dividing --gpus": Row([*P, "--nodes", "3"], "--nodes 3 does not divide --gpus 2"),
+    "--gpus-per-node not dividing --gpus": Row([*P, "--gpus-per-node", "4"],
+                                               "--gpus-per-node 4 does not divide --gpus 2"),
+    "--gpus against nodes × per node": Row([*P, "--nodes", "2", "--gpus-per-node", "2"],
+                                           "--gpus 2 differs from --nodes 2 × --gpus-per-node 2"),
+    "--nodes alone": Row([*P[:2], *P[4:], "--nodes", "2"], "does not say how many devices"),
+    "--nodes 0": Row([*P, "--nodes", "0"], "must be a positive integer"),
+    "--inter-node-bandwidth without nodes": Row([*P, "--inter-node-bandwidth", "1GB"],
+                                                "needs --nodes"),
+    "--inter-node-bandwidth 0": Row([*P, "--nodes", "2", "--inter-node-bandwidth", "0"],
+                                    "bandwidth"),
 }
 
 

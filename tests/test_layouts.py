@@ -31,9 +31,11 @@ def _compositions(n: int, p: int):
 
 
 def _brute_force(prof, devices: int, batch: int, capacity: float | None, schedule: str,
-                 allreduce: float) -> float:
+                 allreduce: float, links=None) -> float:
     """The smallest step over every (p, d, cuts, b), from the simulator and the cost formulas
-    written out here: pipeline step of B/d + the largest stage's gradient all-reduce."""
+    written out here: pipeline step of B/d + the largest stage's gradient all-reduce.
+    ``links(p, d)`` lists the (transfer, all-reduce) bandwidths of each placement of the layout
+    (default: one placement, ``BANDWIDTH`` and ``allreduce``)."""
     n = len(prof.blocks)
     factor = optimizer_factor("sgd")
     used = devices
@@ -45,27 +47,29 @@ def _brute_force(prof, devices: int, batch: int, capacity: float | None, schedul
             break
         used -= 1
     best = math.inf
-    for p, d in pairs:
+    placed = [(p, d, lw) for p, d in pairs
+              for lw in (links(p, d) if links else [(BANDWIDTH, allreduce)])]
+    for (p, d, (link, width)), k in itertools.product(placed, range(len(prof.microbatch_sizes))):
+        b = prof.microbatch_sizes[k]
         share = batch // d
-        for k, b in enumerate(prof.microbatch_sizes):
-            if b > share:
+        if b > share:
+            continue
+        m = math.ceil(share / b)
+        for balance in _compositions(n, p):
+            ends = list(itertools.accumulate(balance))
+            starts = [e - c for e, c in zip(ends, balance)]
+            blocks = [prof.blocks[s:e] for s, e in zip(starts, ends)]
+            memory = [sum(blk.param_bytes * factor
+                          + blk.saved_bytes[k] * in_flight(schedule, m, p, s)
+                          for blk in stage) for s, stage in enumerate(blocks)]
+            if capacity is not None and max(memory) > capacity:
                 continue
-            m = math.ceil(share / b)
-            for balance in _compositions(n, p):
-                ends = list(itertools.accumulate(balance))
-                starts = [e - c for e, c in zip(ends, balance)]
-                blocks = [prof.blocks[s:e] for s, e in zip(starts, ends)]
-                memory = [sum(blk.param_bytes * factor
-                              + blk.saved_bytes[k] * in_flight(schedule, m, p, s)
-                              for blk in stage) for s, stage in enumerate(blocks)]
-                if capacity is not None and max(memory) > capacity:
-                    continue
-                fwd = [sum(blk.fwd_ms[k] for blk in stage) for stage in blocks]
-                bwd = [sum(blk.bwd_ms[k] for blk in stage) for stage in blocks]
-                comm = [prof.cuts[e - 1].bytes[k] / BANDWIDTH * 1000 for e in ends[:-1]]
-                step = simulate(fwd, bwd, m, schedule, comm, comm).step_ms
-                grads = max(sum(blk.param_bytes for blk in stage) for stage in blocks)
-                best = min(best, step + replica_sync_ms(grads, d, allreduce))
+            fwd = [sum(blk.fwd_ms[k] for blk in stage) for stage in blocks]
+            bwd = [sum(blk.bwd_ms[k] for blk in stage) for stage in blocks]
+            comm = [prof.cuts[e - 1].bytes[k] / link * 1000 for e in ends[:-1]]
+            step = simulate(fwd, bwd, m, schedule, comm, comm).step_ms
+            grads = max(sum(blk.param_bytes for blk in stage) for stage in blocks)
+            best = min(best, step + replica_sync_ms(grads, d, width))
     return best
 
 

@@ -92,7 +92,25 @@ def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, cons
         f"measured micro-batch sizes {', '.join(map(str, prof.microbatch_sizes))} in "
         f"{prof.seconds:.1f} s"
     )
-    return prof
+    return _with_allreduce(prof, stages, console)
+
+
+def _with_allreduce(prof: Profile, stages: int, console: Console) -> Profile:
+    """``prof`` with the measured all-reduce bandwidth of 2 local ranks (gloo between CPU
+    workers, NCCL between GPUs), when planning for more than one device."""
+    import dataclasses
+
+    import torch
+
+    from autosplit.collectives import measure_allreduce_bandwidth
+
+    if stages < 2 or (prof.device.kind == "cuda" and torch.cuda.device_count() < 2):
+        return prof
+    width = measure_allreduce_bandwidth(2)
+    backend = "gloo between 2 CPU workers" if prof.device.kind == "cpu" else "NCCL, 2 GPUs"
+    console.print(f"measured the all-reduce ({backend}, 4 MiB): {width / 1e9:.2f} GB/s bus "
+                  "bandwidth")
+    return dataclasses.replace(prof, allreduce_bytes_per_s=width)
 
 
 def profile_for(args: argparse.Namespace, source: Any, model: Any, inputs: Any,

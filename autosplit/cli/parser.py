@@ -14,6 +14,7 @@ import autosplit.cli.devices as devices
 import autosplit.cli.profile_plan as profile_plan
 import autosplit.cli.run as run
 import autosplit.cli.show as show
+from autosplit.cli.topology_args import add_topology_arguments
 from autosplit.errors import InvalidInputError
 
 __all__ = ["EXIT_USAGE", "build_parser"]
@@ -151,7 +152,9 @@ def _add_plan_command(sub: Any) -> None:
                                    "devices, print the stage table and write plan.json.")
     _add_model_arguments(p)
     _add_profile_arguments(p)
-    p.add_argument("--gpus", type=_positive_int, required=True, metavar="N", help=GPUS_HELP)
+    p.add_argument("--gpus", type=_positive_int, metavar="N",
+                   help=GPUS_HELP + "; required unless --nodes and --gpus-per-node are given")
+    add_topology_arguments(p, _positive_int, _byte_size("bandwidth"))
     p.add_argument("--profile", metavar="profile.json",
                    help="plan from this profile instead of measuring")
     _add_memory_arguments(p, "optimizer assumed by the memory model: sgd, sgd-momentum, "

@@ -4,6 +4,7 @@ beside."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 from typing import Any
 
@@ -18,8 +19,10 @@ from autosplit.cli.measuring import (
     verifies,
     verify_plans,
 )
+from autosplit.cli.topology_args import resolve_device_count, topology_for
 from autosplit.errors import InfeasiblePlanError, InvalidInputError
 from autosplit.records import Plan, Profile
+from autosplit.topology import placements
 
 __all__ = ["profile_command", "plan_command", "manual_reference"]
 
@@ -114,14 +117,16 @@ def _chosen_plan(args: argparse.Namespace, source: Any, model: Any, inputs: Any,
     verify = verifies(args, prof)
     replicated = [] if layouts is None else [
         o.plan for o in layouts.options if o.plan is not None and o.replicas > 1]
-    try:
-        pipelines: tuple[Plan, ...] = plan_candidates(
-            prof, args.gpus, top_k=3 if verify else 1, split_size=args.split_size,
-            solver=args.solver, **kwargs)
-    except InfeasiblePlanError:
-        if not replicated:
-            raise
-        pipelines = ()
+    stages_max = min(len(prof.blocks), args.max_stages or args.gpus)
+    pipelines: tuple[Plan, ...] = ()
+    if args.gpus <= stages_max or not replicated:  # else no pipeline of --gpus stages
+        try:
+            pipelines = plan_candidates(
+                prof, args.gpus, top_k=3 if verify else 1, split_size=args.split_size,
+                solver=args.solver, **kwargs)
+        except InfeasiblePlanError:
+            if not replicated:
+                raise
     candidates = [*pipelines, *replicated]
     others: dict[str, Plan] = {}
     reference = manual_reference(prof, source, args, kwargs)
@@ -184,6 +189,7 @@ def plan_command(args: argparse.Namespace) -> int:
     from autosplit.planner import plan_layouts
     from autosplit.report import print_plan
 
+    counts = resolve_device_count(args)
     _check_layout_options(args)
     console = make_console()
     memory, bandwidth = args.memory, args.bandwidth  # bytes, bytes per second (or None)
@@ -201,19 +207,29 @@ def plan_command(args: argparse.Namespace) -> int:
         bandwidth_bytes_per_s=bandwidth,
     )
     searched: dict[str, Any] = dict(kwargs, split_size=args.split_size, solver=args.solver,
-                                    allreduce_bandwidth_bytes_per_s=args.allreduce_bandwidth)
+                                    allreduce_bandwidth_bytes_per_s=args.allreduce_bandwidth,
+                                    max_stages=args.max_stages)
+    topology = None
+    if counts is not None:
+        topology = topology_for(counts, spec, prof.device.kind, bandwidth,
+                                args.inter_node_bandwidth)
+        searched.update(topology=topology, bandwidth_bytes_per_s=None)
+        kwargs["bandwidth_bytes_per_s"] = placements(topology, args.gpus, 1)[0].link_bytes_per_s
     layouts = None
     if (args.replicas or 1) > 1:
         fixed = plan_layouts(prof, args.gpus, replicas=args.replicas, **searched)
         plan, references = _fixed_layout_plan(args, model, inputs, prof, fixed.best, console)
     else:
-        if not args.pipeline_only and not args.replicas and not args.emit:
+        if not args.pipeline_only and not args.emit:
             try:
                 layouts = plan_layouts(prof, args.gpus, **searched)
             except InfeasiblePlanError:  # nothing fits: the pipeline's planner says why
                 layouts = None
         plan, references = _chosen_plan(args, source, model, inputs, prof, kwargs, layouts,
                                         console)
+        if topology is not None and plan.replicas == 1:
+            plan = dataclasses.replace(plan, placement="pp-inner",
+                                       devices_per_node=topology.per_node)
     code = None
     if args.emit:
         from autosplit.codegen import emit

@@ -9,8 +9,14 @@ replicas all-reduce that stage's gradients, every stage at once over its own gro
 
     step(p, d) = pipeline_step(B / d; cuts, b) + (1 − o) · 2 (d − 1)/d · max_s G_s / W
 
-(:func:`autosplit.cost.replica_sync_ms`; o = 0 by default: not overlapped, the conservative
-choice). Pure data parallelism is p = 1, d = N: one device's step on B / N samples in
+(:func:`autosplit.cost.replica_sync_ms`; o = 0 by default: not overlapped. Measured on 2 gloo
+ranks of one CPU thread each, DistributedDataParallel's step took longer than the backward and
+the all-reduce one after the other (o from −0.2 to −2.5 over three sizes:
+``benchmarks/results/allreduce_overlap.md``): on CPU workers nothing hides the all-reduce, so
+o = 0 holds there; NCCL on GPUs overlaps in practice, which ``allreduce_overlap`` can say).
+W defaults to the all-reduce bandwidth measured on the real backend (``Profile.
+allreduce_bytes_per_s``, :mod:`autosplit.collectives`), else to the link bandwidth.
+Pure data parallelism is p = 1, d = N: one device's step on B / N samples in
 micro-batches of b (gradient accumulation when b < B / N) plus the all-reduce of every gradient.
 Memory per device is its stage's weights, gradients and optimizer state plus the activations
 in flight of its replica's B / d samples, as for a pipeline alone.
@@ -40,6 +46,7 @@ from autosplit.planner.search import SEARCH_LIMIT_S, _solve, candidate_sizes, pl
 from autosplit.planner.settings import PlanSettings, check_search
 from autosplit.records import Plan, Profile
 from autosplit.solve.exact import TIE_RTOL, solve_step
+from autosplit.topology import Topology, placements
 from autosplit.units import format_bytes
 
 __all__ = ["LayoutOption", "Layouts", "layout_pairs", "plan_layouts", "plan_replicated",
@@ -135,6 +142,7 @@ def plan_replicated(
 
     See the module docstring for the formula and the search. ``replicas=1`` is
     :func:`autosplit.planner.plan` itself. ``allreduce_bandwidth_bytes_per_s`` defaults to the
+    profile's measured all-reduce bandwidth (``Profile.allreduce_bytes_per_s``), else to the
     link bandwidth (``bandwidth_bytes_per_s``, itself defaulting per device kind:
     :data:`autosplit.devices.DEFAULT_LINK_BYTES_PER_S`); ``allreduce_overlap`` is o in [0, 1].
 
@@ -162,6 +170,8 @@ def plan_replicated(
     share = batch // replicas
     settings = PlanSettings.check(profile, stages, batch_size=share, **options)  # type: ignore
     check_search(split_size, solver, time_limit_s)
+    if allreduce_bandwidth_bytes_per_s is None:
+        allreduce_bandwidth_bytes_per_s = profile.allreduce_bytes_per_s
     width = settings.bandwidth_bytes_per_s if allreduce_bandwidth_bytes_per_s is None else (
         checks.positive_finite("allreduce_bandwidth_bytes_per_s",
                                allreduce_bandwidth_bytes_per_s, "bytes/s"))
@@ -214,6 +224,7 @@ def plan_replicated(
     single, _ = single_device_ms(profile, batch)
     return dataclasses.replace(
         piped, batch_size=batch, replicas=replicas, replica_sync_ms=synced,
+        allreduce_bytes_per_s=width,
         predicted_step_ms=piped.predicted_step_ms + synced,
         bound_step_ms=piped.bound_step_ms + synced, single_device_ms=single,
     )
@@ -227,9 +238,11 @@ def _max_stage(grads: Sequence[float], balance: Sequence[int]) -> float:
 
 def plan_layouts(
     profile: Profile,
-    devices: int = 2,
+    devices: int | None = None,
     *,
+    topology: Topology | None = None,
     replicas: int | None = None,
+    max_stages: int | None = None,
     pipeline_only: bool = False,
     batch_size: int | None = None,
     **options: object,
@@ -244,16 +257,41 @@ def plan_layouts(
     ``optimizer``, ``split_size``, ``bandwidth_bytes_per_s``,
     ``allreduce_bandwidth_bytes_per_s``, ``allreduce_overlap``, ``solver``, ``time_limit_s``).
 
+    ``max_stages`` bounds p (default: the profile's blocks): the exact search of a 1F1B step
+    takes long for tens of stages and hundreds of micro-batches (a minute per size for the
+    7.5B GPT at p = 16), and few plans gain from so deep a pipeline; the layouts it leaves
+    out are not in ``options``, and ``note`` says so.
+
+    ``devices`` defaults to the topology's N, else 2. With a ``topology``
+    (:class:`autosplit.topology.Topology`) each layout is planned for every placement worth
+    trying (:func:`autosplit.topology.placements`: which of pp and dp is the inner mesh
+    dimension), with the pipeline's transfers and the all-reduce at the bandwidth of the
+    slowest link they cross; the faster placement is kept (ties: ``"pp-inner"``) and recorded
+    in ``Plan.placement``. The link bandwidths then come from the topology:
+    ``bandwidth_bytes_per_s`` cannot be given too; ``allreduce_bandwidth_bytes_per_s`` (a
+    measured all-reduce) is the all-reduce's bandwidth inside a node.
+
     Raises:
-        InvalidInputError: ``replicas`` does not divide the batch or the devices, or a bad
-            argument.
+        InvalidInputError: ``replicas`` does not divide the batch or the devices, ``devices``
+            differs from the topology's, or a bad argument.
         InfeasiblePlanError: no layout fits ``memory_per_gpu`` (the smallest need is named).
     """
     checks.instance_of("profile", profile, Profile, "an autosplit Profile")
-    n_dev = checks.positive_int("devices", devices)
+    if topology is not None:
+        checks.instance_of("topology", topology, Topology, "an autosplit Topology")
+        if devices is not None and devices != topology.devices:
+            raise InvalidInputError(f"devices={devices} differs from the topology's "
+                                    f"{topology.describe()} = {topology.devices} devices")
+        if options.get("bandwidth_bytes_per_s") is not None:
+            raise InvalidInputError("bandwidth_bytes_per_s with a topology: its link "
+                                    "bandwidths come from the topology; give them there")
+    n_dev = checks.positive_int("devices", devices if devices is not None else (
+        topology.devices if topology is not None else 2))
     batch = checks.positive_int("batch_size", profile.batch_size if batch_size is None
                                 else batch_size)
     blocks = len(profile.blocks)
+    if max_stages is not None:
+        blocks = min(blocks, checks.positive_int("max_stages", max_stages))
     note = ""
     if pipeline_only or replicas is not None:
         d = 1 if replicas is None else checks.positive_int("replicas", replicas)
@@ -276,14 +314,20 @@ def plan_layouts(
             used -= 1
             pairs = layout_pairs(used, batch, blocks, smallest)
         if used < n_dev:
-            note = (f"no layout uses all {n_dev} devices (p ≤ {blocks} blocks; d must divide "
+            bound = (f"{blocks} blocks" if blocks == len(profile.blocks)
+                     else f"max_stages {blocks}")
+            note = (f"no layout uses all {n_dev} devices (p ≤ {bound}; d must divide "
                     f"the batch {batch} and leave each replica at least {smallest} samples): "
                     f"planning for {used}")
+        deeper = [p for p in range(blocks + 1, len(profile.blocks) + 1) if used % p == 0]
+        if deeper:
+            note = "; ".join(filter(None, (note, f"layouts of {', '.join(map(str, deeper))} "
+                                           f"stages not searched (max_stages {blocks})")))
     found: list[LayoutOption] = []
     failures: list[InfeasiblePlanError] = []
     for p, d in pairs:
         try:
-            one = plan_replicated(profile, p, d, batch_size=batch, **options)  # type: ignore
+            one = _plan_placed(profile, p, d, batch, topology, options)
         except InfeasiblePlanError as exc:
             failures.append(exc)
             found.append(LayoutOption(p, d, None, exc.min_capacity_bytes))
@@ -300,3 +344,32 @@ def plan_layouts(
             "memory_per_gpu", min_capacity_bytes=need)
     best = min(fits, key=lambda o: (o.plan.predicted_step_ms, o.replicas))  # type: ignore
     return Layouts(best.plan, tuple(found), pairs[0][0] * pairs[0][1], note)  # type: ignore
+
+
+def _plan_placed(profile: Profile, p: int, d: int, batch: int, topology: Topology | None,
+                 options: dict[str, object]) -> Plan:
+    """The best plan of layout (p, d) over its placements on ``topology`` (none: as given)."""
+    if topology is None:
+        return plan_replicated(profile, p, d, batch_size=batch, **options)  # type: ignore
+    rest = {k: v for k, v in options.items()
+            if k not in ("bandwidth_bytes_per_s", "allreduce_bandwidth_bytes_per_s")}
+    measured = options.get("allreduce_bandwidth_bytes_per_s") or profile.allreduce_bytes_per_s
+    best: Plan | None = None
+    failure: InfeasiblePlanError | None = None
+    for place in placements(topology, p, d, measured):  # type: ignore[arg-type]
+        try:
+            one = plan_replicated(profile, p, d, batch_size=batch,
+                                  bandwidth_bytes_per_s=place.link_bytes_per_s,
+                                  allreduce_bandwidth_bytes_per_s=place.allreduce_bytes_per_s,
+                                  **rest)  # type: ignore[arg-type]
+        except InfeasiblePlanError as exc:
+            failure = exc
+            continue
+        one = dataclasses.replace(one, placement=place.order,
+                                  devices_per_node=topology.per_node)
+        if best is None or one.predicted_step_ms < best.predicted_step_ms * (1 - TIE_RTOL):
+            best = one
+    if best is None:
+        assert failure is not None
+        raise failure
+    return best

@@ -34,11 +34,19 @@ from autosplit.specs.device_spec import (
     op_time_s,
     spec_from_mapping,
 )
-from autosplit.specs.named_devices import KNOWN_DEVICES, get_spec, known_names
+from autosplit.specs.named_devices import (
+    INTER_NODE_LINKS,
+    KNOWN_DEVICES,
+    get_spec,
+    inter_node_link,
+    known_names,
+)
 
 __all__ = [
     "DeviceSpec",
     "KNOWN_DEVICES",
+    "INTER_NODE_LINKS",
+    "inter_node_link",
     "DEFAULT_EFFICIENCY",
     "DEFAULT_BANDWIDTH_EFFICIENCY",
     "LINKS",

@@ -46,6 +46,11 @@ LINKS: dict[str, float] = {
     "pcie5-x16": 64e9,  # PCIe Gen5 x16: 128 GB/s total
     "pcie4-x16": 32e9,  # PCIe Gen4 x16: 64 GB/s total
     "loopback": 5e9,  # two CPU worker processes over gloo on one machine (a conservative figure)
+    # between nodes, per device (one NIC per GPU, as in DGX/HGX nodes)
+    "infiniband-ndr": 50e9,  # 400 Gb/s NDR InfiniBand (ConnectX-7) per GPU
+    "infiniband-hdr": 25e9,  # 200 Gb/s HDR InfiniBand (ConnectX-6) per GPU
+    "ethernet-100g": 12.5e9,  # 100 Gb/s Ethernet
+    "ethernet-25g": 3.125e9,  # 25 Gb/s Ethernet, a common link between CPU servers
 }
 """Link bandwidths in one direction (bytes/s), by link name."""
 

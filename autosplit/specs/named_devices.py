@@ -9,7 +9,7 @@ from autosplit import checks
 from autosplit.errors import InvalidInputError
 from autosplit.specs.device_spec import LINKS, DeviceSpec
 
-__all__ = ["KNOWN_DEVICES", "get_spec", "known_names"]
+__all__ = ["INTER_NODE_LINKS", "KNOWN_DEVICES", "get_spec", "inter_node_link", "known_names"]
 
 # ------------------------------------------------------------------------------ the devices
 
@@ -93,3 +93,25 @@ def get_spec(name: str) -> DeviceSpec:
             f"unknown device {name!r}: known devices are {', '.join(KNOWN_DEVICES)}; "
             "or describe yours in a JSON file (--device-spec FILE)"
         ) from None
+
+
+INTER_NODE_LINKS: dict[str, str] = {
+    # the network between nodes that such devices usually come with (DGX/HGX: one NIC per GPU)
+    "a100-40gb": "infiniband-hdr",  # DGX A100: 8 × ConnectX-6 200 Gb/s
+    "a100-80gb": "infiniband-hdr",
+    "h100-80gb": "infiniband-ndr",  # DGX H100: 8 × ConnectX-7 400 Gb/s
+    "h200": "infiniband-ndr",
+    "l4": "ethernet-100g",
+    "rtx-4090": "ethernet-100g",
+    "cpu-core": "ethernet-25g",
+}
+"""The link between nodes assumed for each named device (a name of :data:`LINKS`)."""
+
+
+def inter_node_link(spec: DeviceSpec) -> tuple[str, float]:
+    """The link between nodes of ``spec``'s devices, and its bandwidth per device (bytes/s,
+    one direction): :data:`INTER_NODE_LINKS` for a named device, else NDR InfiniBand for a
+    GPU and 25 Gb/s Ethernet for a CPU."""
+    name = INTER_NODE_LINKS.get(spec.name, "infiniband-ndr" if spec.kind == "cuda"
+                                else "ethernet-25g")
+    return name, LINKS[name]

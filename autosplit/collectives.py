@@ -1,0 +1,114 @@
+"""The all-reduce bandwidth of the real backend, measured as the replicas' gradients use it.
+
+Symbols: k ranks, n bytes all-reduced, t the measured time (s). A ring all-reduce sends and
+receives 2 (k − 1)/k · n bytes per rank (Patarasuk & Yuan 2009), so the figure returned is the
+"bus bandwidth"
+
+    W = 2 (k − 1)/k · n / t   (bytes/s),
+
+the W of :func:`autosplit.cost.replica_sync_ms`: planning with it predicts t again for n bytes.
+``k`` worker processes are started on this machine (gloo on CPUs, one thread each, as the
+runtime's CPU workers; NCCL on GPUs, one per rank), each all-reduces a tensor of n bytes after
+a warm-up, the ranks meet at a barrier before every timed round, and the median over the rounds
+of rank 0's time is kept (like :func:`autosplit.devices.measure_link_bandwidth`). The process
+start-up (a few seconds: each rank imports torch) is not timed.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Any
+
+from autosplit import checks
+from autosplit.errors import InvalidInputError
+
+__all__ = ["bus_bandwidth", "measure_allreduce_bandwidth"]
+
+
+def bus_bandwidth(nbytes: float, ranks: int, seconds: float) -> float:
+    """W = 2 (k − 1)/k · n / t (bytes/s) for an all-reduce of ``nbytes`` over ``ranks`` ranks
+    that took ``seconds``."""
+    return 2.0 * (ranks - 1) / ranks * nbytes / max(seconds, 1e-9)
+
+
+def _rank(rank: int, ranks: int, port: int, backend: str, nbytes: int, repeats: int,
+          results: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=ranks)
+    try:
+        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+        if backend == "nccl":
+            torch.cuda.set_device(device)
+        data = torch.ones(max(nbytes // 4, 1), dtype=torch.float32, device=device)
+        dist.all_reduce(data)  # warm-up: connections, buffers
+        seconds = []
+        for _ in range(repeats):
+            dist.barrier()
+            if backend == "nccl":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            dist.all_reduce(data)
+            if backend == "nccl":
+                torch.cuda.synchronize(device)
+            seconds.append(time.perf_counter() - t0)
+        if rank == 0:
+            results.put(statistics.median(seconds))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_allreduce_bandwidth(ranks: int = 2, nbytes: int = 4 * 2**20, repeats: int = 7,
+                                backend: str | None = None) -> float:
+    """The measured all-reduce bus bandwidth W of ``ranks`` local ranks (bytes/s; see the
+    module docstring), all-reducing ``nbytes`` bytes ``repeats`` times (median).
+
+    ``backend`` defaults to NCCL when there is a GPU per rank, else gloo. The figure is kept
+    for the process's lifetime: asking again with the same arguments measures nothing.
+
+    Raises:
+        ArgumentTypeError, InvalidInputError: a count that is not a positive integer, fewer
+            than 2 ranks, an unknown backend.
+    """
+    import torch
+
+    ranks = checks.positive_int("ranks", ranks)
+    nbytes = checks.positive_int("nbytes", nbytes)
+    repeats = checks.positive_int("repeats", repeats)
+    if backend is None:
+        backend = "nccl" if torch.cuda.device_count() >= ranks else "gloo"
+    checks.one_of("backend", backend, ("gloo", "nccl"))
+    if ranks < 2:
+        raise InvalidInputError(f"ranks={ranks}: an all-reduce is measured among 2 ranks or "
+                                "more")
+    key = (ranks, nbytes, repeats, backend)
+    if key not in _MEASURED:
+        _MEASURED[key] = _measure(ranks, nbytes, repeats, backend)
+    return _MEASURED[key]
+
+
+_MEASURED: dict[tuple[int, int, int, str], float] = {}
+
+
+def _measure(ranks: int, nbytes: int, repeats: int, backend: str) -> float:
+    import torch.multiprocessing as mp
+
+    from autosplit.distributed.launch import free_port
+
+    results = mp.get_context("spawn").SimpleQueue()
+    env = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"  # the ranks' intra-op threads, as the CPU workers'
+    try:
+        mp.start_processes(_rank, args=(ranks, free_port(), backend, nbytes, repeats, results),
+                           nprocs=ranks, join=True, start_method="spawn")
+    finally:
+        if env is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = env
+    return bus_bandwidth(nbytes, ranks, results.get())
