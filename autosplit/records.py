@@ -107,6 +107,23 @@ class BlockProfile:
         fwd_iqr_ms: interquartile range of the forward repeats at each size (ms): the spread
             of ``fwd_ms``; ``None`` for profiles that did not record it (older or analytic).
         bwd_iqr_ms: the same for ``bwd_ms``.
+        input_grad_ms: the part of the backward that computes the gradient of the block's
+            inputs (B of the zero-bubble schedules), ms per micro-batch; 0 when no input
+            needs one (the model's first block). ``None`` for profiles that did not record
+            it (older ones): the planner may then take ``bwd_ms`` as one piece.
+        weight_grad_ms: the part that computes the parameters' gradients (W), ms per
+            micro-batch, timed after ``input_grad_ms`` with the input-gradient pass's
+            intermediate gradients kept (as torch's zero-bubble stages run it): B + W is
+            ``bwd_ms`` plus the cost of splitting it (torch's graph walk, noticeable on tiny
+            blocks only); ``None`` as for ``input_grad_ms``. A block whose backward torch
+            cannot split counts as input-gradient work only (W = 0: nothing to defer).
+            Where they were measured and where estimated is ``Profile.backward_split``.
+        recompute_ms: the cost of recomputing the block's forward in the backward under
+            activation checkpointing (``torch.utils.checkpoint``, non-reentrant: the same
+            forward again, with grad on), ms per micro-batch; ``None`` for older profiles.
+        checkpoint_saved_bytes: bytes the block keeps for backward per micro-batch when it is
+            checkpointed: its tensor inputs only (deduplicated by storage); ``None`` for
+            older profiles.
     """
 
     name: str
@@ -120,6 +137,10 @@ class BlockProfile:
     saved_shared_bytes: tuple[int, ...] | None = None
     fwd_iqr_ms: tuple[float, ...] | None = None
     bwd_iqr_ms: tuple[float, ...] | None = None
+    input_grad_ms: tuple[float, ...] | None = None
+    weight_grad_ms: tuple[float, ...] | None = None
+    recompute_ms: tuple[float, ...] | None = None
+    checkpoint_saved_bytes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         checked(self, check_block)
@@ -180,6 +201,11 @@ class Profile:
         repeats: timed runs per block and size (the median is kept).
         seconds: wall time the profiling took (s).
         shared: parameters that several blocks use (empty for models without tied weights).
+        backward_split: how the blocks' ``input_grad_ms`` and ``weight_grad_ms`` were
+            obtained: ``"measured at b=…"`` (timed at those sizes; at the other sizes those
+            of the nearest of them, scaled by the ratio of the block's ``bwd_ms``),
+            ``"estimated"`` (analytic profiles: see :mod:`autosplit.analytic`), or ``""``
+            (not recorded: older profiles).
     """
 
     model: str
@@ -197,6 +223,7 @@ class Profile:
     repeats: int = 3
     seconds: float = 0.0
     shared: tuple[SharedParam, ...] = ()
+    backward_split: str = ""
 
     def __post_init__(self) -> None:
         checked(self, lambda p: check_profile(
@@ -260,6 +287,10 @@ class Stage:
             ``None`` when not verified.
         verified_spread: when verified, the relative spread of ``compute_ms`` (half its
             interquartile range over its median, a fraction); ``None`` when not verified.
+        checkpoint: whether the stage runs under activation checkpointing
+            (``torch.utils.checkpoint``, non-reentrant, RNG state preserved): it keeps only
+            what it receives for backward and recomputes its forward in the backward. Plans
+            saved before this field load with ``False``.
     """
 
     index: int
@@ -272,6 +303,7 @@ class Stage:
     memory_bytes: int
     block_sum_ms: float | None = None
     verified_spread: float | None = None
+    checkpoint: bool = False
 
     def __post_init__(self) -> None:
         checked(self, check_stage)
