@@ -21,6 +21,13 @@ block (:func:`autosplit.specs.op_time_s`), and :func:`profile_from_costs` packs 
 an ordinary :class:`~autosplit.records.Profile` with ``source="analytic"`` that the planner takes
 unchanged.
 
+What the schedules need beyond forward and backward is estimated, not counted (the profile
+says ``backward_split="estimated"``): the backward splits evenly into input-gradient (B) and
+weight-gradient (W) time — exact for a linear layer or convolution, whose two backward GEMMs
+have the forward's FLOPs each, and the usual assumption of the zero-bubble papers; a block
+reading only the model's inputs has no B (all its backward is W). Recomputation under
+activation checkpointing costs the forward again, and keeps the block's inputs.
+
 Attention: on meta, ``scaled_dot_product_attention`` would take its unfused math path, which
 keeps the b·h·t² attention matrix for backward. GPUs (and PyTorch's CPU kernel) run a fused
 flash attention that keeps only the output and a log-sum-exp, so with ``attention="flash"``
@@ -84,6 +91,7 @@ def profile_from_costs(costs: ModelCosts, spec: DeviceSpec) -> Profile:
                 output_bytes=tuple(c.output_bytes for c in row),
                 peak_bytes=None,
                 saved_shared_bytes=tuple(c.saved_shared_bytes for c in row),
+                **_estimated_split(row, spec, costs.dtype),
             )
         )
     cuts = tuple(
@@ -107,7 +115,22 @@ def profile_from_costs(costs: ModelCosts, spec: DeviceSpec) -> Profile:
         repeats=0,
         seconds=costs.seconds,
         shared=costs.shared,
+        backward_split="estimated",
     )
+
+
+def _estimated_split(row: Sequence[BlockCost], spec: DeviceSpec, dtype: str) -> dict[str, Any]:
+    """A block's input- and weight-gradient, recomputation times (ms) and bytes kept when
+    checkpointed, at every size: B = W = half the backward (W = all of it without an input
+    gradient), recomputation = the forward (see the module docstring)."""
+    bwd = [_ops_ms(c.bwd_ops, spec, dtype) for c in row]
+    share = [0.5 if c.input_grad else 0.0 for c in row]
+    return {
+        "input_grad_ms": tuple(t * f for t, f in zip(bwd, share)),
+        "weight_grad_ms": tuple(t * (1.0 - f) for t, f in zip(bwd, share)),
+        "recompute_ms": tuple(_ops_ms(c.fwd_ops, spec, dtype) for c in row),
+        "checkpoint_saved_bytes": tuple(c.input_bytes for c in row),
+    }
 
 
 def _ops_ms(ops: Sequence[tuple[int, int]], spec: DeviceSpec, dtype: str) -> float:

@@ -33,6 +33,7 @@ __all__ = [
     "segment_args",
     "spread_settled",
     "timed_run",
+    "timed_split_run",
     "warm_up",
     "within_budget",
 ]
@@ -56,6 +57,9 @@ class SizeResult:
         self.output_bytes = [0] * n
         self.peak_bytes = [0] * n
         self.cut_bytes = [0] * cuts
+        self.input_bytes = [0] * n
+        self.input_grad_ms: list[float] | None = None  # measured at this size, else None
+        self.weight_grad_ms: list[float] | None = None
 
 
 class SizeState:
@@ -137,12 +141,12 @@ def timed_run(seg: Segment, args: Sequence[Any], dev: torch.device,
 
     With ``loss`` (the last block), the forward time includes the loss's forward and the
     backward starts from the loss, as in training."""
-    with hooks or contextlib.nullcontext():
+    with hooks or contextlib.nullcontext():  # the loss's own saved tensors are not the block's
         t0 = _clock(dev)
         outputs = seg.module(*args)
-        needs_grad = any(t.requires_grad for t in tensor_leaves(outputs))
-        value = loss(outputs) if loss is not None and needs_grad else None
-        t1 = _clock(dev)
+    needs_grad = any(t.requires_grad for t in tensor_leaves(outputs))
+    value = loss(outputs) if loss is not None and needs_grad else None
+    t1 = _clock(dev)
     t2 = _clock(dev)
     if value is not None:
         value.backward()
@@ -150,6 +154,37 @@ def timed_run(seg: Segment, args: Sequence[Any], dev: torch.device,
         _backward(outputs, None)
     t3 = _clock(dev)
     return outputs, _elapsed_ms(t0, t1, dev), _elapsed_ms(t2, t3, dev) if needs_grad else 0.0
+
+
+def timed_split_run(seg: Segment, args: Sequence[Any], dev: torch.device) -> tuple[float, float]:
+    """The backward of one block in two passes, as torch's zero-bubble stages run it: (input
+    gradient ms, weight gradient ms) after an untimed forward.
+
+    The input pass is ``torch.distributed.pipelining``'s ``stage_backward_input`` (which
+    keeps the intermediate gradients the weights need), the weight pass its
+    ``stage_backward_weight``. A block none of whose inputs needs a gradient (the model's
+    first) has no input pass: its whole backward is weight work.
+    """
+    from torch.distributed.pipelining._backward import (
+        stage_backward_input,
+        stage_backward_weight,
+    )
+
+    outputs = [t.clone() if t._is_view() else t  # torch detaches outputs in place: no views
+               for t in tensor_leaves(seg.module(*args)) if t.requires_grad]
+    if not outputs:
+        return 0.0, 0.0
+    grads = [torch.ones_like(t) for t in outputs]
+    if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        t0 = _clock(dev)
+        torch.autograd.backward(outputs, grads)
+        return 0.0, _elapsed_ms(t0, _clock(dev), dev)
+    t0 = _clock(dev)
+    _, groups = stage_backward_input(outputs, grads, list(args), seg.module.parameters())
+    t1 = _clock(dev)
+    stage_backward_weight(seg.module.parameters(), groups)
+    t2 = _clock(dev)
+    return _elapsed_ms(t0, t1, dev), _elapsed_ms(t1, t2, dev)
 
 
 def warm_up(graph: BlockGraph, segments: Sequence[Segment], state: SizeState,
@@ -234,17 +269,24 @@ def measure_interleaved(
     deadline: Deadline,
     progress: Progress | None,
     loss: Loss | None = None,
+    split_at: int | None = None,
 ) -> dict[int, SizeResult]:
     """Measure every block at every size, block after block; within a block the sizes take
     turns, round after round (the order rotates each round), so that a machine slowing down
     or speeding up meanwhile shifts every size alike instead of one size against another.
-    The last block is timed with ``loss`` after it (see :func:`timed_run`)."""
+    The last block is timed with ``loss`` after it (see :func:`timed_run`).
+
+    At size ``split_at`` the backward is also timed in its two passes (:func:`timed_split_run`)
+    right after that size's run, in the first ``repeats`` timed rounds only (to keep the
+    overhead to about one more run of one size); a block whose backward torch cannot split
+    counts as input-gradient work only (W = 0)."""
     cuda = dev.type == "cuda"
     params = {_storage(p) for p in graph.module.parameters()}
     total = len(states) * len(segments)
     for i, seg in enumerate(segments):
         fwd: dict[int, list[float]] = {b: [] for b in states}
         bwd: dict[int, list[float]] = {b: [] for b in states}
+        split_ms: list[tuple[float, float]] = []
         saved: dict[int, dict[int, torch.Tensor]] = {b: {} for b in states}
         kept: dict[int, Any] = {}
         peak = dict.fromkeys(states, 0)
@@ -288,6 +330,13 @@ def measure_interleaved(
                 if run >= warmup:
                     fwd[b].append(f_ms)
                     bwd[b].append(b_ms)
+                if b == split_at and run < warmup + repeats:
+                    try:
+                        input_ms, weight_ms = timed_split_run(seg, state.args(graph, seg), dev)
+                    except Exception:  # noqa: BLE001  torch cannot split it: one piece
+                        input_ms, weight_ms = b_ms, 0.0
+                    if run >= warmup:
+                        split_ms.append((input_ms, weight_ms))
             round_s = time.perf_counter() - round_start
             run += 1
         for k, (b, state) in enumerate(states.items()):
@@ -308,6 +357,15 @@ def measure_interleaved(
             res.shared_bytes[i] = shared
             res.output_bytes[i] = nbytes(kept[b])
             res.peak_bytes[i] = int(peak[b])
+            res.input_bytes[i] = sum(
+                {_storage(v): v.untyped_storage().nbytes() for v in
+                 (state.env[n] for n in seg.inputs) if isinstance(v, torch.Tensor)}.values())
+            if b == split_at and split_ms:
+                if res.input_grad_ms is None or res.weight_grad_ms is None:
+                    res.input_grad_ms = [0.0] * len(segments)
+                    res.weight_grad_ms = [0.0] * len(segments)
+                res.input_grad_ms[i] = statistics.median(x for x, _ in split_ms)
+                res.weight_grad_ms[i] = statistics.median(w for _, w in split_ms)
             state.advance(graph, seg, kept[b])
             if progress is not None:
                 progress(i * len(states) + k + 1, total,

@@ -61,6 +61,10 @@ class BlockCost:
         saved_shared_bytes: bytes of this block's inputs that it and their producer both keep.
         output_bytes: bytes of the block's outputs.
         estimated: ``True`` when the backward could not run on meta and is 2× the forward.
+        input_bytes: bytes of the block's tensor inputs (storages counted once): what it
+            keeps for backward when checkpointed.
+        input_grad: whether an input of the block needs a gradient (not for a block reading
+            only the model's inputs).
     """
 
     fwd_flops: int
@@ -73,6 +77,8 @@ class BlockCost:
     saved_shared_bytes: int
     output_bytes: int
     estimated: bool = False
+    input_bytes: int = 0
+    input_grad: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,6 +391,11 @@ def _count_size(
                     saved_shared_bytes=shared,
                     output_bytes=nbytes(outputs),
                     estimated=estimated,
+                    input_bytes=sum({
+                        _storage_key(v): v.untyped_storage().nbytes() for v in
+                        (env[n] for n in seg.inputs) if isinstance(v, torch.Tensor)
+                    }.values()),
+                    input_grad=any(n not in graph.inputs for n in seg.inputs),
                 )
             )
             for out_name, value in zip(seg.outputs, outputs):

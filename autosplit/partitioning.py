@@ -22,7 +22,7 @@ from autosplit.cost import OPTIMIZER_STATE, SCHEDULES
 from autosplit.devices import default_devices, measure_link_bandwidth, resolve_device
 from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph, Granularity, leaf_module_list, trace
-from autosplit.pipeline import PipelinedModule
+from autosplit.pipeline import PipelinedModule, checkpoint_flags
 from autosplit.planner import memory_sizes
 from autosplit.planner import plan as make_plan
 from autosplit.profiler import check_inputs, profile_graph
@@ -73,6 +73,7 @@ def partition(
     leaf_modules: Sequence[type[nn.Module] | str] = (),
     profile_options: dict[str, Any] | None = None,
     verify: bool = True,
+    checkpoint: bool | Sequence[bool] | None = None,
 ) -> PipelinedModule:
     """Split ``model`` into a pipeline over several devices.
 
@@ -98,6 +99,10 @@ def partition(
         verify: when profiling, time the stages of the best few candidates as they run and
             choose among them on that (see :mod:`autosplit.verify`); ``False`` plans from
             block sums alone.
+        checkpoint: run stages under activation checkpointing (``torch.utils.checkpoint``,
+            non-reentrant, RNG state preserved; BatchNorm statistics updated once): ``None``
+            as the plan says (``Stage.checkpoint``), ``True`` / ``False`` every stage or none,
+            or one bool per stage. It changes what runs, not the plan or its predictions.
 
     Raises:
         ArgumentTypeError: an argument of the wrong type (``gpus="2"``, ``gpus=2.0``,
@@ -121,6 +126,7 @@ def partition(
     checks.one_of("granularity", granularity, ("block", "layer"))
     leaf_modules = leaf_module_list(leaf_modules)
     checks.optional(checks.instance_of, "profile_options", profile_options, dict, "a dict")
+    checkpoint_flags(checkpoint)
     devs = _devices(gpus, devices, plan)
     memory_sizes(memory_per_gpu, len(devs))
     options = PartitionOptions(
@@ -138,7 +144,8 @@ def partition(
                   example_inputs=inputs)
     if plan is not None:
         require_pipeline_only(plan, "partition()")
-        return PipelinedModule(model, devs, graph=graph, plan=plan, split_size=split_size)
+        return PipelinedModule(model, devs, graph=graph, plan=plan, split_size=split_size,
+                               checkpoint=checkpoint)
     if len(devs) > len(graph.blocks):
         raise InvalidInputError(
             f"gpus={len(devs)} is more than the model's {len(graph.blocks)} blocks: use at "
@@ -146,9 +153,11 @@ def partition(
         )
     if inputs is not None:
         made = plan_for_batch(graph, inputs, devs, options)
-        return PipelinedModule(model, devs, graph=graph, plan=made, split_size=split_size)
+        return PipelinedModule(model, devs, graph=graph, plan=made, split_size=split_size,
+                               checkpoint=checkpoint)
     planner = functools.partial(_graph_and_plan, graph, devices=devs, options=options)
-    return PipelinedModule(model, devs, split_size=split_size, planner=planner)
+    return PipelinedModule(model, devs, split_size=split_size, planner=planner,
+                           checkpoint=checkpoint)
 
 
 def plan_for_batch(

@@ -8,7 +8,9 @@ stages: split the batch into micro-batches of ``split_size``, run micro-batch i 
 clock tick i + s (GPipe's fill-drain order, later stages first within a tick), hand each stage's
 sent values (skip connections included) to the next stage's device, and concatenate the
 outputs. On CUDA the launches are asynchronous, so the stages overlap; backward overlaps
-through autograd's per-device threads.
+through autograd's per-device threads. A stage the plan marks ``checkpoint`` (or all, or
+those chosen with ``checkpoint=``) runs under activation checkpointing
+(:mod:`autosplit.checkpointing`).
 
 This module runs the graph and plan it is given: it never traces, profiles or plans. That
 policy is :func:`autosplit.partition` (:mod:`autosplit.partitioning`), which may hand over a
@@ -23,13 +25,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from autosplit import checks
+from autosplit.checkpointing import checkpointed
 from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph, Segment
 from autosplit.profiler import check_inputs
 from autosplit.records import Plan
 from autosplit.stages import StageLayout, concat, move, run_stage, split, stage_layout
 
-__all__ = ["PipelinedModule", "Planner"]
+__all__ = ["PipelinedModule", "Planner", "checkpoint_flags"]
 
 Planner = Callable[[tuple[torch.Tensor, ...]], tuple[BlockGraph, Plan]]
 """Policy called on the first batch of a lazily planned module: ``inputs -> (graph, plan)``."""
@@ -48,6 +52,9 @@ class PipelinedModule(nn.Module):
         split_size: micro-batch size b; ``None``: the plan's.
         planner: instead of ``graph`` and ``plan``, a callback that makes both from the
             first batch (called once, on the first forward).
+        checkpoint: which stages run under activation checkpointing: ``None`` those the plan
+            marks (``Stage.checkpoint``), ``True`` / ``False`` all or none, or one bool per
+            stage. Forcing it changes what runs, not the plan's predictions.
 
     Attributes:
         module: the original model.
@@ -55,7 +62,8 @@ class PipelinedModule(nn.Module):
 
     Raises:
         PlanMismatchError: the plan is not the graph's model's.
-        InvalidInputError: not one device per stage, or neither a plan nor a planner.
+        InvalidInputError: not one device per stage, neither a plan nor a planner, or not
+            one ``checkpoint`` flag per stage.
     """
 
     def __init__(
@@ -67,8 +75,11 @@ class PipelinedModule(nn.Module):
         plan: Plan | None = None,
         split_size: int | None = None,
         planner: Planner | None = None,
+        checkpoint: bool | Sequence[bool] | None = None,
     ) -> None:
         super().__init__()
+        self._force_checkpoint = checkpoint_flags(checkpoint)
+        self._checkpoint: tuple[bool, ...] = ()
         self.module = model
         self.devices = list(devices)
         self._planner = planner
@@ -101,6 +112,11 @@ class PipelinedModule(nn.Module):
         return self._plan.split_size if self._plan else None
 
     @property
+    def checkpointed(self) -> tuple[bool, ...]:
+        """Whether each stage runs under activation checkpointing (empty before planning)."""
+        return self._checkpoint
+
+    @property
     def stages(self) -> list[nn.Module]:
         """The stage modules, in pipeline order (they share the model's parameters)."""
         return [seg.module for seg in self._segments]
@@ -120,6 +136,12 @@ class PipelinedModule(nn.Module):
                 f"{len(self.devices)} devices for a plan of {len(plan.stages)} stages: give one "
                 "device per stage"
             )
+        force = self._force_checkpoint
+        if isinstance(force, tuple) and len(force) != len(plan.stages):
+            raise InvalidInputError(
+                f"checkpoint={list(force)} for a plan of {len(plan.stages)} stages: give one "
+                "flag per stage, or True or False for all"
+            )
         layout = stage_layout(graph, plan)
         segments = []
         for spec, dev in zip(layout.stages, self.devices):
@@ -128,6 +150,10 @@ class PipelinedModule(nn.Module):
             segments.append(seg)
         self._graph, self._layout, self._segments = graph, layout, segments
         self._borrowed = _borrowed_weights(graph, layout, self.devices, segments)
+        self._checkpoint = (
+            tuple(s.checkpoint for s in plan.stages) if force is None
+            else force if isinstance(force, tuple) else (force,) * len(plan.stages)
+        )
         self._plan = plan
         self._planner = None
 
@@ -173,6 +199,8 @@ class PipelinedModule(nn.Module):
             def body(*args: Any) -> Any:
                 return torch.func.functional_call(module, moved, args)
 
+        if self._checkpoint[s]:
+            body = checkpointed(body, module)
         assert self._layout is not None
         return run_stage(self._layout, s, body, move(received, dev))
 
@@ -182,7 +210,21 @@ class PipelinedModule(nn.Module):
         return (
             f"devices={[str(d) for d in self.devices]}, balance={list(self._plan.balance)}, "
             f"split_size={self.split_size}"
+            + (f", checkpoint={list(self._checkpoint)}" if any(self._checkpoint) else "")
         )
+
+
+def checkpoint_flags(value: Any) -> bool | tuple[bool, ...] | None:
+    """The ``checkpoint`` argument checked: ``None``, a bool, or a tuple of bools.
+
+    Raises:
+        ArgumentTypeError: anything else (``1``, ``"yes"``, ``[True, 0]`` …).
+    """
+    if value is None or isinstance(value, bool):
+        return value
+    return tuple(checks.sequence_of(
+        "checkpoint", value,
+        lambda name, v: checks.instance_of(name, v, bool, "True or False")))
 
 
 def _borrowed_weights(

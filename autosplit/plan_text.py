@@ -12,12 +12,20 @@ from typing import Any
 from autosplit.claims import ratio_with_spread, spread_text
 from autosplit.units import format_bytes, format_ms
 
-__all__ = ["plan_text", "summary_lines"]
+__all__ = ["plan_text", "summary_lines", "checkpoint_text"]
+
+
+def checkpoint_text(stage: Any) -> str:
+    """The stage table's checkpoint cell: ``"yes"`` or ``"no"``."""
+    return "yes" if getattr(stage, "checkpoint", False) else "no"
 
 
 def plan_text(plan: Any) -> str:
-    """The stage table and the summary lines, as ``str(plan)`` shows them."""
-    rows = [("stage", "device", "blocks", "compute/mb", "memory", "sends/mb")]
+    """The stage table and the summary lines, as ``str(plan)`` shows them; a checkpoint
+    column when a stage runs under activation checkpointing."""
+    recompute = any(getattr(s, "checkpoint", False) for s in plan.stages)
+    rows = [("stage", "device", "blocks", "compute/mb", "memory", "sends/mb",
+             *(("checkpoint",) if recompute else ()))]
     for s in plan.stages:
         span = s.blocks[0] if len(s.blocks) == 1 else f"{s.blocks[0]} … {s.blocks[-1]}"
         rows.append(
@@ -28,6 +36,7 @@ def plan_text(plan: Any) -> str:
                 format_ms(s.compute_ms) + spread_text(s.verified_spread),
                 format_bytes(s.memory_bytes),
                 format_bytes(s.send_bytes) if s.index < len(plan.stages) - 1 else "–",
+                *((checkpoint_text(s),) if recompute else ()),
             )
         )
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]

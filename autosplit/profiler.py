@@ -283,7 +283,8 @@ def profile_graph(
                     work, segments, states, dev, warmup, repeats, cap, failures, explicit,
                     Deadline(start, budget_s, estimate_ms, {b: b / b0 for b in chosen},
                               warmup + repeats),
-                    progress, loss_fn,
+                    progress, loss=loss_fn,
+                    split_at=b0 if b0 in chosen else chosen[0],
                 )
     finally:
         torch.set_num_threads(old_threads)
@@ -298,6 +299,7 @@ def profile_graph(
         ) from error
 
     order = sorted(measured)
+    split_sizes = [b for b in order if measured[b].input_grad_ms is not None]
     blocks = []
     for i, block in enumerate(graph.blocks):
         params = {name for name, _ in block.params}
@@ -320,6 +322,9 @@ def profile_graph(
                 if dev.type == "cuda" else None,
                 fwd_iqr_ms=tuple(measured[b].fwd_iqr_ms[i] for b in order),
                 bwd_iqr_ms=tuple(measured[b].bwd_iqr_ms[i] for b in order),
+                **_backward_split(measured, order, split_sizes, i),
+                recompute_ms=tuple(measured[b].fwd_ms[i] for b in order),
+                checkpoint_saved_bytes=tuple(measured[b].input_bytes[i] for b in order),
             )
         )
     cuts = tuple(
@@ -343,4 +348,25 @@ def profile_graph(
         seconds=round(time.perf_counter() - start, 3),
         shared=graph.shared_params,
         loss=loss,
+        backward_split=f"measured at b={', '.join(map(str, split_sizes))}" if split_sizes
+        else "",
     )
+
+
+def _backward_split(measured: dict[int, SizeResult], order: Sequence[int],
+                    split_sizes: Sequence[int], i: int) -> dict[str, Any]:
+    """Block ``i``'s ``input_grad_ms`` and ``weight_grad_ms`` at every size in ``order``: as
+    measured at ``split_sizes``; elsewhere those of the nearest measured size scaled by the
+    ratio of the block's ``bwd_ms`` at the two sizes (none when nothing was measured)."""
+    if not split_sizes:
+        return {}
+    rows: dict[str, list[float]] = {"input_grad_ms": [], "weight_grad_ms": []}
+    for b in order:
+        s = min(split_sizes, key=lambda s: (abs(s - b), s))
+        near = measured[s]
+        assert near.input_grad_ms is not None and near.weight_grad_ms is not None
+        base = near.bwd_ms[i]
+        scale = measured[b].bwd_ms[i] / base if base > 0 else 0.0
+        rows["input_grad_ms"].append(near.input_grad_ms[i] * (1.0 if b == s else scale))
+        rows["weight_grad_ms"].append(near.weight_grad_ms[i] * (1.0 if b == s else scale))
+    return {k: tuple(v) for k, v in rows.items()}

@@ -113,6 +113,10 @@ def from_json(tp: Any, value: Any, path: str = "") -> Any:
         if len(value) != len(args):
             raise RecordError(path, f"has {len(value)} items: expected {len(args)}")
         return tuple(from_json(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise RecordError(path, f"is {show(value)}: expected true or false")
+        return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise RecordError(path, f"is {show(value)}: expected a number")

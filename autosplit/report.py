@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autosplit.claims import ratio_with_spread, spread_text
+from autosplit.plan_text import checkpoint_text
 from autosplit.records import Plan
 from autosplit.units import format_bytes, format_ms
 
@@ -23,8 +24,10 @@ def _span(blocks: Sequence[str]) -> str:
 
 
 def stage_table(plan: Plan) -> Table:
-    """One row per stage: device, blocks, compute per micro-batch, memory, bytes sent."""
+    """One row per stage: device, blocks, compute per micro-batch, memory, bytes sent (and
+    whether it is checkpointed, when one is)."""
     table = Table(box=None, header_style="bold", pad_edge=False)
+    recompute = any(s.checkpoint for s in plan.stages)
     for name, justify in (
         ("stage", "right"),
         ("device", "left"),
@@ -32,6 +35,7 @@ def stage_table(plan: Plan) -> Table:
         ("compute/mb", "right"),
         ("memory", "right"),
         ("sends/mb", "right"),
+        *([("checkpoint", "left")] if recompute else []),
     ):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     last = len(plan.stages) - 1
@@ -43,6 +47,7 @@ def stage_table(plan: Plan) -> Table:
             format_ms(s.compute_ms) + spread_text(s.verified_spread),
             format_bytes(s.memory_bytes),
             "–" if s.index == last else format_bytes(s.send_bytes),
+            *([checkpoint_text(s)] if recompute else []),
         )
     return table
 

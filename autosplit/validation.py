@@ -31,6 +31,7 @@ __all__ = [
     "check_bytes",
     "check_ms",
     "check_text",
+    "check_flag",
     "check_choice",
     "check_row",
     "check_length",
@@ -148,6 +149,13 @@ def _check_bandwidth(value: Any, path: str) -> None:
             raise RecordError(path, "is 0: a bandwidth must be > 0")
 
 
+def check_flag(value: Any, path: str) -> None:
+    """A yes/no field: ``True`` or ``False`` (not 0, 1 or a string)."""
+    if not isinstance(value, bool):
+        raise RecordError(path, f"is {show(value)} (a {type(value).__name__}): expected true "
+                                "or false")
+
+
 def check_text(value: Any, path: str, *, empty: bool = False) -> None:
     """A string; non-empty unless ``empty``."""
     if not isinstance(value, str):
@@ -219,7 +227,9 @@ def _rows(block: Any) -> dict[str, Sequence[Any]]:
     rows = {"fwd_ms": block.fwd_ms, "bwd_ms": block.bwd_ms, "saved_bytes": block.saved_bytes,
             "output_bytes": block.output_bytes, "peak_bytes": block.peak_bytes,
             "saved_shared_bytes": block.saved_shared_bytes, "fwd_iqr_ms": block.fwd_iqr_ms,
-            "bwd_iqr_ms": block.bwd_iqr_ms}
+            "bwd_iqr_ms": block.bwd_iqr_ms, "input_grad_ms": block.input_grad_ms,
+            "weight_grad_ms": block.weight_grad_ms, "recompute_ms": block.recompute_ms,
+            "checkpoint_saved_bytes": block.checkpoint_saved_bytes}
     return {name: row for name, row in rows.items() if row is not None}
 
 
@@ -280,6 +290,12 @@ def check_profile(p: Any, *, block_type: type, cut_type: type, device_type: type
     check_count(p.repeats, "repeats")
     check_ms(p.seconds, "seconds")
     _check_bandwidth(p.allreduce_bytes_per_s, "allreduce_bytes_per_s")
+    check_text(p.backward_split, "backward_split", empty=True)
+    split = [b.input_grad_ms is None for b in p.blocks] + [
+        b.weight_grad_ms is None for b in p.blocks]
+    if len(set(split)) > 1:
+        raise RecordError("blocks", "give input_grad_ms and weight_grad_ms for every block or "
+                                    "for none")
 
 
 def check_stage(s: Any) -> None:
@@ -297,6 +313,7 @@ def check_stage(s: Any) -> None:
     for field in ("block_sum_ms", "verified_spread"):
         if getattr(s, field) is not None:
             check_ms(getattr(s, field), field)
+    check_flag(s.checkpoint, "checkpoint")
 
 
 def check_shared_weight(w: Any) -> None:

@@ -55,9 +55,12 @@ def assert_equivalent(model: nn.Module, pm: nn.Module, ref: nn.Module, inputs: S
     """Outputs, every parameter gradient and every buffer of ``pm`` equal ``ref``'s.
 
     ``tol``: extra arguments of ``torch.testing.assert_close`` (tolerances, ``check_device``),
-    for a pipeline on other devices than the reference.
+    for a pipeline on other devices than the reference. The reference starts from the random
+    state the pipeline started from (the same dropout masks where both draw in one order).
     """
+    rng = torch.get_rng_state()
     out = pm(*inputs)
+    torch.set_rng_state(rng)
     expected = reference_run(ref, inputs, split)
     torch.testing.assert_close(out, expected, **tol)
     loss_of(out).backward()

@@ -115,11 +115,14 @@ def test_profile_sizes_take_turns_round_after_round(fake_clock: None) -> None:
                                   warmup=1, repeats=3, budget_s=None)
     # the whole model once (untimed, at the first size), then the recorder's block: sizes take
     # turns, the order rotating each round (warm-up round, then three timed ones, whose spread
-    # is 0: no more)
-    assert CALLS == [2, 2, 3, 6, 3, 6, 2, 6, 2, 3, 2, 3, 6]
+    # is 0: no more); right after each run of the first size, 2, its backward is timed again
+    # in two passes (input, then weight gradient)
+    assert CALLS == [2, 2, 2, 3, 6, 3, 6, 2, 2, 6, 2, 2, 3, 2, 2, 3, 6]
     for block in prof.blocks:
         assert block.fwd_ms == block.bwd_ms == (1000.0, 1000.0, 1000.0)
         assert block.fwd_iqr_ms == block.bwd_iqr_ms == (0.0, 0.0, 0.0)
+    assert prof.backward_split == "measured at b=2"
+    assert prof.blocks[1].input_grad_ms == prof.blocks[1].weight_grad_ms == (1000.0,) * 3
 
 
 def test_profile_repeats_until_the_spread_is_small_or_the_cap(monkeypatch) -> None:
@@ -135,7 +138,8 @@ def test_profile_repeats_until_the_spread_is_small_or_the_cap(monkeypatch) -> No
     graph = trace(Recorded(), leaf_modules=[Recorder])
     profiler.profile_graph(graph, torch.randn(4, 4), microbatch_sizes=[2, 4], warmup=0,
                            repeats=3, max_repeats=5, budget_s=None)
-    assert CALLS[1:] == [2, 4, 4, 2, 2, 4, 4, 2, 2, 4]  # 5 rounds: the cap
+    # 5 rounds: the cap; the backward split is timed at size 2 in the first 3 (repeats) only
+    assert CALLS[1:] == [2, 2, 4, 4, 2, 2, 2, 2, 4, 4, 2, 2, 4]
 
 
 def test_profiles_without_spreads_still_load(tmp_path) -> None:

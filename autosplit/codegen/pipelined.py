@@ -50,12 +50,16 @@ class PipelinedClassWriter:
         self.values = values
         self.model_name = type(split.model).__name__
 
-    def source_text(self, stages: Sequence[StageCode]) -> str:
-        """The source of the pipelined class that builds and runs ``stages``."""
+    def source_text(
+        self, stages: Sequence[StageCode], checkpointed: Sequence[bool] = ()
+    ) -> str:
+        """The source of the pipelined class that builds and runs ``stages``; those marked in
+        ``checkpointed`` run under activation checkpointing (the ``checkpointed`` helper)."""
         tied = sorted(self.split.tied_stages())
         lines = self._init_lines(stages, tied)
         lines += self._forward_lines(len(stages))
-        lines += self._run_stage_lines(len(stages), tied)
+        lines += self._run_stage_lines(len(stages), tied, set(
+            s for s, on in enumerate(checkpointed) if on))
         if tied:
             lines += _tied_call_lines()
         return "\n".join(lines)
@@ -134,7 +138,7 @@ class PipelinedClassWriter:
         ]
         return lines + self._return_lines(p)
 
-    def _run_stage_lines(self, p: int, tied: list[int]) -> list[str]:
+    def _run_stage_lines(self, p: int, tied: list[int], checkpointed: set[int]) -> list[str]:
         split = self.split
         lines = [
             "",
@@ -152,7 +156,10 @@ class PipelinedClassWriter:
             outs = [f"v[{quoted(split.names[n])}]" for n in split.outputs_of(s)]
             lhs = ", ".join(outs) + " = " if outs else ""
             call = f"self.stage{s}"
-            if s in tied:
+            if s in checkpointed:
+                run = [f"run=lambda *a: self.call({s}, *a)"] if s in tied else []
+                call, args = "checkpointed", [call, *args, *run]
+            elif s in tied:
                 call, args = "self.call", [str(s), *args]
             if len(f"            {lhs}{call}(") <= LINE_LENGTH:
                 lines += call_lines(12, f"{lhs}{call}", args)

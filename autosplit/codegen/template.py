@@ -58,7 +58,7 @@ class ModuleWriter:
             self._loader(),
             *self._helpers(),
             *(stage.class_source for stage in stages if stage.class_source),
-            pipelined.source_text(stages),
+            pipelined.source_text(stages, [st.checkpoint for st in self.plan.stages]),
             pipelined.main_block(),
         ]
         head, imports, *rest = [part.rstrip("\n") for part in parts if part]
@@ -92,6 +92,7 @@ class ModuleWriter:
             lines.append(
                 f"  stage {st.index}  {st.device:<6} {block_span(st.blocks)}: "
                 f"{format_ms(st.compute_ms)} per micro-batch, {format_bytes(st.memory_bytes)}"
+                + (", checkpointed" if st.checkpoint else "")
             )
         lines.append(f"  profile       {plan.profile} · solver {plan.solver}")
         if plan.schedule != "gpipe":
@@ -123,7 +124,7 @@ class ModuleWriter:
     def _imports(self) -> str:
         """The import lines: the standard library, then torch and what the stages call."""
         from_file = {"functools", "importlib.util", "os", "sys"} if self.source.path else set()
-        std = {"importlib"} | from_file
+        std = {"importlib"} | from_file | ({"contextlib"} if self._checkpointed() else set())
         std |= {m for m in self.values.imports if m.split(".")[0] in sys.stdlib_module_names}
         other = {m for m in self.values.imports if m.split(".")[0] not in sys.stdlib_module_names}
         if self.source.path:
@@ -131,6 +132,8 @@ class ModuleWriter:
         lines = [f"import {m}" for m in sorted(std)] + [""]
         lines += [f"import {m}" for m in sorted(other | {"torch"})]
         lines.append("from torch import nn")
+        if self._checkpointed():
+            lines.append("from torch.utils.checkpoint import checkpoint")
         if crosses_non_tensor(self.split) or not single_tensor_output(self.split):
             lines.append("from torch.utils import _pytree as pytree")
         return "\n".join(lines)
@@ -182,9 +185,41 @@ class ModuleWriter:
             "    return module",
         )
 
+    def _checkpointed(self) -> bool:
+        """Whether a stage runs under activation checkpointing."""
+        return any(st.checkpoint for st in self.plan.stages)
+
     def _helpers(self) -> list[str]:
-        """The helper functions the pipelined class uses: tied_weights, move, concat."""
+        """The helper functions the pipelined class uses: tied_weights, move, concat,
+        checkpointed."""
         out = []
+        if self._checkpointed():
+            out.append(joined(
+                "def checkpointed(stage, *args, run=None):",
+                '    """run(*args) (default stage(*args)) under activation checkpointing: only',
+                "    args are kept for backward, which first runs the forward again (drawing the",
+                "    same random numbers). The stage's buffers (BatchNorm statistics) are put",
+                "    back after that rerun, so that they update once per micro-batch.",
+                '    """',
+                "    return checkpoint(",
+                "        run or stage,",
+                "        *args,",
+                "        use_reentrant=False,",
+                "        context_fn=lambda: (contextlib.nullcontext(), buffers_kept(stage)),",
+                "    )",
+            ))
+            out.append(joined(
+                "@contextlib.contextmanager",
+                "def buffers_kept(module):",
+                '    """Put the buffers of module back as they were on entering."""',
+                "    saved = [(b, b.detach().clone()) for b in module.buffers()]",
+                "    try:",
+                "        yield",
+                "    finally:",
+                "        with torch.no_grad():",
+                "            for b, value in saved:",
+                "                b.copy_(value)",
+            ))
         if self.split.tied_stages():
             out.append(joined(
                 "def tied_weights(stages, devices):",

@@ -1,0 +1,241 @@
+"""The profile records: what was measured (or estimated) per block, and on what (no torch import).
+
+:class:`Profile` and its parts are frozen dataclasses with an exact JSON round trip, checked
+field by field when built (:mod:`autosplit.validation`); :mod:`autosplit.records` re-exports
+them beside the plan records. Times are milliseconds (``_ms``), sizes bytes (``_bytes``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from autosplit.errors import InvalidInputError
+from autosplit.record_json import load_record, save_record
+from autosplit.validation import check_block, check_cut, check_device, check_profile, checked
+
+__all__ = ["DeviceInfo", "BlockProfile", "CutProfile", "SharedParam", "Profile", "fingerprint_of"]
+
+
+def fingerprint_of(blocks: Sequence[tuple[str, Sequence[tuple[str, Sequence[int]]]]]) -> str:
+    """A short hash of the block names and the (name, shape) of every parameter in each block.
+
+    Two models with the same fingerprint can share profiles and plans.
+    """
+    canonical = json.dumps(
+        [[name, [[pname, list(shape)] for pname, shape in params]] for name, params in blocks],
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """What a profile was measured on.
+
+    Attributes:
+        kind: ``"cpu"`` or ``"cuda"``.
+        name: human description, e.g. ``"cpu worker (1 thread)"`` or the GPU's name.
+        threads: intra-op threads of a CPU worker, ``None`` on CUDA.
+        memory_bytes: memory of the device when known (CUDA total memory), else ``None``.
+    """
+
+    kind: str
+    name: str
+    threads: int | None = None
+    memory_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        checked(self, check_device)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockProfile:
+    """Measurements of one block; every tuple is aligned with ``Profile.microbatch_sizes``.
+
+    Attributes:
+        name: block name (the module path of its first node, e.g. ``"layer3.0"``).
+        param_bytes: bytes of the parameters the block owns.
+        buffer_bytes: bytes of the buffers the block owns (BatchNorm statistics, …).
+        fwd_ms: forward time of one micro-batch, median of repeats.
+        bwd_ms: backward time of one micro-batch, median of repeats.
+        saved_bytes: bytes kept alive for backward per micro-batch (deduplicated by storage,
+            parameters excluded, and without inputs that the block producing them already
+            keeps: summed over consecutive blocks, it is what the whole run keeps).
+        output_bytes: bytes of the block's outputs per micro-batch.
+        peak_bytes: on CUDA, the measured peak allocation above the resting level during the
+            block's forward and backward; ``None`` elsewhere.
+        saved_shared_bytes: bytes of this block's inputs that it keeps for backward and that
+            the block producing them keeps too; a stage whose first block this is holds them
+            again (its received copy). ``None`` means zero.
+        fwd_iqr_ms: interquartile range of the forward repeats at each size (ms): the spread
+            of ``fwd_ms``; ``None`` for profiles that did not record it (older or analytic).
+        bwd_iqr_ms: the same for ``bwd_ms``.
+        input_grad_ms: the part of the backward that computes the gradient of the block's
+            inputs (B of the zero-bubble schedules), ms per micro-batch; 0 when no input
+            needs one (the model's first block). ``None`` for profiles that did not record
+            it (older ones): the planner may then take ``bwd_ms`` as one piece.
+        weight_grad_ms: the part that computes the parameters' gradients (W), ms per
+            micro-batch, timed after ``input_grad_ms`` with the input-gradient pass's
+            intermediate gradients kept (as torch's zero-bubble stages run it): B + W is
+            ``bwd_ms`` plus the cost of splitting it (torch's graph walk, noticeable on tiny
+            blocks only); ``None`` as for ``input_grad_ms``. A block whose backward torch
+            cannot split counts as input-gradient work only (W = 0: nothing to defer).
+            Where they were measured and where estimated is ``Profile.backward_split``.
+        recompute_ms: the cost of recomputing the block's forward in the backward under
+            activation checkpointing (``torch.utils.checkpoint``, non-reentrant: the same
+            forward again, with grad on), ms per micro-batch; ``None`` for older profiles.
+        checkpoint_saved_bytes: bytes the block keeps for backward per micro-batch when it is
+            checkpointed: its tensor inputs only (deduplicated by storage); ``None`` for
+            older profiles.
+    """
+
+    name: str
+    param_bytes: int
+    buffer_bytes: int
+    fwd_ms: tuple[float, ...]
+    bwd_ms: tuple[float, ...]
+    saved_bytes: tuple[int, ...]
+    output_bytes: tuple[int, ...]
+    peak_bytes: tuple[int, ...] | None = None
+    saved_shared_bytes: tuple[int, ...] | None = None
+    fwd_iqr_ms: tuple[float, ...] | None = None
+    bwd_iqr_ms: tuple[float, ...] | None = None
+    input_grad_ms: tuple[float, ...] | None = None
+    weight_grad_ms: tuple[float, ...] | None = None
+    recompute_ms: tuple[float, ...] | None = None
+    checkpoint_saved_bytes: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        checked(self, check_block)
+
+
+@dataclass(frozen=True, slots=True)
+class CutProfile:
+    """A cut candidate between block ``index`` and ``index + 1``.
+
+    Attributes:
+        index: the cut lies after block ``index``.
+        tensors: names of every tensor live across the cut (skip connections included).
+        bytes: total bytes of those tensors per micro-batch, aligned with the profile's sizes.
+    """
+
+    index: int
+    tensors: tuple[str, ...]
+    bytes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        checked(self, check_cut)
+
+
+@dataclass(frozen=True, slots=True)
+class SharedParam:
+    """A parameter that several blocks use (a tied embedding and output layer …).
+
+    Attributes:
+        name: its qualified name in the model (the first of its names, ``"embed.weight"``).
+        blocks: indices of the blocks that use it (directly or through a module), ascending;
+            the first of them counts it in its ``param_bytes``.
+        bytes: its size in bytes.
+    """
+
+    name: str
+    blocks: tuple[int, ...]
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Per-block measurements of a model on one kind of device.
+
+    Attributes:
+        model: the model's class name.
+        fingerprint: see :func:`fingerprint_of`.
+        blocks: one entry per block, in execution order.
+        cuts: ``len(blocks) - 1`` cut candidates.
+        microbatch_sizes: the sizes b that were measured, ascending.
+        batch_size: the batch size B of the example inputs.
+        input_shapes: shapes of the example inputs (full batch).
+        input_dtypes: dtypes of the example inputs, e.g. ``"torch.float32"``.
+        device: what was measured on.
+        torch_version: ``torch.__version__`` at measurement.
+        source: ``"measured"`` (timings from running the blocks) or ``"analytic"`` (estimated
+            from FLOPs and bytes for a device spec, see :mod:`autosplit.analytic`).
+        warmup: untimed runs per block and size before timing.
+        repeats: timed runs per block and size (the median is kept).
+        seconds: wall time the profiling took (s).
+        shared: parameters that several blocks use (empty for models without tied weights).
+        loss: the loss timed with the last block (:mod:`autosplit.losses`; older: ``"none"``).
+        allreduce_bytes_per_s: the all-reduce bus bandwidth measured on this machine's
+            backend (bytes/s, :func:`autosplit.collectives.measure_allreduce_bandwidth`), the
+            default for the replicas' gradient all-reduce; ``None`` when not measured.
+        backward_split: how the blocks' ``input_grad_ms`` and ``weight_grad_ms`` were
+            obtained: ``"measured at b=…"`` (timed at those sizes; at the other sizes those
+            of the nearest of them, scaled by the ratio of the block's ``bwd_ms``),
+            ``"estimated"`` (analytic profiles: see :mod:`autosplit.analytic`), or ``""``
+            (not recorded: older profiles).
+    """
+
+    model: str
+    fingerprint: str
+    blocks: tuple[BlockProfile, ...]
+    cuts: tuple[CutProfile, ...]
+    microbatch_sizes: tuple[int, ...]
+    batch_size: int
+    input_shapes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
+    device: DeviceInfo
+    torch_version: str
+    source: str = "measured"
+    warmup: int = 1
+    repeats: int = 3
+    seconds: float = 0.0
+    shared: tuple[SharedParam, ...] = ()
+    loss: str = "none"
+    allreduce_bytes_per_s: float | None = None
+    backward_split: str = ""
+
+    def __post_init__(self) -> None:
+        checked(self, lambda p: check_profile(
+            p, block_type=BlockProfile, cut_type=CutProfile, device_type=DeviceInfo))
+
+    @property
+    def block_names(self) -> tuple[str, ...]:
+        """Names of the blocks, in order."""
+        return tuple(b.name for b in self.blocks)
+
+    def size_index(self, b: int) -> int:
+        """Position of micro-batch size ``b`` in ``microbatch_sizes``.
+
+        Raises:
+            InvalidInputError: ``b`` was not measured; the message lists what was.
+        """
+        try:
+            return self.microbatch_sizes.index(b)
+        except ValueError:
+            raise InvalidInputError(
+                f"micro-batch size {b} was not profiled; measured sizes are "
+                f"{list(self.microbatch_sizes)}: pick one of them or profile with "
+                f"microbatch_sizes=[…, {b}]"
+            ) from None
+
+    def describe(self) -> str:
+        """One line: how and where this profile was made."""
+        return f"{self.source} on {self.device.name}, torch {self.torch_version}"
+
+    def save(self, path: str | Path) -> None:
+        """Write the profile as JSON."""
+        save_record(self, "profile", path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        """Read a profile written by :meth:`save`.
+
+        Raises:
+            PlanFileError: the file is missing, not JSON, or a field is wrong; the message
+                names the file and the field.
+        """
+        return load_record(cls, "profile", path)
