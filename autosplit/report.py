@@ -142,7 +142,7 @@ def layout_table(layouts: Layouts, chosen: Plan) -> Table:
         if plan.replicas > 1:
             notes.append(f"all-reduce {format_ms(plan.replica_sync_ms)}")
             if not mine:
-                notes.append("autosplit run cannot run replicas yet")
+                notes.append(f"--replicas {plan.replicas}")
         table.add_row(
             option.label,
             f"{plan.microbatches}×{plan.split_size}",
@@ -171,4 +171,4 @@ def faster_layout_line(layouts: Layouts, chosen: Plan) -> str | None:
     if claim.within_noise or claim.ratio <= 1:
         return None
     return (f"{best.label} is predicted ×{claim.ratio:.2f} faster than this pipeline (block "
-            f"sums): autosplit run cannot run replicas yet — use DistributedDataParallel")
+            f"sums): plan it with --replicas {best.replicas} and train it with autosplit run")

@@ -185,11 +185,11 @@ def test_plan_replicas_round_trips_and_old_files_load(tmp_path) -> None:
         dataclasses.replace(dp, replicas=4)  # m no longer ceil(B / d / b)
 
 
-def test_runtimes_refuse_replicas() -> None:
+def test_one_process_refuses_replicas() -> None:
     dp = plan_replicated(_dp_wins_profile(), 1, 2)
-    with pytest.raises(InvalidInputError, match="cannot run replicas yet"):
-        require_pipeline_only(dp, "autosplit run")
-    require_pipeline_only(plan(_dp_wins_profile(), 2), "autosplit run")
+    with pytest.raises(InvalidInputError, match=r"needs 2 processes: train it with `autosplit run"):
+        require_pipeline_only(dp, "partition()")
+    require_pipeline_only(plan(_dp_wins_profile(), 2), "partition()")
 
 
 MODEL = '''
@@ -231,7 +231,7 @@ def test_cli_shows_the_layouts_and_says_data_parallel_is_faster(tmp_path, capsys
     assert "layout 2 stages × 1 replica" in out
     assert "data parallel ×2" in out and "pipeline 2 stages" in out
     assert "is predicted ×" in out and "faster than this pipeline" in out
-    assert "use DistributedDataParallel" in out
+    assert "train it with autosplit run" in out
     assert Plan.load(out_plan).replicas == 1  # the runnable pipeline is still the one chosen
 
     assert main(["plan", model, "--gpus", "2", "--profile", prof, "--pipeline-only",
@@ -243,9 +243,9 @@ def test_cli_shows_the_layouts_and_says_data_parallel_is_faster(tmp_path, capsys
     assert "layout 1 stage × 2 replicas" in capsys.readouterr().out
     assert Plan.load(out_plan).replicas == 2
 
-    assert main(["run", model, "--plan", str(out_plan)]) == 2
+    assert main(["run", model, "--plan", str(out_plan), "--nproc", "3"]) == 2  # before launching
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "cannot run replicas yet" in err[0], err
+    assert len(err) == 1 and "runs on a multiple of 2 ranks" in err[0], err
 
 
 def test_cli_memory_limit_shows_does_not_fit(tmp_path, capsys) -> None:
@@ -270,5 +270,5 @@ def test_partition_refuses_a_plan_with_replicas() -> None:
     x = torch.randn(8, 4)
     prof = autosplit.profile(model, (x,), microbatch_sizes=[2], repeats=1, budget_s=0)
     plan = dataclasses.replace(plan_with_balance(prof, (1, 1), 2), replicas=2, microbatches=2)
-    with pytest.raises(autosplit.InvalidInputError, match=r"partition\(\) cannot run replicas"):
+    with pytest.raises(autosplit.InvalidInputError, match=r"partition\(\) runs one pipeline in one"):
         autosplit.partition(model, plan=plan)

@@ -172,7 +172,7 @@ def plan_command(args: argparse.Namespace) -> int:
     searched: dict[str, Any] = dict(kwargs, split_size=args.split_size, solver=args.solver,
                                     allreduce_bandwidth_bytes_per_s=args.allreduce_bandwidth)
     layouts = None
-    if (args.replicas or 1) > 1:  # a prediction only: no runtime places replicas yet
+    if (args.replicas or 1) > 1:  # stages × replicas: autosplit run trains it on N ranks
         plan, reference = plan_layouts(prof, args.gpus, replicas=args.replicas,
                                        **searched).best, None
     else:
