@@ -89,7 +89,7 @@ def check(cases: list[tuple[str, Plan, float]], ranks: int, steps: int = 2
 
 
 def test_two_stages_times_two_replicas_train_like_one_process() -> None:
-    """4 ranks: replica 0 on ranks 0, 1, replica 1 on ranks 2, 3 (one launch, three runs).
+    """4 ranks: replica 0 on ranks 0, 1, replica 1 on ranks 2, 3 (one launch, four runs).
 
     LongSkip under GPipe and 1F1B: a skip connection crosses the cut, BatchNorm keeps
     statistics. TiedLM: the embedding (stage 0) and the head (stage 1) share one weight,
@@ -97,9 +97,12 @@ def test_two_stages_times_two_replicas_train_like_one_process() -> None:
     """
     cases = [("skip", hybrid_plan("skip", (3, 4), 2, schedule=s), 0.1) for s in ("gpipe", "1f1b")]
     cases.append(("tied", hybrid_plan("tied", (3, 4), 2), LR))
-    skip_gpipe, skip_1f1b, tied = check(cases, 4)
+    # 4 stages on 2 pipeline ranks × 2 replicas: interleaved schedule (ScheduleLoopedBFS)
+    cases.append(("skip", hybrid_plan("skip", (2, 2, 2, 1), 2, m=4), 0.1))
+    skip_gpipe, skip_1f1b, tied, looped = check(cases, 4)
     for got in (skip_gpipe, skip_1f1b, tied):
         assert got["stages_per_rank"] == [[0], [1], [0], [1]]
+    assert looped["stages_per_rank"] == [[0, 2], [1, 3], [0, 2], [1, 3]]
     assert {"norm.running_mean", "out.weight", "inp.weight"} <= skip_1f1b["copies"]
     assert "embed.weight" in tied["copies"]
 
@@ -120,12 +123,25 @@ def test_dead_rank_ends_a_hybrid_run() -> None:
     assert time.monotonic() - start < LONG_TIMEOUT_S  # ended by the failure, not the timeout
 
 
-def test_replicas_need_a_multiple_of_their_ranks(one_rank_group: None) -> None:  # noqa: F811
+def test_bad_replica_layouts_are_refused(one_rank_group: None) -> None:  # noqa: F811
     plan = hybrid_plan("toy", (1, 1), 2)
     with pytest.raises(InvalidInputError, match="multiple of 2 ranks"):
         distributed.Trainer(build("toy"), plan, lambda out, y: out.sum())
     with pytest.raises(InvalidInputError, match="mesh="):
         distributed.Trainer(build("toy"), plan, lambda out, y: out.sum(), group=dist.group.WORLD)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from autosplit.distributed.replicas import replicate_stages
+
+    flat = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+    with pytest.raises(InvalidInputError, match=r"dimensions \('dp', 'pp'\)"):
+        distributed.mesh_place(1, torch.device("cpu"), mesh=flat)
+    square = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "pp"))
+    place = distributed.mesh_place(1, torch.device("cpu"), mesh=square)
+    shared = torch.nn.Linear(2, 2)  # one layer in two stages held by this rank
+    with pytest.raises(InvalidInputError, match="used by two stages of one rank"):
+        replicate_stages([torch.nn.Sequential(shared), torch.nn.Sequential(shared)], place,
+                         torch.device("cpu"))
 
 
 def test_cli_run_trains_a_hybrid_plan_on_four_ranks(tmp_path: Path,
