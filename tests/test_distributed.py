@@ -142,7 +142,7 @@ def train_and_gather(name: str, plan: Plan, steps: int, lr: float = 0.1) -> list
     """Train ``steps`` SGD steps of ``plan`` on this rank; rank 0 gets every rank's
     ``(losses, snapshots, stage indices)``, the other ranks ``None``."""
     model = build(name)
-    inputs, targets = batch(name, plan.split_size * plan.microbatches)
+    inputs, targets = batch(name, plan.batch_size)  # d·m·b rows: every replica's
     trainer = distributed.Trainer(model, plan, loss_fn, lambda ps: torch.optim.SGD(ps, lr=lr))
     losses, snaps = [], []
     for _ in range(steps):
@@ -193,13 +193,14 @@ def reference(name: str, plan: Plan, steps: int, lr: float = 0.1) -> dict[str, A
 
 def _reference(name: str, plan: Plan, steps: int, lr: float) -> dict[str, Any]:
     model = build(name)
-    inputs, targets = batch(name, plan.split_size * plan.microbatches)
+    inputs, targets = batch(name, plan.batch_size)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     b = plan.split_size
+    count = plan.batch_size // b  # m·d: every replica's micro-batches, in order
     input_mbs = list(zip(*(x.split(b) for x in inputs)))
     leaves, spec = pytree.tree_flatten(targets)
     target_mbs = [pytree.tree_unflatten([t.split(b)[i] for t in leaves], spec)
-                  for i in range(plan.microbatches)]
+                  for i in range(count)]
     losses, snaps = [], []
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
@@ -209,8 +210,8 @@ def _reference(name: str, plan: Plan, steps: int, lr: float) -> dict[str, Any]:
             loss.backward()  # gradients of the sum of the micro-batch losses …
             total = total + loss.detach()
         for p in model.parameters():
-            p.grad /= plan.microbatches  # … scaled to the mean, as the schedules do
-        losses.append(total / plan.microbatches)
+            p.grad /= count  # … scaled to the mean, as the schedules (and DDP) do
+        losses.append(total / count)
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         opt.step()
         snaps.append({"grads": grads,
@@ -288,7 +289,7 @@ def test_nccl_ranks_train_like_one_process(ranks: int) -> None:
 
 def _failing_worker(plan: Plan, how: str) -> None:
     model = build("toy")
-    inputs, targets = batch("toy", plan.split_size * plan.microbatches)
+    inputs, targets = batch("toy", plan.batch_size)
     trainer = distributed.Trainer(model, plan, loss_fn)
     calls = []
 

@@ -189,11 +189,11 @@ def test_plan_replicas_round_trips_and_old_files_load(tmp_path) -> None:
         dataclasses.replace(dp, replicas=4)  # m no longer ceil(B / d / b)
 
 
-def test_runtimes_refuse_replicas() -> None:
+def test_one_process_refuses_replicas() -> None:
     dp = plan_replicated(_dp_wins_profile(), 1, 2)
-    with pytest.raises(InvalidInputError, match="cannot run replicas yet"):
-        require_pipeline_only(dp, "autosplit run")
-    require_pipeline_only(plan(_dp_wins_profile(), 2), "autosplit run")
+    with pytest.raises(InvalidInputError, match=r"needs 2 processes: train it with `autosplit run"):
+        require_pipeline_only(dp, "partition()")
+    require_pipeline_only(plan(_dp_wins_profile(), 2), "partition()")
 
 
 MODEL = '''
@@ -259,9 +259,9 @@ def test_cli_chooses_data_parallel_when_it_is_faster(tmp_path, capsys) -> None:
     assert "layout 1 stage × 2 replicas" in capsys.readouterr().out
     assert Plan.load(out_plan).replicas == 2
 
-    assert main(["run", model, "--plan", str(out_plan)]) == 2
+    assert main(["run", model, "--plan", str(out_plan), "--nproc", "3"]) == 2  # before launching
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "cannot run replicas yet" in err[0], err
+    assert len(err) == 1 and "runs on a multiple of 2 ranks" in err[0], err
 
 
 def test_cli_memory_limit_shows_does_not_fit(tmp_path, capsys) -> None:
@@ -286,5 +286,5 @@ def test_partition_refuses_a_plan_with_replicas() -> None:
     x = torch.randn(8, 4)
     prof = autosplit.profile(model, (x,), microbatch_sizes=[2], repeats=1, budget_s=0)
     plan = dataclasses.replace(plan_with_balance(prof, (1, 1), 2), replicas=2, microbatches=2)
-    with pytest.raises(autosplit.InvalidInputError, match=r"partition\(\) cannot run replicas"):
+    with pytest.raises(autosplit.InvalidInputError, match=r"partition\(\) runs one pipeline in one"):
         autosplit.partition(model, plan=plan)

@@ -171,7 +171,7 @@ def _add_plan_command(sub: Any) -> None:
                         "hybrid layouts")
     p.add_argument("--replicas", type=_positive_int, metavar="D",
                    help="plan N/D stages × D data-parallel replicas (D divides N and the "
-                        "batch); autosplit run cannot run D > 1 yet")
+                        "batch); autosplit run trains it on N ranks (DDP along the replicas)")
     p.add_argument("--allreduce-bandwidth", type=_byte_size("bandwidth"), metavar="BYTES_PER_S",
                    help="bandwidth of the replicas' gradient all-reduce (default: the link "
                         "bandwidth)")
@@ -288,8 +288,8 @@ def _add_run_command(sub: Any) -> None:
                         "default)")
     p.add_argument("--input-shape", type=_int_list, metavar="C,H,W", help=SHAPE_HELP)
     p.add_argument("--nproc", type=_positive_int, metavar="N",
-                   help="processes on this machine (default one per stage; a divisor of the "
-                        "stage count interleaves stages)")
+                   help="processes on this machine (default one per stage and replica; "
+                        "replicas × a divisor of the stage count interleaves stages)")
     p.add_argument("--threads", type=_positive_int, default=1,
                    help="intra-op threads per rank on CPUs (default 1)")
     p.add_argument("--timeout", type=_positive_float, default=120.0, metavar="SECONDS",

@@ -1,5 +1,6 @@
-"""``autosplit run``: train a plan with one process per stage on torch.distributed.pipelining,
-started here or, under torchrun, as one of its ranks."""
+"""``autosplit run``: train a plan with one process per stage on torch.distributed.pipelining
+(× its replicas, DDP on a 2-D DeviceMesh), started here or, under torchrun, as one of its
+ranks."""
 
 from __future__ import annotations
 
@@ -11,27 +12,49 @@ from typing import Any
 from autosplit.cli.common import make_console, model_args
 from autosplit.errors import InvalidInputError
 from autosplit.records import Plan
-from autosplit.runnable import require_pipeline_only
 
 __all__ = ["run_command"]
 
 
 def _check_batch(args: argparse.Namespace, plan: Plan) -> None:
-    """The run's batch must be the plan's m equal micro-batches of b rows."""
-    b, m = plan.split_size, plan.microbatches
-    if args.batch_size is not None and args.batch_size != m * b:
+    """The run's batch must be the plan's d replicas × m equal micro-batches of b rows."""
+    b, m, d = plan.split_size, plan.microbatches, plan.replicas
+    rows = d * m * b
+    each = f"{d} replicas × " if d > 1 else ""
+    if args.batch_size is not None and args.batch_size != rows:
         raise InvalidInputError(
-            f"--batch-size {args.batch_size}: the plan runs {m} micro-batches of {b} = {m * b} "
-            "rows; give that batch size or make a plan for yours"
+            f"--batch-size {args.batch_size}: the plan runs {each}{m} micro-batches of {b} = "
+            f"{rows} rows; give that batch size or make a plan for yours"
         )
-    if plan.batch_size != m * b:
+    if plan.batch_size != rows:
+        share = plan.batch_size // d
+        whose = "each replica's share" if d > 1 else "its batch"
         raise InvalidInputError(
-            f"the plan splits its batch of {plan.batch_size} into {m} micro-batches of {b} (the "
-            f"last smaller); torch.distributed.pipelining needs equal micro-batches: make a plan "
-            f"with a --split-size that divides {plan.batch_size}"
+            f"the plan splits {whose} of {share} into {m} micro-batches of {b} (the last "
+            f"smaller); "
+            f"torch.distributed.pipelining needs equal micro-batches: make a plan with a "
+            f"--split-size that divides {share}"
         )
     if not args.timeout > 0:
         raise InvalidInputError(f"--timeout must be positive, got {args.timeout}")
+
+
+def _ranks(args: argparse.Namespace, plan: Plan) -> int:
+    """Ranks to start here: ``--nproc`` or one per stage and replica, checked against the plan
+    (k · d ranks, k pipeline ranks dividing p)."""
+    from autosplit.distributed import stage_indices
+
+    p, d = len(plan.stages), plan.replicas
+    nproc = args.nproc or p * d
+    if nproc % d:
+        raise InvalidInputError(
+            f"--nproc {nproc}: a plan of {p} stages × {d} replicas runs on a multiple of {d} "
+            f"ranks (default {p * d}, one per stage and replica)")
+    try:
+        stage_indices(p, 0, nproc // d)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"--nproc {nproc}: {exc}") from None
+    return nproc
 
 
 def _under_torchrun() -> bool:
@@ -49,13 +72,11 @@ def run_command(args: argparse.Namespace) -> int:
         graph_for_plan,
         launch,
         run_rank,
-        stage_indices,
         train_model_file,
     )
 
     plan = Plan.load(args.plan)
-    require_pipeline_only(plan, "autosplit run")
-    p, b, m = len(plan.stages), plan.split_size, plan.microbatches
+    p, b, m, d = len(plan.stages), plan.split_size, plan.microbatches, plan.replicas
     _check_batch(args, plan)
     spec = RunSpec(args.model, args.entry, plan, args.steps,
                    tuple(args.input_shape) if args.input_shape else None, args.lr,
@@ -63,7 +84,9 @@ def run_command(args: argparse.Namespace) -> int:
     console = make_console()
     stages = " | ".join(s.blocks[0] if len(s.blocks) == 1 else f"{s.blocks[0]} … {s.blocks[-1]}"
                         for s in plan.stages)
-    header = (f"{plan.model} · {p} stages ({stages}) · batch {m * b} = {m} × {b} · "
+    layout = f"{p} stage{'s' if p != 1 else ''} × {d} replicas" if d > 1 else f"{p} stages"
+    batch = f"{d} replicas × {m} × {b}" if d > 1 else f"{m} × {b}"
+    header = (f"{plan.model} · {layout} ({stages}) · batch {d * m * b} = {batch} · "
               f"schedule {plan.schedule}")
     torchrun = _under_torchrun()
     result: Any
@@ -80,8 +103,7 @@ def run_command(args: argparse.Namespace) -> int:
 
         # the model and the plan are checked here, so that mistakes end before any process starts
         graph_for_plan(load_model_file(args.model, args.entry).build(**model_args(args)), plan)
-        nproc = args.nproc or p
-        stage_indices(p, 0, nproc)
+        nproc = _ranks(args, plan)
         backend = args.backend or ("nccl" if torch.cuda.device_count() >= nproc else "gloo")
         threads = args.threads if backend == "gloo" else None
         console.print(header)

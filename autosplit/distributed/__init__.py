@@ -8,11 +8,15 @@ through) — and that module is handed to PyTorch's ``PipelineStage``; a ``Sched
 ``Schedule1F1B`` (``ScheduleLoopedBFS`` / ``ScheduleInterleaved1F1B`` when a rank holds several
 stages) runs the micro-batches. Processes are started by torchrun, or on this machine by
 :func:`launch` (``torch.distributed.run``'s launcher, one rank per stage), which turns any rank's
-death or exception into a :class:`RankFailedError` that names the rank.
+death or exception into a :class:`RankFailedError` that names the rank. A plan with d > 1
+data-parallel replicas runs on d times the ranks, laid out on a 2-D ``DeviceMesh`` ("dp",
+"pp"): the stages along "pp" as above, each stage wrapped in ``DistributedDataParallel`` along
+"dp" (:mod:`~autosplit.distributed.replicas`).
 
 Modules: :mod:`~autosplit.distributed.stage_module` (StageModule, PipelineStages, schedules),
 :mod:`~autosplit.distributed.trainer` (Trainer), :mod:`~autosplit.distributed.launch`
-(process groups, the local launcher), :mod:`~autosplit.distributed.job` (``autosplit run``),
+(process groups, the local launcher), :mod:`~autosplit.distributed.replicas` (the mesh, DDP),
+:mod:`~autosplit.distributed.job` (``autosplit run``),
 :mod:`~autosplit.distributed.split_spec` (a plan as ``pipeline()``'s ``split_spec``).
 
 Conventions shared with :mod:`autosplit.pipeline`: a batch of B = m·b rows is split with
@@ -42,6 +46,7 @@ from autosplit.distributed.launch import (
     launch,
     run_rank,
 )
+from autosplit.distributed.replicas import MESH_DIMS, MeshPlace, mesh_place
 from autosplit.distributed.split_spec import split_spec_problems, to_split_spec
 from autosplit.distributed.stage_module import (
     StageModule,
@@ -81,4 +86,7 @@ __all__ = [
     "to_split_spec",
     "split_spec_problems",
     "DEFAULT_TIMEOUT_S",
+    "MESH_DIMS",
+    "MeshPlace",
+    "mesh_place",
 ]

@@ -126,7 +126,7 @@ def train_model_file(spec: RunSpec) -> RunResult:
     """
 
     plan = spec.plan
-    model, inputs = _model_and_batch(spec, plan.microbatches * plan.split_size)
+    model, inputs = _model_and_batch(spec, plan_rows(plan))
     trainer, targets = _trainer(spec, model, inputs, plan)
     times, losses = [], []
     for _ in range(spec.steps):
@@ -148,6 +148,11 @@ def train_model_file(spec: RunSpec) -> RunResult:
         device=", ".join(devices),
         threads=int(gathered[0][5]),
     )
+
+
+def plan_rows(plan: Plan) -> int:
+    """The rows of one step's batch: d replicas × m micro-batches × b rows."""
+    return plan.replicas * plan.microbatches * plan.split_size
 
 
 def _model_and_batch(spec: RunSpec, batch: int) -> tuple[nn.Module, tuple[Any, ...]]:
@@ -186,16 +191,18 @@ def _timed_step(trainer: Trainer, inputs: tuple[Any, ...], targets: Any) -> tupl
 def measure_plans(spec: RunSpec, plans: Sequence[Plan], rounds: int = 2) -> list[list[float]]:
     """One rank of a side-by-side measurement: every plan trained in turn, A B A B ….
 
-    All plans must have the same number of stages (one rank each here) and batch. Each plan
+    All plans must need the same ranks (stages × replicas, one rank per stage and replica
+    here) and batch: a pipeline and data parallelism on 2 ranks can be compared. Each plan
     first runs one untimed step (the stages' shapes are settled then); then ``rounds`` rounds
     time one step of each plan in turn, so drift in the machine's speed hits all alike.
 
     Returns:
         ``times[i]``: plan i's step times (s), the slowest rank's each, on every rank.
     """
-    batch = {p.microbatches * p.split_size for p in plans}
-    if len(batch) != 1 or len({len(p.stages) for p in plans}) != 1:
-        raise InvalidInputError("measure_plans needs plans of one batch size and stage count")
+    batch = {plan_rows(p) for p in plans}
+    if len(batch) != 1 or len({len(p.stages) * p.replicas for p in plans}) != 1:
+        raise InvalidInputError(
+            "measure_plans needs plans of one batch size and one rank count (stages × replicas)")
     model, inputs = _model_and_batch(spec, batch.pop())
     runs = [_trainer(spec, model, inputs, plan) for plan in plans]
     for trainer, targets in runs:

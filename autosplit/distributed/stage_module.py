@@ -158,10 +158,12 @@ def _pipeline_stages(
     device: torch.device,
     group: Any,
     example: Sequence[torch.Tensor] | None,
+    wrapped: dict[int, nn.Module] | None = None,
 ) -> list[Any]:
     """``PipelineStage`` objects for the stages in ``local``; with an example micro-batch
     their shapes are given up front (static metadata), else PyTorch infers them on the first
-    micro-batch (which runs non-first stages on uninitialised tensors)."""
+    micro-batch (which runs non-first stages on uninitialised tensors). ``wrapped[i]``, when
+    given, is what stage i's ``PipelineStage`` runs instead of ``modules[i]`` (its DDP)."""
     from torch.distributed.pipelining import PipelineStage
 
     meta = None
@@ -177,7 +179,8 @@ def _pipeline_stages(
         kwargs: dict[str, Any] = {}
         if meta is not None:
             kwargs = {"input_args": meta[i][0], "output_args": meta[i][1]}
-        stages.append(PipelineStage(modules[i], i, len(modules), device, group=group, **kwargs))
+        module = (wrapped or {}).get(i, modules[i])
+        stages.append(PipelineStage(module, i, len(modules), device, group=group, **kwargs))
     return stages
 
 

@@ -4,6 +4,9 @@ Conventions shared with :mod:`autosplit.pipeline` (both from :mod:`autosplit.sta
 of B = m·b rows is split with ``tensor.split(b)`` into m micro-batches; BatchNorm sees
 micro-batches, in order. With ``scale_grads=True`` (the schedules' default) the gradients are
 those of the mean of the m micro-batch losses, and :meth:`Trainer.step` returns that mean.
+A plan with d > 1 replicas runs on a 2-D DeviceMesh with DDP along "dp"
+(:mod:`autosplit.distributed.replicas`): B = d·m·b, replica r takes rows [r·B/d, (r+1)·B/d),
+and the gradients and the loss are those of the mean of all m·d micro-batch losses.
 """
 
 from __future__ import annotations
@@ -17,6 +20,12 @@ import torch.distributed as dist
 from torch import nn
 
 from autosplit.distributed.launch import _default_device
+from autosplit.distributed.replicas import (
+    broadcast_buffers,
+    mesh_place,
+    replica_rows,
+    replicate_stages,
+)
 from autosplit.distributed.stage_module import (
     StageModule,
     _check_schedule,
@@ -28,7 +37,6 @@ from autosplit.distributed.stage_module import (
 from autosplit.errors import InvalidInputError, PlanMismatchError
 from autosplit.graph import BlockGraph, Granularity
 from autosplit.records import Plan
-from autosplit.runnable import require_pipeline_only
 from autosplit.stages import graph_for_plan, move, split, stage_layout
 
 
@@ -61,6 +69,7 @@ def plan_digest(plan: Plan) -> tuple[Any, ...]:
         plan.split_size,
         plan.microbatches,
         plan.schedule,
+        plan.replicas,
     )
 
 
@@ -73,6 +82,11 @@ class Trainer:
     ranks may pass ``None``. The first step sends one micro-batch's input shapes from stage 0's
     rank to every rank, which derive every stage's shapes on the meta device.
 
+    A plan with d > 1 replicas runs on k · d ranks (k pipeline ranks: p, or a divisor of p)
+    laid out on a ("dp", "pp") ``DeviceMesh``: every rank passes the whole batch of
+    B = d·m·b rows and replica r trains on rows [r·B/d, (r+1)·B/d); each stage is wrapped in
+    ``DistributedDataParallel`` over its replicas (see :mod:`autosplit.distributed.replicas`).
+
     Args:
         model: the model the plan was made for (its modules are shared, not copied).
         plan: the plan; every rank must hold the same one (checked at construction).
@@ -81,7 +95,9 @@ class Trainer:
         optimizer_factory: ``f(parameters) -> Optimizer`` over this rank's parameters; ``None``
             leaves the gradients in ``.grad`` and the parameters unchanged.
         device: this rank's device; default ``cuda:LOCAL_RANK`` on NCCL, else ``cpu``.
-        group: the process group of the pipeline (default: the world).
+        group: the process group of the pipeline (default: the world; one replica only).
+        mesh: for a plan with replicas, a ``DeviceMesh`` with dimensions ("dp", "pp") (default:
+            one over the world, d × world / d).
         scale_grads: divide gradients by m (the loss is the mean over micro-batches); ``False``
             sums them.
         granularity, leaf_modules: how the plan's model was traced (default: found from the
@@ -89,7 +105,10 @@ class Trainer:
 
     Raises:
         PlanMismatchError: the plan is not this model's, or ranks hold different plans.
-        InvalidInputError: no process group, or the world size or schedule does not fit the plan.
+        InvalidInputError: no process group, or the world size or schedule does not fit the
+            plan (with d replicas: not a multiple of d ranks, ``group=`` given, a ``mesh``
+            without dimensions ("dp", "pp") of d replicas, or one parameter in two stages of
+            one rank).
     """
 
     def __init__(
@@ -101,6 +120,7 @@ class Trainer:
         *,
         device: torch.device | str | None = None,
         group: Any = None,
+        mesh: Any = None,
         scale_grads: bool = True,
         granularity: Granularity | None = None,
         leaf_modules: Sequence[type[nn.Module] | str] = (),
@@ -116,20 +136,23 @@ class Trainer:
                 "no process group: call autosplit.distributed.init_distributed() first (under "
                 "torchrun or autosplit.distributed.launch)"
             )
-        require_pipeline_only(plan, "Trainer")
         self.plan = plan
-        self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self.scale_grads = scale_grads
         self.device = torch.device(device) if device is not None else _default_device(group)
         graph = graph_for_plan(model, plan, granularity=granularity, leaf_modules=leaf_modules)
-        self._check_agreement(plan, graph.fingerprint)
-        self._local = stage_indices(len(plan.stages), self.rank, self.world_size)
+        self._check_agreement(plan, graph.fingerprint, group)
+        self.place = mesh_place(plan.replicas, self.device, group, mesh)
+        self.group = self.place.pipeline_group
+        self._local = stage_indices(len(plan.stages), self.place.pipeline_rank,
+                                    self.place.pipeline_size)
         self._all = _stage_modules_of(graph, plan)
         self.modules = [self._all[i].to(self.device) for i in self._local]
         self._names = {id(p): name for name, p in graph.module.named_parameters()}
-        self._shared = _shared_copies(graph, plan, self.rank, self.world_size, group)
+        self._shared = _shared_copies(graph, plan, self.place.pipeline_rank,
+                                      self.place.pipeline_size, self.group)
+        self._replicated = replicate_stages(self.modules, self.place, self.device)
         last = next((m for m in self.modules if m.is_last), None)
         self._loss = _LastStageLoss(loss_fn, last)
         _check_schedule(plan)
@@ -138,10 +161,10 @@ class Trainer:
         params = list(self.parameters())
         self.optimizer = optimizer_factory(iter(params)) if optimizer_factory and params else None
 
-    def _check_agreement(self, plan: Plan, fingerprint: str) -> None:
+    def _check_agreement(self, plan: Plan, fingerprint: str, group: Any) -> None:
         mine = (fingerprint, plan_digest(plan))
         gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, mine, group=self.group)
+        dist.all_gather_object(gathered, mine, group=group)
         for rank, theirs in enumerate(gathered):
             if theirs == gathered[0]:
                 continue
@@ -173,7 +196,9 @@ class Trainer:
                     "tensors with the batch in dimension 0"
                 )
             example.append(torch.empty(item[0], dtype=item[1], device="meta"))
-        self.stages = _pipeline_stages(self._all, self._local, self.device, self.group, example)
+        wrapped = {self._local[pos]: ddp for pos, ddp in self._replicated.items()}
+        self.stages = _pipeline_stages(self._all, self._local, self.device, self.group, example,
+                                       wrapped)
         # the gradients are scaled once per parameter in step(): a schedule scales each stage's
         # parameters, so a parameter that two stages of this rank use would be scaled twice
         self.schedule = build_schedule(self.stages, self.plan, self._loss, scale_grads=False)
@@ -207,21 +232,31 @@ class Trainer:
         for module in self.modules:
             yield from module.body.named_buffers()
 
+    @property
+    def replica(self) -> int:
+        """This rank's replica r (0 for a pipeline alone)."""
+        return self.place.replica
+
     def _split(self, values: Any, what: str) -> list[Any]:
-        moved = move(values, self.device)
-        return split(moved, self.plan.split_size, count=self.plan.microbatches, what=what)
+        plan, place = self.plan, self.place
+        rows = place.replicas * plan.microbatches * plan.split_size
+        mine = replica_rows(values, place.replica, place.replicas, rows, what)
+        moved = move(mine, self.device)
+        return split(moved, plan.split_size, count=plan.microbatches, what=what)
 
     def step(self, inputs: Any = None, targets: Any = None) -> torch.Tensor | None:
         """One pipelined training step on every rank: zero grads, forward/backward, optimizer.
 
         Args:
-            inputs: a tensor or tuple of tensors with B = m·b rows (needed on stage 0's rank).
+            inputs: a tensor or tuple of tensors with B = d·m·b rows (needed on stage 0's
+                ranks; with d replicas, each takes its B/d rows).
             targets: a tensor or a structure of tensors with B rows (needed on the last
-                stage's rank); each micro-batch's slice goes to ``loss_fn``.
+                stage's ranks); each micro-batch's slice goes to ``loss_fn``.
 
         Returns:
-            On the last stage's rank, the loss: the mean of the m micro-batch losses (the sum
-            with ``scale_grads=False``), detached; ``None`` on other ranks.
+            On the last stage's ranks, the loss: the mean of the m·d micro-batch losses (the
+            sum over this replica's m with ``scale_grads=False``), detached; ``None`` on other
+            ranks.
         """
         arg_mbs = None
         if self.holds_first:
@@ -251,14 +286,22 @@ class Trainer:
         self._finish_gradients()
         if self.optimizer is not None:
             self.optimizer.step()
+        broadcast_buffers(self.modules, self.place)
         if not self.holds_last:
             return None
         total = torch.stack([loss.detach() for loss in losses]).sum()
-        return total / len(losses) if self.scale_grads else total
+        if not self.scale_grads:
+            return total
+        mean = total / len(losses)
+        if self.place.replica_group is not None:  # the mean over every replica's losses
+            dist.all_reduce(mean, group=self.place.replica_group)
+            mean /= self.place.replicas
+        return mean
 
     def _finish_gradients(self) -> None:
-        """Sum every shared parameter's gradient over the ranks holding a copy, then divide
-        each gradient once by m (``scale_grads``): the gradients of the mean loss."""
+        """Sum every shared parameter's gradient over the ranks of this pipeline holding a copy,
+        then divide each gradient once by m (``scale_grads``): the gradients of the mean loss
+        (DDP has averaged them over the replicas in the last backward)."""
         for shared in self._shared:
             if shared.param.grad is None:
                 shared.param.grad = torch.zeros_like(shared.param)
@@ -318,5 +361,6 @@ def _shared_copies(
 
 
 def _describe_digest(digest: tuple[Any, ...]) -> str:
-    _, firsts, balance, b, m, schedule = digest
-    return f"stages {list(balance)} (from {', '.join(firsts)}), {m}×{b}, {schedule}"
+    _, firsts, balance, b, m, schedule, d = digest
+    return (f"stages {list(balance)} (from {', '.join(firsts)}), {m}×{b}, {schedule}"
+            + (f", {d} replicas" if d > 1 else ""))
