@@ -99,9 +99,14 @@ def test_two_stages_times_two_replicas_train_like_one_process() -> None:
     cases.append(("tied", hybrid_plan("tied", (3, 4), 2), LR))
     # 4 stages on 2 pipeline ranks × 2 replicas: interleaved schedule (ScheduleLoopedBFS)
     cases.append(("skip", hybrid_plan("skip", (2, 2, 2, 1), 2, m=4), 0.1))
-    skip_gpipe, skip_1f1b, tied, looped = check(cases, 4)
+    # a stage's replicas on consecutive ranks (the topology's "dp-inner"): mesh ("pp", "dp")
+    cases.append(("tied", dataclasses.replace(hybrid_plan("tied", (3, 4), 2),
+                                              placement="dp-inner", devices_per_node=2), LR))
+    skip_gpipe, skip_1f1b, tied, looped, dp_inner = check(cases, 4)
     for got in (skip_gpipe, skip_1f1b, tied):
         assert got["stages_per_rank"] == [[0], [1], [0], [1]]
+    assert dp_inner["stages_per_rank"] == [[0], [0], [1], [1]]
+    assert "embed.weight" in dp_inner["copies"]
     assert looped["stages_per_rank"] == [[0, 2], [1, 3], [0, 2], [1, 3]]
     assert {"norm.running_mean", "out.weight", "inp.weight"} <= skip_1f1b["copies"]
     assert "embed.weight" in tied["copies"]

@@ -70,16 +70,21 @@ class MeshPlace:
     replica_group: Any
 
 
-def mesh_place(replicas: int, device: torch.device, group: Any = None, mesh: Any = None
-               ) -> MeshPlace:
+def mesh_place(replicas: int, device: torch.device, group: Any = None, mesh: Any = None,
+               placement: str = "") -> MeshPlace:
     """This rank's place: a pipeline over ``group`` for one replica, else a 2-D mesh.
 
     Args:
         replicas: d, the plan's replicas.
         device: this rank's device (its type names the mesh's device type).
         group: the pipeline's process group when d = 1 (default: the world).
-        mesh: for d > 1, a ``DeviceMesh`` with dimensions ("dp", "pp") and d replicas; default
-            one over the whole world (every rank must then build its Trainer together).
+        mesh: for d > 1, a ``DeviceMesh`` with dimensions "dp" and "pp" (either order) and d
+            replicas; default one over the whole world (every rank must then build its
+            Trainer together), laid out by ``placement``.
+        placement: the plan's (:attr:`autosplit.records.Plan.placement`): ``"dp-inner"`` puts
+            a stage's replicas on consecutive ranks (mesh ("pp", "dp"): rank ``j · d + r``);
+            otherwise a replica's stages are consecutive (mesh ("dp", "pp"): rank
+            ``r · k + j``).
 
     Raises:
         InvalidInputError: the world (or ``mesh``) does not hold d replicas, or ``group`` is
@@ -100,14 +105,19 @@ def mesh_place(replicas: int, device: torch.device, group: Any = None, mesh: Any
                 f"(stages × replicas), got {world}")
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh(device.type, (replicas, world // replicas),
-                                mesh_dim_names=MESH_DIMS)
-    if tuple(mesh.mesh_dim_names or ()) != MESH_DIMS or mesh.size(0) != replicas:
+        if placement == "dp-inner":
+            mesh = init_device_mesh(device.type, (world // replicas, replicas),
+                                    mesh_dim_names=MESH_DIMS[::-1])
+        else:
+            mesh = init_device_mesh(device.type, (replicas, world // replicas),
+                                    mesh_dim_names=MESH_DIMS)
+    names = tuple(mesh.mesh_dim_names or ())
+    if sorted(names) != sorted(MESH_DIMS) or mesh["dp"].size() != replicas:
         raise InvalidInputError(
             f"mesh must have dimensions {MESH_DIMS} with {replicas} replicas along 'dp', got "
             f"dimensions {mesh.mesh_dim_names} of sizes {tuple(mesh.shape)}")
     return MeshPlace(mesh, mesh.get_local_rank("dp"), replicas, mesh.get_local_rank("pp"),
-                     mesh.size(1), mesh.get_group("pp"), mesh.get_group("dp"))
+                     mesh["pp"].size(), mesh.get_group("pp"), mesh.get_group("dp"))
 
 
 def replicate_stages(

@@ -143,7 +143,7 @@ class Trainer:
         self.device = torch.device(device) if device is not None else _default_device(group)
         graph = graph_for_plan(model, plan, granularity=granularity, leaf_modules=leaf_modules)
         self._check_agreement(plan, graph.fingerprint, group)
-        self.place = mesh_place(plan.replicas, self.device, group, mesh)
+        self.place = mesh_place(plan.replicas, self.device, group, mesh, plan.placement)
         self.group = self.place.pipeline_group
         self._local = stage_indices(len(plan.stages), self.place.pipeline_rank,
                                     self.place.pipeline_size)
