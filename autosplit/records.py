@@ -149,7 +149,8 @@ class Plan:
         split_size: micro-batch size b.
         microbatches: number of micro-batches m = ceil(B / b).
         batch_size: the batch size B the plan was made for.
-        schedule: ``"gpipe"`` or ``"1f1b"``.
+        schedule: a schedule of :data:`autosplit.schedules.SCHEDULES` (``"gpipe"``, ``"1f1b"``,
+            ``"interleaved-1f1b"``, ``"interleaved-zb"``, ``"zbv"`` …).
         predicted_step_ms: predicted time of one training step (forward + backward of B): the
             event simulation of the schedule (forward and backward of every micro-batch placed
             op by op on its device; transfers delay the receiver), plus the all-reduce of
@@ -184,6 +185,8 @@ class Plan:
             ``"dp-inner"`` (a stage's replicas together: mesh ("pp", "dp")); ``""`` when
             planned without a topology (:mod:`autosplit.topology`).
         devices_per_node: G of the topology planned for, ``None`` without one.
+        stages_per_rank: v, the stages each pipeline rank holds (stage s on rank s mod p/v;
+            ZB-V and DualPipeV place them in a V); 1: one stage per rank.
     """
 
     model: str
@@ -210,6 +213,7 @@ class Plan:
     allreduce_bytes_per_s: float | None = None
     placement: str = ""
     devices_per_node: int | None = None
+    stages_per_rank: int = 1
 
     def __post_init__(self) -> None:
         checked(self, lambda p: check_plan(

@@ -49,8 +49,10 @@ __all__ = [
     "check_plan_blocks",
 ]
 
-KNOWN_SCHEDULES = ("gpipe", "1f1b")
-"""Schedule names a plan may carry (:func:`autosplit.cost.in_flight` knows these)."""
+KNOWN_SCHEDULES = ("gpipe", "1f1b", "looped-bfs", "interleaved-1f1b", "interleaved-zb", "zbv",
+                   "dualpipev")
+"""Schedule names a plan may carry (:data:`autosplit.schedules.SCHEDULES`, checked equal in the
+tests; this module imports no torch)."""
 
 SHARED_MODES = ("one stage", "all-reduce")
 """How a plan keeps a weight that several stages use equal (see ``SharedWeight.mode``)."""
@@ -360,6 +362,10 @@ def check_plan(p: Any, *, stage_type: type, weight_type: type) -> None:
         raise RecordError("microbatches", f"is {p.microbatches}: {per} in micro-batches of "
                                           f"{p.split_size} makes {m} ({rule})")
     check_choice(p.schedule, "schedule", KNOWN_SCHEDULES)
+    check_size(p.stages_per_rank, "stages_per_rank")
+    if len(p.stages) % p.stages_per_rank:
+        raise RecordError("stages_per_rank", f"is {p.stages_per_rank}: it must divide the "
+                                             f"{len(p.stages)} stages")
     check_choice(p.optimizer, "optimizer", KNOWN_OPTIMIZERS)
     for field in ("predicted_step_ms", "single_device_ms", "bound_step_ms", "replica_sync_ms"):
         check_ms(getattr(p, field), field)
