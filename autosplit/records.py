@@ -149,8 +149,7 @@ class Plan:
         split_size: micro-batch size b.
         microbatches: number of micro-batches m = ceil(B / b).
         batch_size: the batch size B the plan was made for.
-        schedule: a schedule of :data:`autosplit.schedules.SCHEDULES` (``"gpipe"``, ``"1f1b"``,
-            ``"interleaved-1f1b"``, ``"interleaved-zb"``, ``"zbv"`` …).
+        schedule: ``"gpipe"`` or ``"1f1b"``.
         predicted_step_ms: predicted time of one training step (forward + backward of B): the
             event simulation of the schedule (forward and backward of every micro-batch placed
             op by op on its device; transfers delay the receiver), plus the all-reduce of

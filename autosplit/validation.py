@@ -49,10 +49,8 @@ __all__ = [
     "check_plan_blocks",
 ]
 
-KNOWN_SCHEDULES = ("gpipe", "1f1b", "looped-bfs", "interleaved-1f1b", "interleaved-zb", "zbv",
-                   "dualpipev")
-"""Schedule names a plan may carry (:data:`autosplit.schedules.SCHEDULES`, checked equal in the
-tests; this module imports no torch)."""
+KNOWN_SCHEDULES = ("gpipe", "1f1b")
+"""Schedule names a plan may carry (:func:`autosplit.cost.in_flight` knows these)."""
 
 SHARED_MODES = ("one stage", "all-reduce")
 """How a plan keeps a weight that several stages use equal (see ``SharedWeight.mode``)."""

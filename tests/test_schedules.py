@@ -288,9 +288,3 @@ def test_costs_must_cover_every_stage_of_the_order() -> None:
     with pytest.raises(InvalidInputError, match=r"p·v = 2·2 = 4"):
         replay(torch_order("interleaved-1f1b", 2, 2, 2), costs(2, 1.0, 1.0))
 
-
-def test_plans_know_every_schedule_torch_runs() -> None:
-    from autosplit.schedules import SCHEDULES
-    from autosplit.validation import KNOWN_SCHEDULES
-
-    assert KNOWN_SCHEDULES == SCHEDULES
