@@ -176,7 +176,8 @@ def test_no_benchmark_script_imports_another() -> None:
     each other."""
     files = {path.stem: path.read_text() for path in (ROOT / "benchmarks").glob("*.py")}
     scripts = {name for name, text in files.items() if 'if __name__ == "__main__":' in text}
-    assert {"tutorial", "compare", "solvers", "planning", "analytic", "gpu_check"} <= scripts
+    assert {"tutorial", "compare", "solvers", "planning", "analytic", "gpu_check",
+            "layouts"} <= scripts
     for name, text in files.items():
         imported = set()
         for node in ast.walk(ast.parse(text)):
@@ -239,3 +240,24 @@ def test_torchgpipe_peer_balances_a_resnet_and_the_big_vocabulary_model() -> Non
         assert len(got["layer_balance"]) == 2 and sum(got["layer_balance"]) == got["layers"]
         assert len(got["balance"]) == 2 and sum(got["balance"]) == len(names)
         assert min(got["balance"]) >= 1 and got["sample_rows"] == 2
+
+
+def test_layouts_benchmark_smoke(tmp_path) -> None:
+    run_benchmark("layouts.py", tmp_path)
+    data = json.loads((tmp_path / "layouts_smoke.json").read_text())
+    models = {m["key"]: m for m in data["models"]}
+    assert set(models) == {"resnet18", "bigvocab"}
+    for key, model in models.items():
+        plans = model["plans"]
+        assert set(plans) == {"autosplit", "data parallel", "best pipeline"} | (
+            {"hand split"} if key == "resnet18" else set())
+        assert (plans["data parallel"]["layout"], plans["best pipeline"]["layout"]) == (
+            "1 × 2", "2 × 1")
+        assert plans["autosplit"]["label"] in {r["label"] for name, r in plans.items()
+                                               if name != "autosplit"} | {"autosplit"}
+        assert all(r["label"] in model["measured"] and r["predicted_ms"] > 0
+                   for r in plans.values())
+        best = min(x["median_ms"] for x in model["measured"].values())
+        assert model["choice_vs_best"] == best / plans["autosplit"]["measured_ms"] <= 1
+    assert data["goals"]["choice_vs_best"] == min(m["choice_vs_best"] for m in models.values())
+    assert "## Goals" in (tmp_path / "layouts_smoke.md").read_text()

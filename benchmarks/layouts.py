@@ -1,0 +1,248 @@
+"""Stages × replicas on 2 CPU workers: autosplit's choice against data parallelism, the best
+pipeline and the hand split, predicted and measured.
+
+For each model: one profile (``autosplit.profile``, one CPU worker of one thread, the training
+loss timed with the last block) and the gloo all-reduce bandwidth measured once
+(``autosplit.collectives``); then, as ``autosplit plan --gpus 2`` does, the best plan of every
+layout (``plan_layouts``: 2 stages × 1, 1 stage × 2 replicas) and the best pipelines by block
+sums (``plan_candidates``), all verified together stage by stage
+(``autosplit.verify.verify_and_choose``), the fastest verified plan being autosplit's choice.
+Measured interleaved on 2 gloo ranks (``harness.py``: ``Trainer`` per rank, DDP along the
+replicas, rounds A B … B A after a warm-up round, a timing disturbed by other processes taken
+again): data parallelism (1 stage × 2 replicas), the best verified pipeline (2 stages), the hand
+split where there is one (examples/resnet50.py's) and autosplit's choice (one of those, or
+another pipeline).
+
+Goals (issue 13): autosplit's choice measures ≥ 0.98× the best measured plan; the predicted step
+of data parallelism within 10 % of its measured step.
+
+    python benchmarks/layouts.py              # writes benchmarks/results/layouts.{json,md}
+    python benchmarks/layouts.py --smoke --out /tmp/lay   # toy sizes in seconds (tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+from accuracy_cases import Case, ExampleSpec, spread
+from common import RESULTS, command_line, describe, load_example, machine, write_results
+from harness import Config, Group, ModelSpec, add_load_arguments, measure
+from report import load_sentence
+
+import autosplit
+from autosplit.collectives import measure_allreduce_bandwidth
+from autosplit.comparison import manual_plan
+from autosplit.planner import plan_candidates, plan_layouts
+from autosplit.records import Plan
+from autosplit.verify import verify_and_choose
+
+AUTO, DP, PIPE, HAND = "autosplit", "data parallel", "best pipeline", "hand split"
+GOALS = {"choice": 0.98, "dp_error": 0.10}
+
+
+def _hand() -> tuple[tuple[str, ...], int]:
+    example = load_example("resnet50")
+    return tuple(example.MANUAL_SPLIT), int(example.MANUAL_SPLIT_SIZE)
+
+
+def default_cases() -> list[Case]:
+    return [
+        Case("resnet50-64", "ResNet50", ModelSpec("resnet50", 48, (3, 64, 64)), _hand(), None, 1.2),
+        Case("resnet50", "ResNet50 (tutorial size)", ModelSpec("resnet50", 120, (3, 128, 128)),
+             _hand(), None, 10.5),
+        Case("resnet101", "ResNet101", ModelSpec("resnet101", 48, (3, 64, 64)), None, None, 2.5),
+        Case("gpt-small", "GPT small", ModelSpec("gpt-small", 64), None, None, 0.45),
+    ]
+
+
+def smoke_cases() -> list[Case]:
+    return [
+        Case("resnet18", "ResNet18", ModelSpec("resnet18", 8, (3, 32, 32)), (("layer3",), 4),
+             None, 0.05),
+        Case("bigvocab", "Big vocabulary (tiny)", ExampleSpec("bigvocab-tiny", 8), None, None,
+             0.02),
+    ]
+
+
+def key(plan: Plan) -> tuple[tuple[int, ...], int, int]:
+    """What makes two plans run alike: stage block counts, micro-batch size, replicas."""
+    return tuple(plan.balance), int(plan.split_size), int(plan.replicas)
+
+
+def plans_of(case: Case, args: argparse.Namespace, width: float) -> dict[str, Any]:
+    """Profile ``case``, plan it as ``autosplit plan --gpus 2`` does, verify; the plans by name."""
+    model, inputs = case.spec.build(), case.spec.make_inputs()
+    graph = autosplit.trace(model, example_inputs=inputs)
+    start = time.perf_counter()
+    include = [case.hand[1]] if case.hand is not None else []
+    profile = autosplit.profile(model, inputs, include=include, microbatch_sizes=args.sizes,
+                                budget_s=args.profile_budget)
+    profile_s = time.perf_counter() - start
+    layouts = plan_layouts(profile, 2, allreduce_bandwidth_bytes_per_s=width)
+    dp = layouts.option(1, 2)
+    if dp is None or dp.plan is None:
+        raise SystemExit(f"{case.label}: no data-parallel plan ({layouts.note})")
+    pipelines = plan_candidates(profile, 2, top_k=3)
+    named = {f"pipeline {i}": p for i, p in enumerate(pipelines)}
+    others: dict[str, Plan] = {DP: dp.plan, **named}
+    if case.hand is not None:
+        others[HAND] = manual_plan(profile, list(case.hand[0]), case.hand[1])
+    auto, checked = verify_and_choose(graph, inputs, profile, [*pipelines, dp.plan], others,
+                                      budget_s=args.verify_budget)
+    best_pipe = min((checked[n] for n in named), key=lambda p: p.predicted_step_ms)
+    plans = {AUTO: auto, DP: checked[DP], PIPE: best_pipe}
+    if case.hand is not None:
+        plans[HAND] = checked[HAND]
+    return {"plans": plans, "profile_s": profile_s,
+            "plan_and_verify_s": time.perf_counter() - start - profile_s,
+            "names": profile.block_names, "microbatch_sizes": list(profile.microbatch_sizes),
+            "block_sums": {name: None if name == AUTO else others.get(name) for name in plans}}
+
+
+def plan_row(plan: Plan, names: Sequence[str]) -> dict[str, Any]:
+    ends = [sum(plan.balance[: i + 1]) for i in range(len(plan.balance) - 1)]
+    return {"layout": f"{len(plan.stages)} × {plan.replicas}", "balance": list(plan.balance),
+            "split_size": plan.split_size, "cut_before": [names[e] for e in ends],
+            "replicas": plan.replicas, "predicted_ms": plan.predicted_step_ms,
+            "step_spread": plan.step_spread, "replica_sync_ms": plan.replica_sync_ms}
+
+
+def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
+    started = time.perf_counter()
+    width = measure_allreduce_bandwidth(2)
+    print(f"gloo all-reduce on 2 ranks: {width / 1e9:.2f} GB/s (bus bandwidth)", flush=True)
+    models, groups = [], []
+    for case in cases:
+        print(f"{case.label} ({case.spec.describe}): profile, plan, verify …", flush=True)
+        found = plans_of(case, args, width)
+        labels: dict[Any, str] = {}
+        rows = {}
+        for name, plan in found["plans"].items():
+            labels.setdefault(key(plan), name)
+            rows[name] = {**plan_row(plan, found["names"]), "label": labels[key(plan)]}
+        configs = tuple(Config(label, found["plans"][label]) for label in dict.fromkeys(labels.values()))
+        models.append({"model": case.label, "key": case.name, "input": case.spec.describe,
+                       "profile_s": found["profile_s"],
+                       "plan_and_verify_s": found["plan_and_verify_s"],
+                       "microbatch_sizes": found["microbatch_sizes"], "plans": rows})
+        groups.append(Group(case.label, case.spec, configs, rounds=args.rounds, warmup=1,
+                            max_others=args.max_others, retries=args.retries))
+    print(f"planned in {time.perf_counter() - started:.0f} s; measuring "
+          f"{sum(len(g.configs) for g in groups)} configurations …", flush=True)
+    start = time.perf_counter()
+    results = measure(groups, nprocs=2, backend="gloo", timeout_s=args.timeout)
+    measure_s = time.perf_counter() - start
+    for m in models:
+        got = results[m["model"]]
+        m["measured"] = {label: {**spread(t), "seconds": t} for label, t in got["times"].items()}
+        m["load"] = got["load"]
+        for row in m["plans"].values():
+            row["measured_ms"] = m["measured"][row["label"]]["median_ms"]
+            row["error"] = abs(row["predicted_ms"] - row["measured_ms"]) / row["measured_ms"]
+        best = min(x["median_ms"] for x in m["measured"].values())
+        m["choice_vs_best"] = best / m["plans"][AUTO]["measured_ms"]
+        m["dp_error"] = m["plans"][DP]["error"]
+    return {
+        "settings": {
+            "machine": machine(), "command": args.command, "smoke": args.smoke,
+            "devices": "2 CPU workers of 1 thread each (gloo): one process per stage and replica",
+            "allreduce_bytes_per_s": width, "rounds": args.rounds, "warmup_rounds": 1,
+            "profile_budget_s": args.profile_budget, "verify_budget_s": args.verify_budget,
+            "max_others": args.max_others, "retries": args.retries,
+            "loss": "MSE against one-hot labels (the tutorial's), SGD lr 0.001",
+        },
+        "seconds": {"total": time.perf_counter() - started, "measure": measure_s},
+        "models": models,
+        "goals": {
+            "choice_vs_best": min(m["choice_vs_best"] for m in models),
+            "dp_error": max(m["dp_error"] for m in models),
+        },
+    }
+
+
+def markdown(data: dict[str, Any]) -> str:
+    s, g = data["settings"], data["goals"]
+    met = {True: "met", False: "missed"}
+    lines = [
+        "# Stages × replicas on 2 CPU workers: predicted and measured", "",
+        f"Machine: {describe(s['machine'])}.  ", f"Command: `{s['command']}`.  ",
+        (f"{s['devices']}; gloo all-reduce measured at {s['allreduce_bytes_per_s'] / 1e9:.2f} "
+         f"GB/s; every plan measured {s['rounds']} times after a warm-up round, interleaved; "
+         f"{s['loss']}. Total {data['seconds']['total']:.0f} s."), "",
+        "## Goals", "", "| goal | value | target | |", "|---|---|---|---|",
+        (f"| autosplit's choice against the best measured plan (worst model) | "
+         f"{g['choice_vs_best']:.3f}× | ≥ {GOALS['choice']}× | "
+         f"{met[g['choice_vs_best'] >= GOALS['choice']]} |"),
+        (f"| data parallel: predicted step error (worst model) | {g['dp_error']:.1%} | "
+         f"≤ {GOALS['dp_error']:.0%} | {met[g['dp_error'] <= GOALS['dp_error']]} |"),
+    ]
+    for m in data["models"]:
+        lines += ["", f"## {m['model']} ({m['input']})", "",
+                  "| plan | layout | cut before | b | predicted ms | measured ms | min–max ms "
+                  "| error |", "|---|---|---|---|---|---|---|---|"]
+        for name, r in m["plans"].items():
+            x = m["measured"][r["label"]]
+            same = "" if r["label"] == name else f" (= {r['label']})"
+            spread_txt = "" if r["step_spread"] is None else f" ± {r['step_spread']:.0%}"
+            lines.append(
+                f"| {name}{same} | {r['layout']} | {', '.join(r['cut_before']) or '–'} | "
+                f"{r['split_size']} | {r['predicted_ms']:.0f}{spread_txt} | "
+                f"{x['median_ms']:.0f} | {x['min_ms']:.0f}–{x['max_ms']:.0f} | "
+                f"{r['error']:.1%} |")
+        lines += ["", (f"autosplit's choice: {m['plans'][AUTO]['layout']} (stages × replicas), "
+                       f"{m['choice_vs_best']:.3f}× the best measured plan. Profile "
+                       f"{m['profile_s']:.0f} s, plan and verification "
+                       f"{m['plan_and_verify_s']:.0f} s. {load_sentence(m['load'])}")]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    names = [c.name for c in default_cases()]
+    parser.add_argument("--models", nargs="+", choices=names, default=names, metavar="MODEL",
+                        help=f"the models to run (default all: {' '.join(names)})")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per plan (default 5)")
+    parser.add_argument("--profile-budget", type=float, default=40.0,
+                        help="the profile's budget (s; autosplit's default 40)")
+    parser.add_argument("--verify-budget", type=float, default=60.0,
+                        help="the verification's budget (s; autosplit's default 60)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="process-group timeout (s)")
+    add_load_arguments(parser)
+    parser.add_argument("--smoke", action="store_true", help="toy models in seconds (tests)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for the results (default benchmarks/results; with --smoke "
+                             "a temporary folder)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be positive")
+    args.sizes = None
+    if args.smoke:
+        cases = smoke_cases()
+        args.rounds, args.retries = 1, 0
+        args.profile_budget, args.verify_budget, args.sizes = 5.0, 5.0, [2, 4]
+    else:
+        cases = [c for c in default_cases() if c.name in args.models]
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="layouts-smoke-")) if args.smoke else RESULTS
+    elif args.smoke and args.out.resolve() == RESULTS.resolve():
+        parser.error("--smoke never writes to benchmarks/results: give another --out")
+    args.command = command_line("layouts.py", sys.argv[1:] if argv is None else argv)
+    data = run(args, cases)
+    stem = "layouts_smoke" if args.smoke else "layouts"
+    text = markdown(data)
+    write_results(args.out, stem, data, text)
+    print(text)
+    print(f"wrote {args.out / stem}.json and .md")
+
+
+if __name__ == "__main__":
+    main()
