@@ -33,11 +33,16 @@ between stages and has no such form. So the search is a branch and bound over th
     forwards it runs meanwhile (w_s = min(m, p − s)), and its last backward still has to travel
     back to stage 0 (post_s = Σ_{r<s} b_r + cb_r): step ≥ pre_s + post_s + m · t_s +
     max(R_s − (w_s − 1) · f_s, 0), with the unfixed part of R_s bounded below by ``rest_sum``
-    and the unfixed stages' t by ``rest_max``;
+    and the unfixed stages' t by ``rest_max``; and, for all stages at once (a path argument,
+    :func:`_stage_g`; checked against the simulator by ``tests/test_exact.py``),
+    step ≥ Σ_s t_s + Σ_c (cf_c + cb_c) + max_s g_s with
+    g_s = (m − 1) · max(f_s, b_s) + (m − w_s) · min(f_s, b_s) (GPipe's form with 1F1B's
+    warm-up), the unfixed g's bounded by ``rest_g``, their smallest possible largest g;
 * complete balances are simulated exactly (vectorised over siblings).
 
-The search is seeded with a balance (the planner passes the min-max DP's or MILP's cut), so the
-first bound is already tight. Ties: two steps within a relative 1e-9 are equal, and among equal
+The search is seeded with a balance (the planner passes the min-max DP's or MILP's cut), improved
+by steepest descent over single-cut moves before the search starts, so that the first bound is
+already tight. Ties: two steps within a relative 1e-9 are equal, and among equal
 steps the lexicographically smallest balance wins (deterministic plans).
 """
 
@@ -206,6 +211,19 @@ def _device_1f1b(f: np.ndarray | float, b: np.ndarray | float, trip: np.ndarray,
     return b + np.maximum(f + np.maximum(trip, (m - 1) * f) + (m - 1) * b, m * f + trip)
 
 
+def _stage_g(f: np.ndarray | float, b: np.ndarray | float, m: int, p: int,
+             s: int) -> np.ndarray:
+    """g_s (ms): what 1F1B's step adds to Σ t + Σ transfers for stage s's own ops, at least.
+
+    The path down with micro-batch 0, back up to B(s, 0), through stage s's remaining ops and
+    up with micro-batch m − 1 skips only the w_s − 1 warm-up forwards; the mirror path (all m
+    forwards, down and back with micro-batch m − 1) skips w_s − 1 backwards: step ≥ Σ t + Σ
+    transfers + (m − 1) · max(f_s, b_s) + (m − w_s) · min(f_s, b_s), w_s = min(m, p − s).
+    """
+    w = min(m, p - s)
+    return (m - 1) * np.maximum(f, b) + (m - w) * np.minimum(f, b)
+
+
 class _Tables:
     """Prefix sums and the two suffix DPs the bounds use (numpy, O(p · n²) element work)."""
 
@@ -217,10 +235,12 @@ class _Tables:
         self.cb = np.append(np.asarray(problem.comm_bwd, dtype=float), 0.0)
         self.fits = self._fits(problem)
         # rest_max[r][e] / rest_sum[r][e]: blocks e … n-1 on stages r … p-1, memory respected:
-        # the smallest possible slowest t, and the smallest Σ t + Σ transfers between them.
+        # the smallest possible slowest t, and the smallest Σ t + Σ transfers between them;
+        # rest_g[r][e]: the smallest possible largest g_s (:func:`_stage_g`, 1F1B).
         self.rest_max = np.full((p + 1, n + 1), np.inf)
         self.rest_sum = np.full((p + 1, n + 1), np.inf)
-        self.rest_max[p, n] = self.rest_sum[p, n] = 0.0
+        self.rest_g = np.full((p + 1, n + 1), np.inf)
+        self.rest_max[p, n] = self.rest_sum[p, n] = self.rest_g[p, n] = 0.0
         start = np.arange(n + 1)[:, None]
         end = np.arange(n + 1)[None, :]
         comm = np.append(0.0, self.cf + self.cb)  # comm[x] for a cut before block x (x ≥ 1)
@@ -234,6 +254,12 @@ class _Tables:
             lo = np.where(ok, t + comm[None, :] + self.rest_sum[r + 1][None, :], np.inf)
             self.rest_max[r] = hi.min(axis=1)
             self.rest_sum[r] = lo.min(axis=1)
+            if problem.schedule != "1f1b":
+                continue
+            g = _stage_g(self.f[r][None, :] - self.f[r][:, None],
+                         self.b[r][None, :] - self.b[r][:, None], problem.m, problem.p, r)
+            self.rest_g[r] = np.where(ok, np.maximum(g, self.rest_g[r + 1][None, :]),
+                                      np.inf).min(axis=1)
 
     @staticmethod
     def _fits(problem: StepProblem) -> np.ndarray:
@@ -322,6 +348,34 @@ class _Search:
             ms = float(_evaluate(problem, tables, np.asarray([seed]))[0])
             if self._feasible(seed) and ms < cutoff * (1 - TIE_RTOL):
                 self.best, self.best_ms, self.seed = seed, ms, seed
+                self._descend()
+
+    def _descend(self) -> None:
+        """Improve the seed by steepest descent over single-cut moves (±1, ±2, ±4 … blocks),
+        so that the search starts with a tight incumbent (the min-max cut can be far from the
+        simulated optimum). Only its running time depends on it: the search stays exact."""
+        assert self.best is not None
+        p = self.problem.p
+        steps = [d * sign for d in (1, 2, 4, 8, 16, 32, 64) for sign in (1, -1)]
+        while True:
+            cuts = np.cumsum(self.best)[:-1]
+            moved = np.repeat(cuts[None, :], len(steps) * (p - 1), axis=0)
+            moved[np.arange(len(moved)), np.repeat(np.arange(p - 1), len(steps))] += np.tile(
+                steps, p - 1)
+            bounds = np.concatenate((np.zeros((len(moved), 1), dtype=np.int64), moved,
+                                     np.full((len(moved), 1), self.problem.n)), axis=1)
+            bal = np.diff(bounds, axis=1)
+            bal = bal[(bal >= 1).all(axis=1)]
+            rows = [tuple(int(c) for c in r) for r in bal]
+            rows = [r for r in rows if self._feasible(r)]
+            if not rows:
+                return
+            ms = _evaluate(self.problem, self.t, np.asarray(rows))
+            i = int(np.argmin(ms))
+            if not ms[i] < self.best_ms * (1 - TIE_RTOL):
+                return
+            self.best = self.seed = rows[i]
+            self.best_ms = float(ms[i])
 
     def _feasible(self, balance: tuple[int, ...]) -> bool:
         start = 0
@@ -386,6 +440,10 @@ class _Search:
                     np.maximum(max(f + b, default=0.0), np.maximum(fk, bk)), rest_max / 2
                 ),
             ])
+            gk = _stage_g(fk, bk, m, p, k)
+            gfix = max((_stage_g(f[s], b[s], m, p, s) for s in range(k)), default=0.0)
+            rest_g = np.where(ok, t.rest_g[k + 1][ends], 0.0)
+            bound = np.maximum(bound, fixed + after + np.maximum(np.maximum(gk, gfix), rest_g))
             tail = 0.0  # Σ t and transfers of the fixed stages after s
             for s in range(k - 1, -1, -1):
                 pre_post = math.fsum(f[:s]) + math.fsum(b[:s]) + math.fsum(cuts[:s])
