@@ -38,6 +38,8 @@ between stages and has no such form. So the search is a branch and bound over th
     step ≥ Σ_s t_s + Σ_c (cf_c + cb_c) + max_s g_s with
     g_s = (m − 1) · max(f_s, b_s) + (m − w_s) · min(f_s, b_s) (GPipe's form with 1F1B's
     warm-up), the unfixed g's bounded by ``rest_g``, their smallest possible largest g;
+    the unfixed devices' own bounds, all at once, by a suffix DP over their ends (``rest_dev``:
+    each unfixed device s waits for the stages before it and for its own round trip);
 * complete balances are simulated exactly (vectorised over siblings).
 
 The search is seeded with a balance (the planner passes the min-max DP's or MILP's cut), improved
@@ -225,7 +227,7 @@ def _stage_g(f: np.ndarray | float, b: np.ndarray | float, m: int, p: int,
 
 
 class _Tables:
-    """Prefix sums and the two suffix DPs the bounds use (numpy, O(p · n²) element work)."""
+    """Prefix sums and the suffix DPs the bounds use (numpy, O(p · n²) element work)."""
 
     def __init__(self, problem: StepProblem) -> None:
         n, p = problem.n, problem.p
@@ -236,11 +238,18 @@ class _Tables:
         self.fits = self._fits(problem)
         # rest_max[r][e] / rest_sum[r][e]: blocks e … n-1 on stages r … p-1, memory respected:
         # the smallest possible slowest t, and the smallest Σ t + Σ transfers between them;
-        # rest_g[r][e]: the smallest possible largest g_s (:func:`_stage_g`, 1F1B).
+        # rest_g[r][e]: the smallest possible largest g_s (:func:`_stage_g`, 1F1B);
+        # rest_dev[r][e]: 1F1B, a lower bound on max over the stages s ≥ r of device s's bound
+        # counted from stage r's start (Σ_{r≤q<s} t_q + transfers, then s's busy span with
+        # its round trip ≥ its cut + rest_sum): min over stage r's end e' of
+        # max(r's busy span, t_r + cut + rest_dev[r + 1][e']), exact for one device and a
+        # lower bound for all of them at once (each completion's max is ≥ both terms).
         self.rest_max = np.full((p + 1, n + 1), np.inf)
         self.rest_sum = np.full((p + 1, n + 1), np.inf)
         self.rest_g = np.full((p + 1, n + 1), np.inf)
+        self.rest_dev = np.full((p + 1, n + 1), np.inf)
         self.rest_max[p, n] = self.rest_sum[p, n] = self.rest_g[p, n] = 0.0
+        self.rest_dev[p, n] = 0.0
         start = np.arange(n + 1)[:, None]
         end = np.arange(n + 1)[None, :]
         comm = np.append(0.0, self.cf + self.cb)  # comm[x] for a cut before block x (x ≥ 1)
@@ -260,6 +269,13 @@ class _Tables:
                          self.b[r][None, :] - self.b[r][:, None], problem.m, problem.p, r)
             self.rest_g[r] = np.where(ok, np.maximum(g, self.rest_g[r + 1][None, :]),
                                       np.inf).min(axis=1)
+            fr = self.f[r][None, :] - self.f[r][:, None]
+            br = self.b[r][None, :] - self.b[r][:, None]
+            trip = comm[None, :] + self.rest_sum[r + 1][None, :]
+            busy = _device_1f1b(fr, br, np.where(ok, trip, 0.0), problem.m,
+                                min(problem.m, p - r))
+            dev = np.maximum(busy, t + comm[None, :] + self.rest_dev[r + 1][None, :])
+            self.rest_dev[r] = np.where(ok, dev, np.inf).min(axis=1)
 
     @staticmethod
     def _fits(problem: StepProblem) -> np.ndarray:
@@ -411,7 +427,7 @@ class _Search:
         problem, t = self.problem, self.t
         n, p, m = problem.n, problem.p, problem.m
         self.nodes += 1
-        if self.stopped or (self.nodes % 64 == 0 and time.perf_counter() > self.deadline):
+        if self.stopped or (self.nodes % 64 == 1 and time.perf_counter() > self.deadline):
             self.stopped = True
             return
         ends = np.arange(j + 1, n - (p - 1 - k) + 1) if k < p - 1 else np.array([n])
@@ -444,6 +460,8 @@ class _Search:
             gfix = max((_stage_g(f[s], b[s], m, p, s) for s in range(k)), default=0.0)
             rest_g = np.where(ok, t.rest_g[k + 1][ends], 0.0)
             bound = np.maximum(bound, fixed + after + np.maximum(np.maximum(gk, gfix), rest_g))
+            rest_dev = np.where(ok, t.rest_dev[k + 1][ends], 0.0)
+            bound = np.maximum(bound, fixed + fk + bk + cfk + cbk + rest_dev)
             tail = 0.0  # Σ t and transfers of the fixed stages after s
             for s in range(k - 1, -1, -1):
                 pre_post = math.fsum(f[:s]) + math.fsum(b[:s]) + math.fsum(cuts[:s])
