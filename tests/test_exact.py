@@ -16,6 +16,7 @@ import autosplit
 from autosplit.cost import in_flight, optimizer_factor, transfer_ms
 from autosplit.simulator import simulate
 from autosplit.solve.exact import TIE_RTOL, StepProblem, solve_step, step_times
+from autosplit.solve.step_bounds import pair_gain
 
 
 def compositions(n: int, p: int):
@@ -209,6 +210,24 @@ def test_1f1b_step_is_at_least_the_sum_plus_the_slowest_steady_stage() -> None:
         assert bound <= step * (1 + 1e-12)
         tight += bound >= step * (1 - 1e-12)
     assert tight > 100  # the bound is often the step itself, not merely below it
+
+
+def test_1f1b_step_is_at_least_the_sum_plus_any_two_device_path() -> None:
+    """The search's pair bound (:func:`pair_gain`): for every s2 < s1, step ≥ Σ (f + b) +
+    Σ transfers + the gain of the path through device s1's pairs and device s2's drain."""
+    rng = random.Random(6)
+    tight = 0
+    for _ in range(1000):
+        f, b, m, cf, cb = random_pipeline(rng, "1f1b")
+        p = len(f)
+        w = [min(m, p - s) for s in range(p)]
+        gain = max((float(pair_gain(f[s1] + b[s1], m - w[s1], f[s2], b[s2], m, w[s2]))
+                    for s1 in range(p) for s2 in range(s1)), default=0.0)
+        bound = sum(f) + sum(b) + sum(cf) + sum(cb) + gain
+        step = simulate(f, b, m, "1f1b", cf, cb).step_ms
+        assert bound <= step * (1 + 1e-12)
+        tight += bound >= step * (1 - 1e-12)
+    assert tight > 100
 
 
 def test_search_equals_brute_force_on_larger_1f1b_problems() -> None:

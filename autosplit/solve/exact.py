@@ -34,12 +34,15 @@ between stages and has no such form. So the search is a branch and bound over th
     back to stage 0 (post_s = Σ_{r<s} b_r + cb_r): step ≥ pre_s + post_s + m · t_s +
     max(R_s − (w_s − 1) · f_s, 0), with the unfixed part of R_s bounded below by ``rest_sum``
     and the unfixed stages' t by ``rest_max``; and, for all stages at once (a path argument,
-    :func:`_stage_g`; checked against the simulator by ``tests/test_exact.py``),
+    :func:`stage_g`; checked against the simulator by ``tests/test_exact.py``),
     step ≥ Σ_s t_s + Σ_c (cf_c + cb_c) + max_s g_s with
     g_s = (m − 1) · max(f_s, b_s) + (m − w_s) · min(f_s, b_s) (GPipe's form with 1F1B's
     warm-up), the unfixed g's bounded by ``rest_g``, their smallest possible largest g;
     the unfixed devices' own bounds, all at once, by a suffix DP over their ends (``rest_dev``:
-    each unfixed device s waits for the stages before it and for its own round trip);
+    each unfixed device s waits for the stages before it and for its own round trip); and
+    paths through two devices s2 < s1, device s1's first forward-backward pairs then device
+    s2's remaining backwards (:func:`~autosplit.solve.step_bounds.pair_gain`), which decide
+    when m ≤ p (early stages run all their forwards first);
 * complete balances are simulated exactly (vectorised over siblings).
 
 The search is seeded with a balance (the planner passes the min-max DP's or MILP's cut), improved
@@ -60,13 +63,12 @@ import numpy as np
 
 from autosplit.errors import InvalidInputError
 from autosplit.simulator import SCHEDULES, schedule_order
+from autosplit.solve.step_bounds import Tables, device_1f1b, pairs, stage_g
 
 __all__ = ["TIE_RTOL", "StepProblem", "StepSolution", "step_times", "solve_step"]
 
 TIE_RTOL = 1e-9
 """Steps within this relative difference are equal; the smaller balance then wins."""
-
-_MEMORY_RTOL = 1e-12  # the DP's tolerance on memory limits
 
 _LEAF_BATCH = 64
 """Complete balances simulated together (a delay in tightening the incumbent against fewer,
@@ -200,106 +202,9 @@ def _simulate_many(fwd: np.ndarray, bwd: np.ndarray, cf: np.ndarray, cb: np.ndar
     return free.max(axis=0)
 
 
-def _device_1f1b(f: np.ndarray | float, b: np.ndarray | float, trip: np.ndarray, m: int,
-                 w: int) -> np.ndarray:
-    """Lower bound (ms) on 1F1B's busy span of one device, from its first op's start to its
-    last op's end: f, b its forward and backward time, ``trip`` ≤ the round trip of a
-    micro-batch through the later stages and cuts, w its warm-up forwards.
-
-    The first backward B(0) waits for F(0)'s round trip while the device runs w − 1 forwards;
-    then (m − w) backward-forward pairs; the last backward B(m − 1) waits for F(m − 1)'s round
-    trip while the device runs w − 1 backwards. With w = m there are no pairs, and B(m − 1)
-    waits for F(m − 1) (the device's m-th forward) or follows B(0)'s m − 1 backwards.
-    """
-    if m > w:
-        return (f + np.maximum(trip, (w - 1) * f) + (m - w) * (f + b)
-                + np.maximum(trip, (w - 1) * b) + b)
-    return b + np.maximum(f + np.maximum(trip, (m - 1) * f) + (m - 1) * b, m * f + trip)
-
-
-def _stage_g(f: np.ndarray | float, b: np.ndarray | float, m: int, p: int,
-             s: int) -> np.ndarray:
-    """g_s (ms): what 1F1B's step adds to Σ t + Σ transfers for stage s's own ops, at least.
-
-    The path down with micro-batch 0, back up to B(s, 0), through stage s's remaining ops and
-    up with micro-batch m − 1 skips only the w_s − 1 warm-up forwards; the mirror path (all m
-    forwards, down and back with micro-batch m − 1) skips w_s − 1 backwards: step ≥ Σ t + Σ
-    transfers + (m − 1) · max(f_s, b_s) + (m − w_s) · min(f_s, b_s), w_s = min(m, p − s).
-    """
-    w = min(m, p - s)
-    return (m - 1) * np.maximum(f, b) + (m - w) * np.minimum(f, b)
-
-
-class _Tables:
-    """Prefix sums and the suffix DPs the bounds use (numpy, O(p · n²) element work)."""
-
-    def __init__(self, problem: StepProblem) -> None:
-        n, p = problem.n, problem.p
-        self.f = np.array([np.concatenate(([0.0], np.cumsum(r))) for r in problem.fwd])
-        self.b = np.array([np.concatenate(([0.0], np.cumsum(r))) for r in problem.bwd])
-        self.cf = np.append(np.asarray(problem.comm_fwd, dtype=float), 0.0)  # cf[n-1]: no cut
-        self.cb = np.append(np.asarray(problem.comm_bwd, dtype=float), 0.0)
-        self.fits = self._fits(problem)
-        # rest_max[r][e] / rest_sum[r][e]: blocks e … n-1 on stages r … p-1, memory respected:
-        # the smallest possible slowest t, and the smallest Σ t + Σ transfers between them;
-        # rest_g[r][e]: the smallest possible largest g_s (:func:`_stage_g`, 1F1B);
-        # rest_dev[r][e]: 1F1B, a lower bound on max over the stages s ≥ r of device s's bound
-        # counted from stage r's start (Σ_{r≤q<s} t_q + transfers, then s's busy span with
-        # its round trip ≥ its cut + rest_sum): min over stage r's end e' of
-        # max(r's busy span, t_r + cut + rest_dev[r + 1][e']), exact for one device and a
-        # lower bound for all of them at once (each completion's max is ≥ both terms).
-        self.rest_max = np.full((p + 1, n + 1), np.inf)
-        self.rest_sum = np.full((p + 1, n + 1), np.inf)
-        self.rest_g = np.full((p + 1, n + 1), np.inf)
-        self.rest_dev = np.full((p + 1, n + 1), np.inf)
-        self.rest_max[p, n] = self.rest_sum[p, n] = self.rest_g[p, n] = 0.0
-        self.rest_dev[p, n] = 0.0
-        start = np.arange(n + 1)[:, None]
-        end = np.arange(n + 1)[None, :]
-        comm = np.append(0.0, self.cf + self.cb)  # comm[x] for a cut before block x (x ≥ 1)
-        comm[n] = 0.0
-        for r in range(p - 1, -1, -1):
-            ok = (end > start) & self.fits[r]
-            if r == p - 1:
-                ok &= end == n
-            fr = self.f[r][None, :] - self.f[r][:, None]  # fr[e][e']: blocks e … e'-1
-            br = self.b[r][None, :] - self.b[r][:, None]
-            t = np.where(ok, fr + br, np.inf)  # inf where stage r cannot hold the blocks
-            tc = t + comm[None, :]
-            self.rest_max[r] = np.maximum(t, self.rest_max[r + 1][None, :]).min(axis=1)
-            self.rest_sum[r] = (tc + self.rest_sum[r + 1][None, :]).min(axis=1)
-            if problem.schedule != "1f1b":
-                continue
-            g = _stage_g(fr, br, problem.m, problem.p, r)
-            g = np.where(ok, g, np.inf)
-            self.rest_g[r] = np.maximum(g, self.rest_g[r + 1][None, :]).min(axis=1)
-            trip = comm + self.rest_sum[r + 1]  # inf where no completion fits
-            busy = _device_1f1b(fr, br, trip[None, :], problem.m, min(problem.m, p - r))
-            self.rest_dev[r] = np.maximum(busy, tc + self.rest_dev[r + 1][None, :]).min(axis=1)
-
-    @staticmethod
-    def _fits(problem: StepProblem) -> np.ndarray:
-        """``fits[s][i][e]``: blocks i … e-1 fit on device s (and within ``grad_limit``)."""
-        n, p = problem.n, problem.p
-        out = np.ones((p, n + 1, n + 1), dtype=bool)
-        if problem.grad_limit is not None and problem.grad_bytes is not None:
-            grads = np.concatenate(([0.0], np.cumsum(problem.grad_bytes)))
-            out &= (grads[None, :] - grads[:, None] <= problem.grad_limit)[None]
-        if problem.memory is None or problem.capacity is None:
-            return out
-        for s in range(p):
-            mem = np.concatenate(([0.0], np.cumsum(problem.memory[s])))
-            first = np.zeros(n + 1)
-            if problem.memory_first is not None:
-                first[:n] = problem.memory_first[s]
-            held = mem[None, :] - mem[:, None] + first[:, None]
-            out[s] &= held <= problem.capacity[s] * (1 + _MEMORY_RTOL)
-        return out
-
-
 def step_times(problem: StepProblem, balances: Sequence[Sequence[int]]) -> np.ndarray:
     """The simulated step (ms) of each balance, vectorised (memory is not checked)."""
-    tables = _Tables.__new__(_Tables)  # prefix sums only
+    tables = Tables.__new__(Tables)  # prefix sums only
     tables.f = np.array([np.concatenate(([0.0], np.cumsum(r))) for r in problem.fwd])
     tables.b = np.array([np.concatenate(([0.0], np.cumsum(r))) for r in problem.bwd])
     tables.cf = np.append(np.asarray(problem.comm_fwd, dtype=float), 0.0)
@@ -312,7 +217,7 @@ def step_times(problem: StepProblem, balances: Sequence[Sequence[int]]) -> np.nd
     return _evaluate(problem, tables, bal)
 
 
-def _evaluate(problem: StepProblem, tables: _Tables, bal: np.ndarray) -> np.ndarray:
+def _evaluate(problem: StepProblem, tables: Tables, bal: np.ndarray) -> np.ndarray:
     p = problem.p
     bounds = np.concatenate((np.zeros((len(bal), 1), dtype=np.int64), np.cumsum(bal, axis=1)), 1)
     rows = np.arange(p)[:, None]
@@ -345,13 +250,13 @@ def solve_step(
         (within :data:`TIE_RTOL`), or ``None`` when no balance fits or none beats ``cutoff``.
     """
     deadline = math.inf if time_limit_s is None else time.perf_counter() + time_limit_s
-    return _Search(problem, _Tables(problem), seed, cutoff, deadline).run()
+    return _Search(problem, Tables(problem), seed, cutoff, deadline).run()
 
 
 class _Search:
     """Depth-first branch and bound in lexicographic order (see the module docstring)."""
 
-    def __init__(self, problem: StepProblem, tables: _Tables, seed: Sequence[int] | None,
+    def __init__(self, problem: StepProblem, tables: Tables, seed: Sequence[int] | None,
                  cutoff: float, deadline: float = math.inf) -> None:
         self.problem, self.t = problem, tables
         self.deadline, self.stopped = deadline, False
@@ -450,7 +355,7 @@ class _Search:
         else:
             after_k = cfk + cbk + rest_sum
             bound = np.maximum.reduce([
-                fixed + _device_1f1b(fk, bk, after_k, m, min(m, p - k)),
+                fixed + device_1f1b(fk, bk, after_k, m, min(m, p - k)),
                 fixed + fk + bk + cfk + cbk + m * rest_max,
                 # a path down with micro-batch 0, through one device's m forwards (or, on the
                 # way back, m backwards) and back with micro-batch m − 1
@@ -458,17 +363,18 @@ class _Search:
                     np.maximum(max(f + b, default=0.0), np.maximum(fk, bk)), rest_max / 2
                 ),
             ])
-            gk = _stage_g(fk, bk, m, p, k)
-            gfix = max((_stage_g(f[s], b[s], m, p, s) for s in range(k)), default=0.0)
+            gk = stage_g(fk, bk, m, p, k)
+            gfix = max((stage_g(f[s], b[s], m, p, s) for s in range(k)), default=0.0)
             rest_g = np.where(ok, t.rest_g[k + 1][ends], 0.0)
             bound = np.maximum(bound, fixed + after + np.maximum(np.maximum(gk, gfix), rest_g))
             rest_dev = np.where(ok, t.rest_dev[k + 1][ends], 0.0)
             bound = np.maximum(bound, fixed + fk + bk + cfk + cbk + rest_dev)
+            bound = np.maximum(bound, fixed + after + pairs(f, b, fk, bk, rest_max, m, p))
             tail = 0.0  # Σ t and transfers of the fixed stages after s
             for s in range(k - 1, -1, -1):
                 pre_post = math.fsum(f[:s]) + math.fsum(b[:s]) + math.fsum(cuts[:s])
                 trip = tail + cuts[s] + after
-                busy = _device_1f1b(f[s], b[s], trip, m, min(m, p - s))
+                busy = device_1f1b(f[s], b[s], trip, m, min(m, p - s))
                 bound = np.maximum(bound, pre_post + busy)
                 tail += f[s] + b[s] + cuts[s]
         bound = np.where(ok, bound, np.inf)
