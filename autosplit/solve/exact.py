@@ -329,8 +329,10 @@ class _Search:
             return bound <= self.best_ms + tol
         return better | ((counts <= self.seed[k]) & (bound <= self.best_ms + tol))
 
-    def _expand(self, k: int, j: int, counts: list[int], f: list[float], b: list[float]) -> None:
-        """Fix stage k's block count, given stages 0 … k-1 (``counts``, their ``f``, ``b``)."""
+    def _expand(self, k: int, j: int, counts: list[int], f: list[float], b: list[float],
+                fixed_pairs: float = 0.0) -> None:
+        """Fix stage k's block count, given stages 0 … k-1 (``counts``, their ``f``, ``b``,
+        and the largest two-device gain among them, ``fixed_pairs``)."""
         problem, t = self.problem, self.t
         n, p, m = problem.n, problem.p, problem.m
         self.nodes += 1
@@ -349,6 +351,7 @@ class _Search:
         cuts = [t.cf[c] + t.cb[c] for c in np.cumsum(counts) - 1] if counts else []
         fixed = math.fsum(f) + math.fsum(b) + math.fsum(cuts)  # pre_k + post_k
         after = fk + bk + cfk + cbk + rest_sum  # R_{k-1} less the fixed stages
+        within = np.zeros(len(ends))  # two-device gains within stages 0 … k (1F1B)
         if problem.schedule == "gpipe":
             slow = np.maximum(max(f, default=0.0), fk) + np.maximum(max(b, default=0.0), bk)
             bound = fixed + after + (m - 1) * np.maximum(slow, rest_max)
@@ -369,7 +372,8 @@ class _Search:
             bound = np.maximum(bound, fixed + after + np.maximum(np.maximum(gk, gfix), rest_g))
             rest_dev = np.where(ok, t.rest_dev[k + 1][ends], 0.0)
             bound = np.maximum(bound, fixed + fk + bk + cfk + cbk + rest_dev)
-            bound = np.maximum(bound, fixed + after + pairs(f, b, fk, bk, rest_max, m, p))
+            gain, within = pairs(f, b, fk, bk, rest_max, m, p, fixed_pairs)
+            bound = np.maximum(bound, fixed + after + gain)
             tail = 0.0  # Σ t and transfers of the fixed stages after s
             for s in range(k - 1, -1, -1):
                 pre_post = math.fsum(f[:s]) + math.fsum(b[:s]) + math.fsum(cuts[:s])
@@ -387,7 +391,7 @@ class _Search:
             if not self._keep(bound[idx:idx + 1], sizes[idx:idx + 1], counts)[0]:
                 continue  # the incumbent improved since the children were listed
             self._expand(k + 1, int(ends[idx]), counts + [int(sizes[idx])],
-                         f + [float(fk[idx])], b + [float(bk[idx])])
+                         f + [float(fk[idx])], b + [float(bk[idx])], float(within[idx]))
 
     def _leaves(self, counts: list[int], ends: np.ndarray) -> None:
         """Queue every complete balance whose stage p-2 (or p-1) ends at ``ends``; they are

@@ -73,38 +73,60 @@ def stage_g(f: np.ndarray | float, b: np.ndarray | float, m: int, p: int,
     return (m - 1) * np.maximum(f, b) + (m - w) * np.minimum(f, b)
 
 
+def _pair_js(jmax: int, m: int, w2: int) -> set[int]:
+    """The j where :func:`pair_gain`'s path can be longest: 0, m − w2 (clipped) and jmax."""
+    return {0, min(jmax, max(m - w2, 0)), jmax}
+
+
+def _drain(j: int, f2: np.ndarray | float, b2: np.ndarray | float, m: int,
+           w2: int) -> np.ndarray | float:
+    """Device s2's ops after B(s2, j) (ms): m − 1 − j backwards, (m − w2 − j)⁺ forwards."""
+    return (m - 1 - j) * b2 + max(m - w2 - j, 0) * f2
+
+
 def pair_gain(t1: np.ndarray | float, jmax: int, f2: np.ndarray | float,
-               b2: np.ndarray | float, m: int, w2: int) -> np.ndarray | float:
+              b2: np.ndarray | float, m: int, w2: int) -> np.ndarray | float:
     """What 1F1B's step adds to Σ t + Σ transfers, at least, on a path through two devices
     s2 < s1 (ms): down with micro-batch 0 and back up to B(s1, 0), through device s1's ops up
     to B(s1, j) (j forward-backward pairs, t1 = f + b each, j ≤ ``jmax`` = m − w_{s1}), up
-    with micro-batch j to B(s2, j) and through device s2's remaining ops (m − 1 − j backwards
-    b2, (m − w2 − j)⁺ forwards f2), then up with micro-batch m − 1. Linear in j between
-    j = 0, m − w2 and ``jmax``, so the largest value is at one of them."""
-    out: np.ndarray | float = -math.inf
-    for j in {0, min(jmax, max(m - w2, 0)), jmax}:
-        out = np.maximum(out, j * t1 + (m - 1 - j) * b2 + max(m - w2 - j, 0) * f2)
-    return out
+    with micro-batch j to B(s2, j) and through device s2's remaining ops (:func:`_drain`),
+    then up with micro-batch m − 1. Linear in j between j = 0, m − w2 and ``jmax``, so the
+    largest value is at one of them."""
+    values = [j * t1 + _drain(j, f2, b2, m, w2) for j in _pair_js(jmax, m, w2)]
+    if all(isinstance(v, float) for v in values):
+        return max(values)
+    return np.maximum.reduce(values)
 
 
 def pairs(f: list[float], b: list[float], fk: np.ndarray, bk: np.ndarray,
-           rest_max: np.ndarray, m: int, p: int) -> np.ndarray:
+          rest_max: np.ndarray, m: int, p: int,
+          fixed: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """The largest :func:`pair_gain` over pairs s2 < s1 with s2 fixed or the current stage
     k = len(f) (fk, bk per child), s1 any later stage; an unfixed s1's t is at least
-    ``rest_max`` and its j at most m − w_{k+1} (w shrinks along the pipeline)."""
+    ``rest_max`` and its j at most m − w_{k+1} (w shrinks along the pipeline). ``fixed`` is
+    the largest gain of the pairs within stages 0 … k-1 (the parent's second answer).
+
+    Returns:
+        (the bound's gain per child, the largest gain within stages 0 … k per child).
+    """
     k = len(f)
     w = [min(m, p - s) for s in range(p)]
-    out = np.zeros_like(fk)
-    later = k + 1 < p
-    for s2 in range(k):
-        for s1 in range(s2 + 1, k):
-            out = np.maximum(out, pair_gain(f[s1] + b[s1], m - w[s1], f[s2], b[s2], m, w[s2]))
-        out = np.maximum(out, pair_gain(fk + bk, m - w[k], f[s2], b[s2], m, w[s2]))
-        if later:
-            out = np.maximum(out, pair_gain(rest_max, m - w[k + 1], f[s2], b[s2], m, w[s2]))
-    if later:
-        out = np.maximum(out, pair_gain(rest_max, m - w[k + 1], fk, bk, m, w[k]))
-    return out
+    later = [(rest_max, m - w[k + 1])] if k + 1 < p else []
+    found = []
+    for t1, jmax in [(fk + bk, m - w[k]), *later]:
+        drains: dict[int, float] = {}  # the fixed s2's terms gathered per j
+        for s2 in range(k):
+            for j in _pair_js(jmax, m, w[s2]):
+                drains[j] = max(drains.get(j, -math.inf), _drain(j, f[s2], b[s2], m, w[s2]))
+        out = np.full_like(fk, fixed)
+        for j, drain in drains.items():
+            out = np.maximum(out, j * t1 + drain)
+        found.append(out)
+    within = found[0]
+    out = np.maximum.reduce(found)
+    for t1, jmax in later:
+        out = np.maximum(out, pair_gain(t1, jmax, fk, bk, m, w[k]))
+    return out, within
 
 
 class Tables:
