@@ -15,8 +15,18 @@ from synthetic import make_profile
 import autosplit
 from autosplit.cost import in_flight, optimizer_factor, transfer_ms
 from autosplit.simulator import simulate
+from autosplit.solve import exact
 from autosplit.solve.exact import TIE_RTOL, StepProblem, solve_step, step_times
 from autosplit.solve.step_bounds import pair_gain
+
+
+@pytest.fixture(params=["search", "exhaustive"])
+def method(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with the branch and bound (no instance is small enough to be simulated
+    whole), then with small instances simulated whole (the default)."""
+    if request.param == "search":
+        monkeypatch.setattr(exact, "_EXHAUSTIVE_MAX", 0)
+    return request.param
 
 
 def compositions(n: int, p: int):
@@ -123,7 +133,7 @@ def random_case(rng: random.Random) -> tuple[autosplit.Profile, int, dict]:
     return prof, p, kw
 
 
-def test_planner_equals_brute_force_on_random_profiles() -> None:
+def test_planner_equals_brute_force_on_random_profiles(method: str) -> None:
     """p = 2 … 5, 5–8 blocks, 1–2 sizes, transfers, speeds, memory limits, both schedules."""
     rng = random.Random(2024)
     checked = 0
@@ -139,7 +149,7 @@ def test_planner_equals_brute_force_on_random_profiles() -> None:
         checked += 1
 
 
-def test_search_finds_the_lexicographically_first_optimum_from_any_seed() -> None:
+def test_search_finds_the_lexicographically_first_optimum_from_any_seed(method: str) -> None:
     rng = random.Random(7)
     for _ in range(100):
         n, p, m = rng.randint(3, 8), rng.randint(2, 4), rng.randint(1, 6)
@@ -155,7 +165,7 @@ def test_search_finds_the_lexicographically_first_optimum_from_any_seed() -> Non
             assert solve_step(problem, seed).balance == want
 
 
-def test_cutoff_and_memory_leave_nothing() -> None:
+def test_cutoff_and_memory_leave_nothing(method: str) -> None:
     one = ((1.0, 1.0),)
     problem = StepProblem(one * 2, one * 2, (0.0,), (0.0,), 2, "gpipe")
     assert solve_step(problem, cutoff=1.0) is None  # no balance beats 1 ms
@@ -230,7 +240,7 @@ def test_1f1b_step_is_at_least_the_sum_plus_any_two_device_path() -> None:
     assert tight > 100
 
 
-def test_search_equals_brute_force_on_larger_1f1b_problems() -> None:
+def test_search_equals_brute_force_on_larger_1f1b_problems(method: str) -> None:
     """9–13 blocks, p = 3 … 6, m up to 12, per-device times, transfers and memory limits:
     deep enough that every bound of the search prunes."""
     rng = random.Random(11)

@@ -45,6 +45,10 @@ between stages and has no such form. So the search is a branch and bound over th
     when m ≤ p (early stages run all their forwards first);
 * complete balances are simulated exactly (vectorised over siblings).
 
+Small instances (at most ``_EXHAUSTIVE_MAX`` = 50,000 balances, e.g. ResNet50's 19 blocks on
+8 stages) skip the search: every balance that fits is simulated, vectorised, with the same tie
+rule; that is faster there than the search's per-node work.
+
 The search is seeded with a balance (the planner passes the min-max DP's or MILP's cut), improved
 by steepest descent over single-cut moves before the search starts, so that the first bound is
 already tight. Ties: two steps within a relative 1e-9 are equal, and among equal
@@ -54,6 +58,7 @@ steps the lexicographically smallest balance wins (deterministic plans).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -70,9 +75,11 @@ __all__ = ["TIE_RTOL", "StepProblem", "StepSolution", "step_times", "solve_step"
 TIE_RTOL = 1e-9
 """Steps within this relative difference are equal; the smaller balance then wins."""
 
-_LEAF_BATCH = 64
-"""Complete balances simulated together (a delay in tightening the incumbent against fewer,
-larger vectorised simulations)."""
+_LEAF_BATCH = 64  # complete balances simulated together (fewer, larger simulations)
+
+_EXHAUSTIVE_MAX = 50_000
+"""Up to this many balances (C(n − 1, p − 1)) every one is simulated instead of searched:
+faster than the branch and bound on small models (ResNet50's 19 blocks on 8 stages: 31,824)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,8 +256,28 @@ def solve_step(
         The lexicographically smallest balance among those whose step equals the smallest
         (within :data:`TIE_RTOL`), or ``None`` when no balance fits or none beats ``cutoff``.
     """
+    tables = Tables(problem)
+    if math.comb(problem.n - 1, problem.p - 1) <= _EXHAUSTIVE_MAX:
+        return _exhaustive(problem, tables, cutoff)
     deadline = math.inf if time_limit_s is None else time.perf_counter() + time_limit_s
-    return _Search(problem, Tables(problem), seed, cutoff, deadline).run()
+    return _Search(problem, tables, seed, cutoff, deadline).run()
+
+
+def _exhaustive(problem: StepProblem, tables: Tables, cutoff: float) -> StepSolution | None:
+    """Every balance that fits, simulated in chunks of 8,192, in lexicographic order: the
+    first whose step is within :data:`TIE_RTOL` of the smallest (the search's answer)."""
+    n, p = problem.n, problem.p
+    cuts = np.array(list(itertools.combinations(range(1, n), p - 1)), dtype=np.int64)
+    ends = np.pad(cuts, ((0, 0), (1, 1)), constant_values=((0, 0), (0, n)))
+    fits = np.all([tables.fits[s][ends[:, s], ends[:, s + 1]] for s in range(p)], axis=0)
+    balances = np.diff(ends, axis=1)[fits]
+    steps = np.concatenate([_evaluate(problem, tables, balances[i:i + 8192])
+                            for i in range(0, len(balances), 8192)] or [np.empty(0)])
+    if not len(balances) or not steps.min() < cutoff * (1 - TIE_RTOL):
+        return None
+    first = int(np.flatnonzero(steps <= steps.min() * (1 + TIE_RTOL))[0])
+    return StepSolution(tuple(int(c) for c in balances[first]), float(steps[first]),
+                        len(balances))
 
 
 class _Search:
