@@ -42,6 +42,15 @@ def test_planning_benchmark_smoke(tmp_path) -> None:
     assert abs(row["plans"][0]["milp_step_ms"] - row["plans"][0]["dp_step_ms"]) <= 1e-9 * row["plans"][0]["dp_step_ms"]
 
 
+def test_exact_search_benchmark_smoke(tmp_path) -> None:
+    run_benchmark("exact_search.py", tmp_path)
+    data = json.loads((tmp_path / "exact_search_smoke.json").read_text())
+    assert [(r["model"], r["schedule"], r["gpus"]) for r in data["rows"]][-2:] == [
+        ("100 blocks", "gpipe", 8), ("100 blocks", "1f1b", 8)]
+    assert all(r["proven"] and sum(r["balance"]) in (19, 100) for r in data["rows"])
+    assert "| model | schedule | p |" in (tmp_path / "exact_search_smoke.md").read_text()
+
+
 def test_analytic_benchmark_smoke(tmp_path) -> None:
     run_benchmark("analytic.py", tmp_path)
     data = json.loads((tmp_path / "analytic_smoke.json").read_text())

@@ -15,13 +15,29 @@ from synthetic import make_profile
 import autosplit
 from autosplit.cost import in_flight, optimizer_factor, transfer_ms
 from autosplit.simulator import simulate
+from autosplit.solve import exact
 from autosplit.solve.exact import TIE_RTOL, StepProblem, solve_step, step_times
+from autosplit.solve.step_bounds import pair_gain
+
+
+@pytest.fixture(params=["search", "exhaustive"])
+def method(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with the branch and bound (no instance is small enough to be simulated
+    whole), then with small instances simulated whole (the default)."""
+    if request.param == "search":
+        monkeypatch.setattr(exact, "_EXHAUSTIVE_MAX", 0)
+    return request.param
 
 
 def compositions(n: int, p: int):
     """Every balance of n blocks on p non-empty stages, in lexicographic order."""
     for cuts in itertools.combinations(range(1, n), p - 1):
         yield tuple(b - a for a, b in itertools.pairwise((0, *cuts, n)))
+
+
+def stage_ranges(balance: tuple[int, ...]):
+    """(first, end) block range of each stage."""
+    return itertools.pairwise(itertools.accumulate(balance, initial=0))
 
 
 def random_pipeline(rng: random.Random, schedule: str):
@@ -117,7 +133,7 @@ def random_case(rng: random.Random) -> tuple[autosplit.Profile, int, dict]:
     return prof, p, kw
 
 
-def test_planner_equals_brute_force_on_random_profiles() -> None:
+def test_planner_equals_brute_force_on_random_profiles(method: str) -> None:
     """p = 2 … 5, 5–8 blocks, 1–2 sizes, transfers, speeds, memory limits, both schedules."""
     rng = random.Random(2024)
     checked = 0
@@ -133,7 +149,7 @@ def test_planner_equals_brute_force_on_random_profiles() -> None:
         checked += 1
 
 
-def test_search_finds_the_lexicographically_first_optimum_from_any_seed() -> None:
+def test_search_finds_the_lexicographically_first_optimum_from_any_seed(method: str) -> None:
     rng = random.Random(7)
     for _ in range(100):
         n, p, m = rng.randint(3, 8), rng.randint(2, 4), rng.randint(1, 6)
@@ -149,7 +165,7 @@ def test_search_finds_the_lexicographically_first_optimum_from_any_seed() -> Non
             assert solve_step(problem, seed).balance == want
 
 
-def test_cutoff_and_memory_leave_nothing() -> None:
+def test_cutoff_and_memory_leave_nothing(method: str) -> None:
     one = ((1.0, 1.0),)
     problem = StepProblem(one * 2, one * 2, (0.0,), (0.0,), 2, "gpipe")
     assert solve_step(problem, cutoff=1.0) is None  # no balance beats 1 ms
@@ -186,3 +202,68 @@ def test_the_plan_says_when_the_search_stopped_early(monkeypatch: pytest.MonkeyP
     assert "not proven optimal" in plan.solver
     monkeypatch.setattr(search, "SEARCH_LIMIT_S", 60.0)
     assert "not proven" not in autosplit.plan(prof, 2, schedule="1f1b").solver
+
+
+def test_1f1b_step_is_at_least_the_sum_plus_the_slowest_steady_stage() -> None:
+    """The search's 1F1B bound: step ≥ Σ (f + b) + Σ transfers + max_s g_s with
+    g_s = (m − 1) · max(f_s, b_s) + (m − w_s) · min(f_s, b_s), w_s = min(m, p − s) (a path down
+    with micro-batch 0, through stage s's ops, back up with micro-batch m − 1)."""
+    rng = random.Random(5)
+    tight = 0
+    for _ in range(1000):
+        f, b, m, cf, cb = random_pipeline(rng, "1f1b")
+        p = len(f)
+        g = max((m - 1) * max(f[s], b[s]) + (m - min(m, p - s)) * min(f[s], b[s])
+                for s in range(p))
+        bound = sum(f) + sum(b) + sum(cf) + sum(cb) + g
+        step = simulate(f, b, m, "1f1b", cf, cb).step_ms
+        assert bound <= step * (1 + 1e-12)
+        tight += bound >= step * (1 - 1e-12)
+    assert tight > 100  # the bound is often the step itself, not merely below it
+
+
+def test_1f1b_step_is_at_least_the_sum_plus_any_two_device_path() -> None:
+    """The search's pair bound (:func:`pair_gain`): for every s2 < s1, step ≥ Σ (f + b) +
+    Σ transfers + the gain of the path through device s1's pairs and device s2's drain."""
+    rng = random.Random(6)
+    tight = 0
+    for _ in range(1000):
+        f, b, m, cf, cb = random_pipeline(rng, "1f1b")
+        p = len(f)
+        w = [min(m, p - s) for s in range(p)]
+        gain = max((float(pair_gain(f[s1] + b[s1], m - w[s1], f[s2], b[s2], m, w[s2]))
+                    for s1 in range(p) for s2 in range(s1)), default=0.0)
+        bound = sum(f) + sum(b) + sum(cf) + sum(cb) + gain
+        step = simulate(f, b, m, "1f1b", cf, cb).step_ms
+        assert bound <= step * (1 + 1e-12)
+        tight += bound >= step * (1 - 1e-12)
+    assert tight > 100
+
+
+def test_search_equals_brute_force_on_larger_1f1b_problems(method: str) -> None:
+    """9–13 blocks, p = 3 … 6, m up to 12, per-device times, transfers and memory limits:
+    deep enough that every bound of the search prunes."""
+    rng = random.Random(11)
+    for _ in range(60):
+        n, p, m = rng.randint(9, 13), rng.randint(3, 6), rng.randint(1, 12)
+        speed = [rng.choice([0.5, 1.0, 2.0]) for _ in range(p)]
+        base = [rng.uniform(0.2, 2.0) for _ in range(n)]
+        share = [rng.uniform(0.2, 0.6) for _ in range(n)]
+        fwd = tuple(tuple(c * a / v for c, a in zip(base, share)) for v in speed)
+        bwd = tuple(tuple(c * (1 - a) / v for c, a in zip(base, share)) for v in speed)
+        comm = tuple(rng.uniform(0.0, 0.5) * rng.choice([0, 1]) for _ in range(n - 1))
+        memory = capacity = None
+        if rng.random() < 0.3:
+            memory = (tuple(float(rng.randint(1, 4)) for _ in range(n)),) * p
+            capacity = tuple(float(rng.randint(n // p + 2, n)) for _ in range(p))
+        problem = StepProblem(fwd, bwd, comm, comm, m, "1f1b", memory=memory,
+                              capacity=capacity)
+        balances = [bal for bal in compositions(n, p) if capacity is None or all(
+            sum(memory[s][a:e]) <= capacity[s] for s, (a, e) in enumerate(stage_ranges(bal)))]
+        found = solve_step(problem, balances[len(balances) // 2] if balances else None)
+        if not balances:
+            assert found is None
+            continue
+        steps = step_times(problem, balances)
+        want = balances[int(np.flatnonzero(steps <= steps.min() * (1 + TIE_RTOL))[0])]
+        assert found is not None and found.balance == want
