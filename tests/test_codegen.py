@@ -246,6 +246,23 @@ def test_toy_two_stages(tmp_path: Path) -> None:
     assert_ruff_clean(tmp_path / "pipelined.py")
 
 
+@pytest.mark.parametrize("length", [70, 78, 84, 120])
+def test_a_model_file_under_a_long_path_is_emitted_ruff_clean(tmp_path: Path, length: int) -> None:
+    # `MODEL_PATH = "…"` within ruff's 88 columns (70), over them with the string fitting on a
+    # line of its own (78, 84: ruff format wants it in parentheses), or not even so (120)
+    name = "m" * (length - len(str(tmp_path)) - 4) + ".py"
+    assert len(str(tmp_path / name)) == length
+    shutil.copy(EXAMPLES / "toy.py", tmp_path / name)
+    mf = load_model_file(str(tmp_path / name))
+    model = mf.build()
+    inputs = (torch.randn(8, 10),)
+    out = tmp_path / "out"
+    out.mkdir()
+    source, _, _ = emit_and_check(out, mf.ref, model, inputs, make_plan(model, inputs, 2, 4))
+    assert str(tmp_path / name) in source
+    assert_ruff_clean(out / "pipelined.py")
+
+
 @pytest.mark.parametrize("stages", [2, 3])
 def test_resnet50(tmp_path: Path, resnet: Any, stages: int) -> None:
     mf, model, inputs, plans = resnet

@@ -378,9 +378,15 @@ def _noop_worker() -> tuple[int, int]:
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to list child processes")
-def test_launch_returns_every_rank_and_leaves_nothing_behind() -> None:
+def test_launch_returns_every_rank_and_leaves_nothing_behind(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    # a temporary folder of its own: other runs on the machine create launcher folders too
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     before = _children()
     temp = Path(tempfile.gettempdir())
+    assert temp == tmp_path
     folders = set(temp.iterdir())
     port = distributed.free_port()
     assert distributed.launch(_noop_worker, 3, port=port, timeout_s=TIMEOUT_S) == {0: (0, 3), 1: (1, 3), 2: (2, 3)}

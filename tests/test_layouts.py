@@ -288,3 +288,5 @@ def test_partition_refuses_a_plan_with_replicas() -> None:
     plan = dataclasses.replace(plan_with_balance(prof, (1, 1), 2), replicas=2, microbatches=2)
     with pytest.raises(autosplit.InvalidInputError, match=r"partition\(\) runs one pipeline in one"):
         autosplit.partition(model, plan=plan)
+    with pytest.raises(autosplit.InvalidInputError, match=r"emit\(\) runs one pipeline in one"):
+        autosplit.emit(plan, "examples/toy.py")

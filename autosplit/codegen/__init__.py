@@ -39,6 +39,7 @@ from autosplit.errors import CodegenError, InvalidInputError, TraceError
 from autosplit.graph import Granularity, leaf_module_list, trace
 from autosplit.profiler import check_inputs
 from autosplit.records import Plan
+from autosplit.runnable import require_pipeline_only
 
 __all__ = ["LINE_LENGTH", "CodegenError", "emit"]
 
@@ -76,13 +77,15 @@ def emit(
     Raises:
         ArgumentTypeError: an argument of the wrong type (``plan`` not a Plan, ``model_ref``
             not a string, ``devices="cuda:0"`` instead of a list, …); also a ``TypeError``.
-        InvalidInputError: bad arguments, or a ``model_ref`` that cannot be imported or names
-            no model (:class:`autosplit.modelfile.ModelFileError`).
+        InvalidInputError: bad arguments, a plan with data-parallel replicas (it needs
+            ``autosplit run``), or a ``model_ref`` that cannot be imported or names no model
+            (:class:`autosplit.modelfile.ModelFileError`).
         PlanMismatchError: the plan was made for another model than ``model_ref`` builds.
         CodegenError: a stage's code cannot be written (an unsupported construct, or the
             coarse graph cannot be matched to the plan's blocks).
     """
     checks.instance_of("plan", plan, Plan, "an autosplit Plan")
+    require_pipeline_only(plan, "emit()")
     checks.instance_of(
         "model_ref", model_ref, str, "'path/to/file.py:factory' or 'package.module:factory'"
     )

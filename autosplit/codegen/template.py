@@ -19,7 +19,14 @@ from autosplit.codegen.pipelined import (
 )
 from autosplit.codegen.stage_classes import stage_code
 from autosplit.codegen.structure import StageSplit
-from autosplit.codegen.text import block_span, call_lines, docstring_safe, joined, quoted
+from autosplit.codegen.text import (
+    assignment,
+    block_span,
+    call_lines,
+    docstring_safe,
+    joined,
+    quoted,
+)
 from autosplit.modelfile import MODEL_NAMES
 from autosplit.records import Plan
 from autosplit.units import format_bytes, format_ms
@@ -146,10 +153,11 @@ class ModuleWriter:
             lines.append(
                 "# The model file where it was when this was written, else as it was given"
             )
-            lines.append(f"MODEL_PATH = {quoted(str(src.path))}")
-            lines.append(f"MODEL_FILE = {quoted(src.given)}  # from the working directory")
+            lines.append(assignment("MODEL_PATH", quoted(str(src.path))))
+            lines.append("# from the working directory")
+            lines.append(assignment("MODEL_FILE", quoted(src.given)))
         else:
-            lines.append(f"MODEL_MODULE = {quoted(src.given)}")
+            lines.append(assignment("MODEL_MODULE", quoted(src.given)))
         devices = ", ".join(quoted(d) for d in self.devices)
         lines.append(f"DEVICES = ({devices}{',' if len(self.devices) == 1 else ''})")
         lines.append(f"SPLIT_SIZE = {self.plan.split_size}  # micro-batch size")

@@ -14,6 +14,15 @@ def quoted(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+def assignment(name: str, literal: str, width: int = 88) -> str:
+    """``NAME = literal`` as ruff format writes it: in parentheses on its own line when the
+    line is longer than ``width`` but the literal fits there, else on one line."""
+    line = f"{name} = {literal}"
+    if len(line) > width and len(literal) + 4 <= width:
+        return f"{name} = (\n    {literal}\n)"
+    return line
+
+
 def docstring_safe(text: str) -> str:
     """Text that is safe inside a triple-quoted docstring."""
     return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
