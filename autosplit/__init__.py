@@ -31,6 +31,7 @@ from autosplit.errors import (
     PlanMismatchError,  # noqa: F401 (former name of ModelMismatchError)
     RankFailedError,
     RecordFileError,
+    ScheduleUnavailableError,
     TraceError,
 )
 from autosplit.records import (
@@ -103,6 +104,7 @@ __all__ = [
     "CutValueError",
     "ModelFileError",
     "RankFailedError",
+    "ScheduleUnavailableError",
     "__version__",
 ]
 

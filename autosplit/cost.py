@@ -53,6 +53,17 @@ is mixed-precision Adam on 16-bit parameters: an fp32 master copy and two fp32 m
 SCHEDULES = ("gpipe", "1f1b")
 
 
+DEFAULT_LINK_BYTES_PER_S = {
+    # Between CPU workers in one process a "transfer" is a no-op; between processes it is a
+    # loopback gloo send. 5 GB/s is a conservative figure for gloo over loopback.
+    "cpu": 5e9,
+    # PCIe 4.0 x16 peer-to-peer copies reach ~20–25 GB/s; 16 GB/s is a conservative default
+    # when the link has not been measured.
+    "cuda": 16e9,
+}
+"""Link bandwidth (bytes/s) assumed between consecutive stages when none is given."""
+
+
 def optimizer_factor(optimizer: str) -> int:
     """Bytes per parameter byte held in training: weights + gradients + optimizer state."""
     try:

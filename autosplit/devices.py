@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from autosplit import checks
+from autosplit.cost import DEFAULT_LINK_BYTES_PER_S  # re-exported
 from autosplit.errors import InvalidInputError
 from autosplit.records import DeviceInfo
 
@@ -20,17 +21,6 @@ __all__ = [
     "DEFAULT_LINK_BYTES_PER_S",
     "measure_link_bandwidth",
 ]
-
-DEFAULT_LINK_BYTES_PER_S = {
-    # Between CPU workers in one process a "transfer" is a no-op; between processes it is a
-    # loopback gloo send. 5 GB/s is a conservative figure for gloo over loopback.
-    "cpu": 5e9,
-    # PCIe 4.0 x16 peer-to-peer copies reach ~20–25 GB/s; 16 GB/s is a conservative default
-    # when the link has not been measured.
-    "cuda": 16e9,
-}
-"""Link bandwidth (bytes/s) assumed between consecutive stages when none is given."""
-
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """``None`` → ``cuda:0`` when CUDA is available, else ``cpu``; strings are checked.

@@ -92,7 +92,7 @@ def partition(
         split_size: fix the micro-batch size b (``None``: the planner chooses).
         schedule, optimizer, memory_per_gpu: passed to :func:`autosplit.plan`.
         bandwidth_bytes_per_s: link bandwidth between stages; default measured between GPUs
-            (peer-to-peer copies), else :data:`autosplit.devices.DEFAULT_LINK_BYTES_PER_S`.
+            (peer-to-peer copies), else :data:`autosplit.cost.DEFAULT_LINK_BYTES_PER_S`.
         microbatch_sizes: sizes to profile (default chosen from the batch).
         granularity, leaf_modules: passed to :func:`autosplit.graph.trace`.
         profile_options: extra keyword arguments for :func:`autosplit.profile`.

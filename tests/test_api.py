@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -31,6 +32,16 @@ def test_import_is_light() -> None:
     assert out.stdout.strip() == "False"
 
 
+def test_planning_from_a_profile_file_needs_no_torch() -> None:
+    fixture = Path(__file__).parent / "fixtures" / "resnet50_profile.json"
+    code = ("import sys, autosplit\n"
+            f"prof = autosplit.Profile.load({str(fixture)!r})\n"
+            "plan = autosplit.plan(prof, 2)\n"
+            "print(len(plan.stages), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["2", "False"]
+
+
 def test_every_error_class_is_exported_without_torch() -> None:
     code = (
         "import sys, autosplit\n"
@@ -43,7 +54,7 @@ def test_every_error_class_is_exported_without_torch() -> None:
         "print(len(names), 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["11", "False"]
+    assert out.stdout.split() == ["12", "False"]
 
 
 def test_the_runtimes_raise_the_exported_classes() -> None:

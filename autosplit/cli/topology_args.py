@@ -73,9 +73,9 @@ def topology_for(counts: tuple[int, int], spec: Any, kind: str, intra: float | N
                  inter: float | None) -> Topology:
     """The :class:`Topology` of K × G devices (``counts``) of the device ``spec`` (or, without
     one, of ``kind``, ``"cpu"`` or ``"cuda"``): ``intra`` (--bandwidth) defaults to the spec's
-    link or :data:`autosplit.devices.DEFAULT_LINK_BYTES_PER_S`, ``inter`` to its usual network
+    link or :data:`autosplit.cost.DEFAULT_LINK_BYTES_PER_S`, ``inter`` to its usual network
     between nodes (:func:`autosplit.specs.inter_node_link`)."""
-    from autosplit.devices import DEFAULT_LINK_BYTES_PER_S
+    from autosplit.cost import DEFAULT_LINK_BYTES_PER_S
     from autosplit.specs import LINKS, inter_node_link
 
     if spec is not None:

@@ -144,7 +144,7 @@ def plan_replicated(
     :func:`autosplit.planner.plan` itself. ``allreduce_bandwidth_bytes_per_s`` defaults to the
     profile's measured all-reduce bandwidth (``Profile.allreduce_bytes_per_s``), else to the
     link bandwidth (``bandwidth_bytes_per_s``, itself defaulting per device kind:
-    :data:`autosplit.devices.DEFAULT_LINK_BYTES_PER_S`); ``allreduce_overlap`` is o in [0, 1].
+    :data:`autosplit.cost.DEFAULT_LINK_BYTES_PER_S`); ``allreduce_overlap`` is o in [0, 1].
 
     Raises:
         InvalidInputError: ``replicas`` does not divide the batch, or a bad argument (as

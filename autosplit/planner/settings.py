@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from autosplit import checks
 from autosplit.cost import (
+    DEFAULT_LINK_BYTES_PER_S,
     OPTIMIZER_STATE,
     SCHEDULES,
 )
-from autosplit.devices import DEFAULT_LINK_BYTES_PER_S
 from autosplit.errors import (
     ArgumentTypeError,
     InvalidInputError,
