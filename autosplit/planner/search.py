@@ -100,6 +100,8 @@ def plan(
         solver: the min-max solver whose cut seeds the exact search: ``"dp"`` (dynamic
             program), ``"milp"`` (PuLP/CBC, same min-max optimum) or ``"auto"`` (the DP). The
             plan is the same either way: the exact search on the simulated step decides.
+            Used by ``"gpipe"`` and ``"1f1b"``; the joint search of the other schedules
+            needs no seed.
         speeds: relative speed of each device (default all 1.0).
         device_profiles: one profile per device (same model, same sizes) for devices of
             different kinds; block times then come from each device's own profile.
