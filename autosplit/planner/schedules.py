@@ -1,4 +1,4 @@
-"""``schedule="auto"``: schedule, stages per rank, cuts, micro-batch size and recomputation together.
+"""``schedule="auto"``: schedule, stages per rank, cuts, micro-batch size and recomputation.
 
 Symbols: p ranks, v stages per rank, p·v stages, b the micro-batch size, m = ceil(B / b).
 For every searched (schedule, v) (:data:`SEARCHED`) and every measured b ≤ B, the exact search
@@ -85,8 +85,8 @@ def joint_problem(settings: PlanSettings, profile: Profile, k: int, m: int) -> J
     return JointProblem(
         fwd_ms=tuple(b.fwd_ms[k] for b in blocks),
         bwd_ms=tuple(b.bwd_ms[k] for b in blocks),
-        input_grad_ms=tuple(b.input_grad_ms[k] for b in blocks) if split else None,  # type: ignore[index]
-        weight_grad_ms=tuple(b.weight_grad_ms[k] for b in blocks) if split else None,  # type: ignore[index]
+        input_grad_ms=_row(blocks, "input_grad_ms", k) if split else None,
+        weight_grad_ms=_row(blocks, "weight_grad_ms", k) if split else None,
         saved_bytes=tuple(float(b.saved_bytes[k]) for b in blocks),
         first_bytes=tuple(float((b.saved_shared_bytes or (0,) * (k + 1))[k]) for b in blocks),
         input_bytes=(float(blocks[0].checkpoint_saved_bytes[k]),  # type: ignore[index]
@@ -95,6 +95,11 @@ def joint_problem(settings: PlanSettings, profile: Profile, k: int, m: int) -> J
                            for i, b in enumerate(blocks)),
         comm_fwd_ms=half, comm_bwd_ms=half, m=m, capacity_bytes=capacity,
     )
+
+
+def _row(blocks: tuple, field: str, k: int) -> tuple[float, ...]:
+    """Each block's ``field`` at size index k (a per-block measurement that is present)."""
+    return tuple(getattr(b, field)[k] for b in blocks)
 
 
 def _unavailable(profile: Profile, schedule: str, v: int, p: int) -> str:
