@@ -22,6 +22,7 @@ import math
 
 from autosplit.errors import InvalidInputError
 from autosplit.records import BlockProfile, Profile
+from autosplit.validation import KNOWN_SCHEDULES
 
 __all__ = [
     "OPTIMIZER_STATE",
@@ -50,7 +51,9 @@ OPTIMIZER_STATE = {
 is mixed-precision Adam on 16-bit parameters: an fp32 master copy and two fp32 moments are
 12 bytes per 2-byte parameter, 6 parameter sizes (16 bytes per parameter in all)."""
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = KNOWN_SCHEDULES
+"""Every schedule a plan may name (:mod:`autosplit.schedules`); :func:`in_flight` knows GPipe's
+and 1F1B's counts, the others' memory comes from the replay."""
 
 
 DEFAULT_LINK_BYTES_PER_S = {

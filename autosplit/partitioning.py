@@ -90,7 +90,11 @@ def partition(
         devices: one device per stage, e.g. ``["cuda:0", "cuda:1"]`` or ``["cpu", "cpu"]``.
         plan: a saved plan to use; its fingerprint must match the model.
         split_size: fix the micro-batch size b (``None``: the planner chooses).
-        schedule, optimizer, memory_per_gpu: passed to :func:`autosplit.plan`.
+        schedule, optimizer, memory_per_gpu: passed to :func:`autosplit.plan`. The
+            PipelinedModule runs its stages in GPipe's order whatever the plan's schedule
+            (a schedule changes the order and timing, not the result): ``"gpipe"`` (the
+            default) keeps the prediction that of what runs; a plan of another schedule runs
+            its cuts and checkpointed stages as planned.
         bandwidth_bytes_per_s: link bandwidth between stages; default measured between GPUs
             (peer-to-peer copies), else :data:`autosplit.cost.DEFAULT_LINK_BYTES_PER_S`.
         microbatch_sizes: sizes to profile (default chosen from the batch).
@@ -117,7 +121,7 @@ def partition(
     checks.optional(checks.instance_of, "plan", plan, Plan, "an autosplit Plan (Plan.load(path))")
     checks.optional(checks.positive_int, "split_size", split_size)
     checks.optional(checks.positive_int, "gpus", gpus)
-    checks.one_of("schedule", schedule, SCHEDULES)
+    checks.one_of("schedule", schedule, ("auto", *SCHEDULES))
     checks.one_of("optimizer", optimizer, OPTIMIZER_STATE)
     checks.optional(
         checks.positive_finite, "bandwidth_bytes_per_s", bandwidth_bytes_per_s, "bytes/s"

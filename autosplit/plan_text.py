@@ -46,7 +46,7 @@ def plan_text(plan: Any) -> str:
 
 def summary_lines(plan: Any) -> list[str]:
     """The lines shown under the stage table: batch split, step time, bubble, speed-up."""
-    p = len(plan.stages)
+    p = len(plan.stages) // getattr(plan, "stages_per_rank", 1)  # ranks
     claim = ratio_with_spread(
         plan.single_device_ms, plan.single_device_spread, plan.predicted_step_ms,
         plan.step_spread,
@@ -55,11 +55,14 @@ def summary_lines(plan: Any) -> list[str]:
     how = "verified stage times" if plan.verification else "block sums"
     d = getattr(plan, "replicas", 1)
     per_replica = f" ({plan.batch_size // d} per replica)" if d > 1 else ""
+    v = getattr(plan, "stages_per_rank", 1)
+    per_rank = f" ({v} stages per rank: {p * v} stages)" if v > 1 else ""
     lines = [
         f"layout {p} stage{'s' if p != 1 else ''} × {d} replica{'s' if d != 1 else ''}",
         f"batch {plan.batch_size}{per_replica} → {plan.microbatches} micro-batch"
         f"{'es' if plan.microbatches != 1 else ''} of {plan.split_size} "
-        f"(chosen from {', '.join(map(str, plan.candidates))}) · schedule {plan.schedule}",
+        f"(chosen from {', '.join(map(str, plan.candidates))}) · schedule {plan.schedule}"
+        f"{per_rank}",
         f"predicted step {format_ms(plan.predicted_step_ms)}{spread_text(plan.step_spread)} "
         f"({how}) · bubble {plan.bubble_fraction:.0%} · "
         f"vs one device: {over_one} (ideal ×{p * d:.2f})",

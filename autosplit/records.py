@@ -80,6 +80,9 @@ class Stage:
             (``torch.utils.checkpoint``, non-reentrant, RNG state preserved): it keeps only
             what it receives for backward and recomputes its forward in the backward. Plans
             saved before this field load with ``False``.
+        weight_grad_ms: the weight-gradient part (W) of the backward in ``compute_ms``, which a
+            zero-bubble schedule runs apart (ms per micro-batch); 0 when not split (plans
+            saved before this field load with 0).
     """
 
     index: int
@@ -93,6 +96,7 @@ class Stage:
     block_sum_ms: float | None = None
     verified_spread: float | None = None
     checkpoint: bool = False
+    weight_grad_ms: float = 0.0
 
     def __post_init__(self) -> None:
         checked(self, check_stage)
@@ -149,7 +153,8 @@ class Plan:
         split_size: micro-batch size b.
         microbatches: number of micro-batches m = ceil(B / b).
         batch_size: the batch size B the plan was made for.
-        schedule: ``"gpipe"`` or ``"1f1b"``.
+        schedule: one of :data:`autosplit.validation.KNOWN_SCHEDULES` (torch's schedule
+            classes: :mod:`autosplit.schedules`).
         predicted_step_ms: predicted time of one training step (forward + backward of B): the
             event simulation of the schedule (forward and backward of every micro-batch placed
             op by op on its device; transfers delay the receiver), plus the all-reduce of
@@ -232,7 +237,7 @@ class Plan:
     def bubble_fraction(self) -> float:
         """Share of device time spent idle during a step: 1 − Σ busy / (p · step)."""
         busy = sum(s.compute_ms for s in self.stages) * self.microbatches
-        total = len(self.stages) * self.predicted_step_ms
+        total = len(self.stages) // self.stages_per_rank * self.predicted_step_ms
         return max(0.0, 1.0 - busy / total) if total > 0 else 0.0
 
     @property

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -120,6 +120,31 @@ def _vs_best(plan: Plan, best: Plan) -> str:
     if not claim.known:
         return f"×{claim.ratio:.2f}"
     return f"×{claim.ratio:.2f} ± {(claim.high - claim.low) / 2:.2f}"
+
+
+def schedule_table(choice: Any, chosen: Plan) -> Table:
+    """One row per schedule searched (:class:`autosplit.planner.schedules.ScheduleChoice`):
+    its best plan's stages per rank, micro-batches, recomputed stages, predicted step and the
+    most memory on a rank, or why it is not offered."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name, justify in (("schedule", "left"), ("v", "right"), ("split", "right"),
+                          ("recompute", "right"), ("step (block sums)", "right"),
+                          ("memory/rank", "right"), ("note", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for option in choice.options:
+        plan = option.plan
+        if plan is None:
+            table.add_row(option.schedule, str(option.v), "–", "–", "–", "–", option.why)
+            continue
+        mine = plan.schedule == chosen.schedule and plan.stages_per_rank == chosen.stages_per_rank
+        table.add_row(
+            option.schedule, str(option.v), f"{plan.microbatches}×{plan.split_size}",
+            f"{sum(s.checkpoint for s in plan.stages)}/{len(plan.stages)}",
+            format_ms(plan.predicted_step_ms),
+            format_bytes(max(s.memory_bytes for s in plan.stages)),
+            "chosen" if mine else "",
+        )
+    return table
 
 
 def layout_table(layouts: Layouts, chosen: Plan) -> Table:

@@ -42,11 +42,16 @@ from typing import Literal
 from autosplit import checks
 from autosplit.errors import InvalidInputError
 from autosplit.records import Plan
+from autosplit.validation import KNOWN_SCHEDULES
 
 __all__ = ["SCHEDULES", "Event", "SimResult", "schedule_order", "simulate", "simulate_plan"]
 
-SCHEDULES = ("gpipe", "1f1b")
-"""Schedule names :func:`simulate` understands."""
+SCHEDULES = KNOWN_SCHEDULES
+"""Schedule names a plan may name: :func:`simulate_plan` replays the others (and any plan with
+several stages per rank or a checkpointed stage) with :mod:`autosplit.schedules`."""
+
+SIMULATED = ("gpipe", "1f1b")
+"""Schedule names :func:`simulate` itself orders (one stage per device)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +126,7 @@ def schedule_order(schedule: str, m: int, p: int, s: int) -> tuple[tuple[str, in
             order += [("B", j), ("F", w + j)]
         order += [("B", i) for i in range(m - w, m)]
         return tuple(order)
-    raise InvalidInputError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
+    raise InvalidInputError(f"unknown schedule {schedule!r}: use one of {', '.join(SIMULATED)}")
 
 
 def _times(
@@ -166,7 +171,7 @@ def simulate(
     p = len(fwd)
     bwd = _times(bwd_ms, "bwd_ms", p)
     m = checks.positive_int("m (micro-batches)", m)
-    checks.one_of("schedule", schedule, SCHEDULES)
+    checks.one_of("schedule", schedule, SIMULATED)
     none = (0.0,) * (p - 1)
     cf = none if comm_fwd_ms is None else _times(comm_fwd_ms, "comm_fwd_ms", p - 1, "cut")
     cb = none if comm_bwd_ms is None else _times(comm_bwd_ms, "comm_bwd_ms", p - 1, "cut")
@@ -233,11 +238,20 @@ def simulate_plan(plan: Plan) -> SimResult:
     """Simulate one training step of a plan (each stage's transfer split evenly: half for the
     activations going forward, half for the gradients coming back).
 
+    GPipe and 1F1B with one stage per device and no checkpointed stage: :func:`simulate`.
+    Any other plan: the replay of torch's own order (:func:`autosplit.schedules.replay`),
+    one row of ``events`` per rank (``I`` and ``W`` shown as ``"B"``), each stage's
+    recomputation and split backward (``Stage.weight_grad_ms``) included.
+
     Raises:
         ArgumentTypeError: ``plan`` is not a :class:`~autosplit.records.Plan`.
+        ScheduleUnavailableError: torch's class cannot run the plan's ranks and micro-batches.
     """
     checks.instance_of("plan", plan, Plan, "an autosplit Plan")
     comm = [s.send_ms / 2 for s in plan.stages[:-1]]
+    if (plan.schedule not in SIMULATED or plan.stages_per_rank > 1
+            or any(s.checkpoint for s in plan.stages)):
+        return _replayed(plan, comm)
     return simulate(
         [s.forward_ms for s in plan.stages],
         [max(s.compute_ms - s.forward_ms, 0.0) for s in plan.stages],
@@ -246,3 +260,35 @@ def simulate_plan(plan: Plan) -> SimResult:
         comm,
         comm,
     )
+
+
+def _replayed(plan: Plan, comm: list[float]) -> SimResult:
+    """:func:`simulate_plan` through :mod:`autosplit.schedules` (one row per rank)."""
+    from autosplit.schedules import StageCosts, simulate_schedule
+
+    v = plan.stages_per_rank
+    costs = StageCosts(
+        fwd_ms=tuple(s.forward_ms for s in plan.stages),
+        bwd_input_ms=tuple(max(s.compute_ms - s.forward_ms - s.weight_grad_ms, 0.0)
+                           for s in plan.stages),
+        bwd_weight_ms=tuple(s.weight_grad_ms for s in plan.stages),
+        checkpoint=tuple(s.checkpoint for s in plan.stages),
+        comm_fwd_ms=tuple(comm), comm_bwd_ms=tuple(comm),
+    )
+    timeline = simulate_schedule(plan.schedule, len(plan.stages) // v, v, plan.microbatches,
+                                 costs)
+    events = tuple(
+        tuple(Event(t.rank, "F" if t.kind == "F" else "B", t.microbatch, t.start_ms, t.end_ms)
+              for t in row)
+        for row in timeline.actions
+    )
+    peaks = []
+    for row in timeline.order.actions:
+        held = peak = 0
+        last = {(a.stage, a.microbatch): a.kind for a in row if a.kind in ("B", "W")}
+        for a in row:
+            held += 1 if a.kind == "F" else -(last[a.stage, a.microbatch] == a.kind)
+            peak = max(peak, held)
+        peaks.append(peak)
+    return SimResult(plan.schedule, timeline.step_ms, events, tuple(peaks), timeline.busy_ms,
+                     timeline.bubble_fraction)

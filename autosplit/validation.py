@@ -49,7 +49,8 @@ __all__ = [
     "check_plan_blocks",
 ]
 
-KNOWN_SCHEDULES = ("gpipe", "1f1b")
+KNOWN_SCHEDULES = ("gpipe", "1f1b", "looped-bfs", "interleaved-1f1b", "interleaved-zb", "zbv",
+                   "dualpipev")
 """Schedule names a plan may carry (:func:`autosplit.cost.in_flight` knows these)."""
 
 SHARED_MODES = ("one stage", "all-reduce")
@@ -314,6 +315,10 @@ def check_stage(s: Any) -> None:
         if getattr(s, field) is not None:
             check_ms(getattr(s, field), field)
     check_flag(s.checkpoint, "checkpoint")
+    check_ms(s.weight_grad_ms, "weight_grad_ms")
+    if s.weight_grad_ms > (s.compute_ms - s.forward_ms) * (1 + 1e-9) + 1e-12:
+        raise RecordError("weight_grad_ms", f"is {s.weight_grad_ms}, more than the backward "
+                                            f"{s.compute_ms - s.forward_ms} (compute - forward)")
 
 
 def check_shared_weight(w: Any) -> None:

@@ -79,8 +79,9 @@ def test_profile_then_plan_then_show(tmp_path, capsys) -> None:
 def test_plan_profiles_when_no_profile_is_given(tmp_path, capsys) -> None:
     model = tmp_path / "skip.py"
     model.write_text(SKIP_MODEL)
+    # --solver seeds the GPipe/1F1B search; --schedule auto's joint search does not use it
     code, out, err = run(capsys, "plan", str(model), "--gpus", "3", *FAST, "--solver", "milp",
-                         "-o", str(tmp_path / "p.json"))
+                         "--schedule", "gpipe", "-o", str(tmp_path / "p.json"))
     assert code == 0, err
     assert "profiling on CPU" in out and "solver milp" in out
     assert len(json.loads((tmp_path / "p.json").read_text())["stages"]) == 3

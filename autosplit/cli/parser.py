@@ -26,6 +26,9 @@ ENTRY_HELP = "another model factory than build_model/model"
 SHAPE_HELP = "one float input of this shape per sample, instead of example_inputs()"
 GPUS_HELP = "number of devices (pipeline stages)"
 SCHEDULE_HELP = "pipeline schedule (default gpipe)"
+PLAN_SCHEDULES = ("auto", "gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv")
+PLAN_SCHEDULE_HELP = ("pipeline schedule; auto (default) chooses it, the stages per rank and "
+                      "each stage's recomputation with the cuts")
 DEBUG_HELP = "show the traceback of an error instead of one line"
 
 
@@ -125,10 +128,16 @@ def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
                         "`autosplit run` trains with; default) or none")
 
 
-def _add_memory_arguments(p: argparse.ArgumentParser, optimizer_help: str) -> None:
+def _add_memory_arguments(p: argparse.ArgumentParser, optimizer_help: str,
+                          plans: bool = False) -> None:
     p.add_argument("--memory", type=_byte_size("memory size"), metavar="SIZE",
                    help="memory per device, e.g. 16GiB")
-    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe", help=SCHEDULE_HELP)
+    if plans:
+        p.add_argument("--schedule", choices=PLAN_SCHEDULES, default="auto",
+                       help=PLAN_SCHEDULE_HELP)
+    else:
+        p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe",
+                       help=SCHEDULE_HELP)
     p.add_argument("--optimizer", default="sgd", help=optimizer_help)
 
 
@@ -158,7 +167,7 @@ def _add_plan_command(sub: Any) -> None:
     p.add_argument("--profile", metavar="profile.json",
                    help="plan from this profile instead of measuring")
     _add_memory_arguments(p, "optimizer assumed by the memory model: sgd, sgd-momentum, "
-                             "adam … (default sgd)")
+                             "adam … (default sgd)", plans=True)
     p.add_argument("--split-size", type=_positive_int, metavar="K",
                    help="fix the micro-batch size instead of choosing it")
     p.add_argument("--solver", choices=("dp", "milp"), default="dp",

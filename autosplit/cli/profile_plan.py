@@ -20,7 +20,7 @@ from autosplit.cli.measuring import (
     verify_plans,
 )
 from autosplit.cli.topology_args import resolve_device_count, topology_for
-from autosplit.errors import InfeasiblePlanError, InvalidInputError
+from autosplit.errors import AutosplitError, InfeasiblePlanError, InvalidInputError
 from autosplit.records import Plan, Profile
 from autosplit.topology import placements
 
@@ -168,6 +168,25 @@ def _print_layouts(console: Console, layouts: Any, plan: Plan) -> None:
     console.print(layout_table(layouts, plan))
 
 
+def _print_schedules(console: Console, prof: Profile, args: argparse.Namespace,
+                     kwargs: dict[str, Any], plan: Plan) -> None:
+    """Why this schedule: the best plan of every schedule searched, by block sums."""
+    from autosplit.planner.schedules import plan_schedules, schedule_why
+    from autosplit.planner.search import candidate_sizes
+    from autosplit.planner.settings import PlanSettings
+    from autosplit.report import schedule_table
+
+    settings = PlanSettings.check(prof, args.gpus, **kwargs)
+    sizes = candidate_sizes(prof, args.split_size, settings.batch_size, "the batch")
+    try:
+        choice = plan_schedules(settings, prof, sizes)
+    except AutosplitError:  # devices of different kinds, nothing fits: no table
+        return
+    console.print()
+    console.print(f" {schedule_why(choice)}")
+    console.print(schedule_table(choice, plan))
+
+
 def _check_layout_options(args: argparse.Namespace) -> None:
     """``--replicas`` and ``--pipeline-only`` against each other and ``--gpus``."""
     d = args.replicas
@@ -239,6 +258,8 @@ def plan_command(args: argparse.Namespace) -> int:
     print_plan(console, plan, references)
     if memory is not None and args.gpus > 1:
         _one_device_note(console, prof, memory, kwargs)
+    if args.schedule == "auto" and plan.replicas == 1 and args.gpus > 1:
+        _print_schedules(console, prof, args, kwargs, plan)
     if layouts is not None:
         _print_layouts(console, layouts, plan)
     elif args.emit and not args.pipeline_only and args.gpus > 1:

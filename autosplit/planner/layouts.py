@@ -145,6 +145,8 @@ def plan_replicated(
     profile's measured all-reduce bandwidth (``Profile.allreduce_bytes_per_s``), else to the
     link bandwidth (``bandwidth_bytes_per_s``, itself defaulting per device kind:
     :data:`autosplit.cost.DEFAULT_LINK_BYTES_PER_S`); ``allreduce_overlap`` is o in [0, 1].
+    With replicas, ``schedule`` is ``"gpipe"``, ``"1f1b"`` or ``"auto"`` (the faster of the
+    two; the joint search of other schedules covers pipelines without replicas only).
 
     Raises:
         InvalidInputError: ``replicas`` does not divide the batch, or a bad argument (as
@@ -167,6 +169,25 @@ def plan_replicated(
     if replicas == 1:
         return plan(profile, stages, batch_size=batch, split_size=split_size, solver=solver,
                     time_limit_s=time_limit_s, **options)  # type: ignore[arg-type]
+    if schedule == "auto":  # layouts with replicas: GPipe or 1F1B, the faster
+        found, failures = [], []
+        for name in ("gpipe", "1f1b"):
+            try:
+                found.append(plan_replicated(
+                    profile, stages, replicas, batch_size=batch, memory_per_gpu=memory_per_gpu,
+                    schedule=name, optimizer=optimizer, split_size=split_size,
+                    bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+                    allreduce_bandwidth_bytes_per_s=allreduce_bandwidth_bytes_per_s,
+                    allreduce_overlap=allreduce_overlap, solver=solver,
+                    time_limit_s=time_limit_s))
+            except InfeasiblePlanError as exc:
+                failures.append(exc)
+        if not found:
+            raise failures[-1]
+        return min(found, key=lambda q: q.predicted_step_ms * (1 - TIE_RTOL))
+    if schedule not in ("gpipe", "1f1b"):
+        raise InvalidInputError(f"schedule={schedule!r} with replicas={replicas}: layouts "
+                                "with replicas run 'gpipe' or '1f1b' (or 'auto')")
     share = batch // replicas
     settings = PlanSettings.check(profile, stages, batch_size=share, **options)  # type: ignore
     check_search(split_size, solver, time_limit_s)

@@ -89,13 +89,21 @@ def plan(
         devices: device names for the stages (default ``cuda:0…`` or ``cpu``, as measured).
         memory_per_gpu: per-device memory limit, bytes or a string like ``"16GiB"``, or one per
             device.
-        schedule: ``"gpipe"`` or ``"1f1b"`` (changes the activations held per stage).
+        schedule: ``"auto"`` searches the schedule, stages per rank v and each
+            stage's recomputation with the cuts and b (:mod:`autosplit.planner.schedules`);
+            ``"gpipe"`` (default) or ``"1f1b"`` fix the schedule (this module's search, one
+            stage per device, no recomputation); ``"interleaved-1f1b"``,
+            ``"interleaved-zb"`` or ``"zbv"`` fix it for the joint search. ``"auto"`` on
+            devices of different speeds
+            or profiles compares GPipe and 1F1B.
         optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"`` … (state held per parameter).
         split_size: fix the micro-batch size b (must have been profiled); ``None`` chooses.
         bandwidth_bytes_per_s: link bandwidth between consecutive stages.
         solver: the min-max solver whose cut seeds the exact search: ``"dp"`` (dynamic
             program), ``"milp"`` (PuLP/CBC, same min-max optimum) or ``"auto"`` (the DP). The
             plan is the same either way: the exact search on the simulated step decides.
+            Used by ``"gpipe"`` and ``"1f1b"``; the joint search of the other schedules
+            needs no seed.
         speeds: relative speed of each device (default all 1.0).
         device_profiles: one profile per device (same model, same sizes) for devices of
             different kinds; block times then come from each device's own profile.
@@ -118,6 +126,8 @@ def plan(
     check_search(split_size, solver, time_limit_s)
     batch = settings.batch_size
     candidates = candidate_sizes(profile, split_size, batch, f"the batch {batch}")
+    if settings.schedule not in ("gpipe", "1f1b"):
+        return _joint(settings, profile, candidates, solver, time_limit_s)
 
     best: tuple[float, int, tuple[int, ...], str] | None = None
     failures: list[InfeasiblePlanError] = []
@@ -145,6 +155,42 @@ def plan(
                   f"{', '.join(map(str, unproven))}: best found, not proven optimal")
     sizes = tuple(profile.microbatch_sizes[c] for c in candidates)
     return assemble(settings, profile, balance, k, label, sizes)
+
+
+def _joint(settings: PlanSettings, profile: Profile, candidates: list[int], solver: str,
+           time_limit_s: float | None) -> Plan:
+    """:func:`plan` for ``"auto"`` and the schedules only the joint search plans."""
+    from autosplit.planner.schedules import SEARCHED, plan_schedules
+
+    uniform = len(set(settings.speeds)) == 1 and all(q is profile for q in settings.profiles)
+    if settings.schedule == "auto" and not uniform:  # GPipe and 1F1B, this module's search
+        plans = []
+        for name in ("gpipe", "1f1b"):
+            try:
+                plans.append(_fixed(settings, profile, candidates, name, solver, time_limit_s))
+            except InfeasiblePlanError as exc:
+                failure = exc
+        if not plans:
+            raise failure
+        return min(plans, key=lambda q: q.predicted_step_ms * (1 - 1e-9))
+    searched = SEARCHED if settings.schedule == "auto" else tuple(
+        (name, v) for name, v in SEARCHED if name == settings.schedule)
+    if not searched:
+        raise InvalidInputError(f"schedule={settings.schedule!r} is not planned: plan with "
+                                f"one of auto, {', '.join(name for name, _ in SEARCHED)}")
+    return plan_schedules(settings, profile, candidates, searched).best
+
+
+def _fixed(settings: PlanSettings, profile: Profile, candidates: list[int], schedule: str,
+           solver: str, time_limit_s: float | None) -> Plan:
+    sizes = [profile.microbatch_sizes[k] for k in candidates]
+    return plan(profile, settings.gpus, batch_size=settings.batch_size,
+                devices=settings.devices, memory_per_gpu=settings.capacity_bytes,
+                schedule=schedule, optimizer=settings.optimizer,
+                split_size=sizes[0] if len(sizes) == 1 else None,
+                bandwidth_bytes_per_s=settings.bandwidth_bytes_per_s, solver=solver,
+                speeds=settings.speeds, device_profiles=settings.profiles,
+                time_limit_s=time_limit_s)
 
 
 def plan_with_balance(
@@ -179,7 +225,12 @@ def plan_with_balance(
         )
     split_size = checks.positive_int("split_size", split_size)
     checks.text("solver", solver)
+    if kwargs.get("schedule") == "auto":  # a hand split is scored as written: GPipe
+        kwargs = {**kwargs, "schedule": "gpipe"}
     settings = PlanSettings.from_kwargs(profile, len(balance), kwargs)
+    if settings.schedule not in ("gpipe", "1f1b"):
+        raise InvalidInputError(f"schedule={settings.schedule!r}: a given balance is scored "
+                                "with 'gpipe' or '1f1b' (one stage per device)")
     k = profile.size_index(split_size)
     return assemble(settings, profile, balance, k, solver, (split_size,))
 

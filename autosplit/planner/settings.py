@@ -45,7 +45,7 @@ class PlanSettings:
         batch_size: B.
         devices: device name of each stage.
         capacity_bytes: memory of each device (bytes), or ``None`` for no limit.
-        schedule: ``"gpipe"`` or ``"1f1b"``.
+        schedule: ``"auto"`` or one of :data:`autosplit.cost.SCHEDULES`.
         optimizer: name in :data:`autosplit.cost.OPTIMIZER_STATE`.
         bandwidth_bytes_per_s: link bandwidth between consecutive stages.
         speeds: relative speed of each device (block time = profiled time / speed).
@@ -115,7 +115,7 @@ class PlanSettings:
         names = checks.sequence_of("devices", devices, checks.device_name, length=gpus, per="stage")
         capacity = memory_sizes(memory_per_gpu, gpus)
         checks.one_of("optimizer", optimizer, OPTIMIZER_STATE)
-        checks.one_of("schedule", schedule, SCHEDULES)
+        checks.one_of("schedule", schedule, ("auto", *SCHEDULES))
         if bandwidth_bytes_per_s is None:
             bandwidth = DEFAULT_LINK_BYTES_PER_S.get(profile.device.kind, 5e9)
         else:

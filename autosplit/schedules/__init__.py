@@ -3,8 +3,9 @@
 :mod:`~autosplit.schedules.torch_order` gets each rank's action order from torch's schedule
 classes (no process group); :mod:`~autosplit.schedules.replay` replays it as a discrete-event
 simulation with per-stage costs and reports the step time, each rank's busy and idle time, and
-the memory in flight on each rank over time. Not yet used by the planner, which simulates GPipe
-and 1F1B with :mod:`autosplit.simulator`.
+the memory in flight on each rank over time. The planner's ``schedule="auto"`` searches with it
+(:mod:`autosplit.planner.schedules`, :mod:`autosplit.solve.joint`); GPipe and 1F1B fixed by
+name are still planned with :mod:`autosplit.simulator`.
 """
 
 from autosplit.schedules.replay import StageCosts, TimedAction, Timeline, replay, simulate_schedule

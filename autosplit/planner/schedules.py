@@ -1,0 +1,217 @@
+"""``schedule="auto"``: schedule, stages per rank, cuts, micro-batch size and recomputation.
+
+Symbols: p ranks, v stages per rank, p·v stages, b the micro-batch size, m = ceil(B / b).
+For every searched (schedule, v) (:data:`SEARCHED`) and every measured b ≤ B, the exact search
+of :func:`autosplit.solve.joint.solve_joint` finds the cuts into p·v stages and the stages to
+checkpoint with the smallest step of the replay of torch's own order
+(:mod:`autosplit.schedules`), within memory per rank: weights, gradients and optimizer state
+of the rank's stages + the replay's peak bytes in flight + the largest block output (the
+transient). The plan is the fastest over all of them (ties: smaller b, then the order of
+:data:`SEARCHED`); each schedule's best is kept for the "why" table.
+
+What is not offered, and why (:attr:`ScheduleOption.why`): zero-bubble schedules when the
+profile has no input/weight split of the backward (``input_grad_ms``), checkpointing when it
+has no ``checkpoint_saved_bytes``, a (schedule, v) that torch's class refuses for (p, m), and
+more stages than blocks. Devices of different speeds or profiles are planned with GPipe and
+1F1B only (:func:`autosplit.planner.plan`), as are layouts with replicas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from autosplit.cost import optimizer_factor, single_device_ms, transfer_ms
+from autosplit.errors import AutosplitError, InfeasiblePlanError, InvalidInputError
+from autosplit.planner.assembly import explain_infeasible, shared_weights
+from autosplit.planner.problems import _copy_bytes, transient_bytes
+from autosplit.planner.settings import PlanSettings
+from autosplit.records import Plan, Profile, Stage
+from autosplit.schedules import torch_order
+from autosplit.solve.joint import JointProblem, JointSolution, solve_joint, stage_costs
+
+__all__ = ["SEARCHED", "ScheduleChoice", "ScheduleOption", "joint_problem", "plan_schedules"]
+
+SEARCHED = (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-zb", 2),
+            ("zbv", 2))
+"""The (schedule, v) pairs ``"auto"`` searches (looped BFS and DualPipeV are not searched)."""
+
+SPLIT = ("interleaved-zb", "zbv", "dualpipev")
+"""Schedules that split the backward into input (I) and weight (W) gradients."""
+
+JOINT_LIMIT_S = 60.0
+"""Time limit (s) of one exact search (one schedule, v and b); reached: best found."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleOption:
+    """The best plan of one (schedule, v), or why it has none.
+
+    Attributes:
+        schedule: the schedule's name; v: stages per rank.
+        plan: its best plan over cuts, b and recomputation, ``None`` when none.
+        why: why there is no plan (not offered, or nothing fits), else ``""``.
+    """
+
+    schedule: str
+    v: int
+    plan: Plan | None
+    why: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleChoice:
+    """The chosen plan and every schedule's best (:data:`SEARCHED` order)."""
+
+    best: Plan
+    options: tuple[ScheduleOption, ...]
+
+
+def joint_problem(settings: PlanSettings, profile: Profile, k: int, m: int) -> JointProblem:
+    """The numbers of size index k for :func:`solve_joint` (ms, bytes), capacity per rank
+    without the transient."""
+    blocks = profile.blocks
+    factor = optimizer_factor(settings.optimizer)
+    copies = _copy_bytes(profile)
+    split = all(b.input_grad_ms is not None and b.weight_grad_ms is not None for b in blocks)
+    ckpt = all(b.checkpoint_saved_bytes is not None for b in blocks)
+    half = tuple(transfer_ms(c.bytes[k], settings.bandwidth_bytes_per_s) / 2
+                 for c in profile.cuts)
+    capacity = None
+    if settings.capacity_bytes is not None:
+        transient = transient_bytes(profile, k)
+        capacity = tuple(max(c - transient, 0.0) for c in settings.capacity_bytes)
+    return JointProblem(
+        fwd_ms=tuple(b.fwd_ms[k] for b in blocks),
+        bwd_ms=tuple(b.bwd_ms[k] for b in blocks),
+        input_grad_ms=_row(blocks, "input_grad_ms", k) if split else None,
+        weight_grad_ms=_row(blocks, "weight_grad_ms", k) if split else None,
+        saved_bytes=tuple(float(b.saved_bytes[k]) for b in blocks),
+        first_bytes=tuple(float((b.saved_shared_bytes or (0,) * (k + 1))[k]) for b in blocks),
+        input_bytes=(float(blocks[0].checkpoint_saved_bytes[k]),  # type: ignore[index]
+                     *(float(c.bytes[k]) for c in profile.cuts)) if ckpt else None,
+        static_bytes=tuple(float(b.param_bytes * factor + b.buffer_bytes + copies[i] * factor)
+                           for i, b in enumerate(blocks)),
+        comm_fwd_ms=half, comm_bwd_ms=half, m=m, capacity_bytes=capacity,
+    )
+
+
+def _row(blocks: tuple, field: str, k: int) -> tuple[float, ...]:
+    """Each block's ``field`` at size index k (a per-block measurement that is present)."""
+    return tuple(getattr(b, field)[k] for b in blocks)
+
+
+def _unavailable(profile: Profile, schedule: str, v: int, p: int) -> str:
+    if p * v > len(profile.blocks):
+        return f"{p * v} stages for {len(profile.blocks)} blocks"
+    if schedule in SPLIT and any(b.input_grad_ms is None for b in profile.blocks):
+        return "the profile has no input/weight split of the backward: profile again"
+    return ""
+
+
+def _assemble(settings: PlanSettings, profile: Profile, k: int, schedule: str, v: int,
+              found: JointSolution, label: str, sizes: tuple[int, ...]) -> Plan:
+    """The Plan of a joint solution: its stages on their ranks, the replayed step."""
+    b = profile.microbatch_sizes[k]
+    m = math.ceil(settings.batch_size / b)
+    p = settings.gpus
+    order = torch_order(schedule, p, v, m)
+    problem = joint_problem(settings, profile, k, m)
+    costs = stage_costs(problem, found.balance, found.checkpoint, order.splits_backward)
+    transient = transient_bytes(profile, k)
+    names, stages, start = profile.block_names, [], 0
+    for s, count in enumerate(found.balance):
+        end, last = start + count, s == len(found.balance) - 1
+        rank = order.stage_rank[s]
+        stages.append(Stage(
+            index=s, device=settings.devices[rank], blocks=names[start:end],
+            compute_ms=costs.fwd_ms[s] + costs.bwd_input_ms[s] + costs.bwd_weight_ms[s],
+            forward_ms=costs.fwd_ms[s],
+            send_bytes=0 if last else int(profile.cuts[end - 1].bytes[k]),
+            send_ms=0.0 if last else 2 * costs.comm_fwd_ms[s],
+            memory_bytes=int(found.memory_bytes[rank] + transient),
+            checkpoint=found.checkpoint[s], weight_grad_ms=costs.bwd_weight_ms[s]))
+        start = end
+    bounds = [(sum(found.balance[:s]), sum(found.balance[:s + 1]))
+              for s in range(len(found.balance))]
+    shared = shared_weights(settings, profile, bounds)
+    single, _ = single_device_ms(profile, settings.batch_size)
+    capacity = settings.capacity_bytes
+    return Plan(
+        model=profile.model, fingerprint=profile.fingerprint, stages=tuple(stages),
+        split_size=b, microbatches=m, batch_size=settings.batch_size, schedule=schedule,
+        predicted_step_ms=found.step_ms + math.fsum(w.sync_ms for w in shared),
+        single_device_ms=single, solver=label, candidates=sizes, profile=profile.describe(),
+        memory_limit_bytes=None if capacity is None else int(min(capacity)),
+        optimizer=settings.optimizer, shared=shared, stages_per_rank=v,
+    )
+
+
+def plan_schedules(settings: PlanSettings, profile: Profile, sizes: list[int],
+                   searched: tuple[tuple[str, int], ...] = SEARCHED) -> ScheduleChoice:
+    """The best plan of every (schedule, v) in ``searched`` over the size indices ``sizes``,
+    and the fastest of them (see the module docstring).
+
+    Raises:
+        InvalidInputError: devices of different speeds or profiles.
+        InfeasiblePlanError: nothing fits the memory; says what would.
+    """
+    if len(set(settings.speeds)) > 1 or any(q is not profile for q in settings.profiles):
+        raise InvalidInputError(
+            "schedules other than gpipe and 1f1b are planned for devices of one kind and "
+            "speed: give schedule='gpipe' or '1f1b' with speeds or device_profiles")
+    p = settings.gpus
+    checkpointing = all(b.checkpoint_saved_bytes is not None for b in profile.blocks)
+    labels = tuple(profile.microbatch_sizes[k] for k in sizes)
+    options: list[ScheduleOption] = []
+    for schedule, v in searched:
+        why = _unavailable(profile, schedule, v, p)
+        best: tuple[float, int, JointSolution] | None = None
+        refused, unproven = [], []
+        for k in [] if why else sizes:
+            m = math.ceil(settings.batch_size / profile.microbatch_sizes[k])
+            try:
+                order = torch_order(schedule, p, v, m)
+            except AutosplitError as exc:
+                refused.append(f"b = {profile.microbatch_sizes[k]}: {exc}")
+                continue
+            found = solve_joint(joint_problem(settings, profile, k, m), order, checkpointing,
+                                JOINT_LIMIT_S)
+            if found is not None and not found.proven:
+                unproven.append(profile.microbatch_sizes[k])
+            if found is not None and (best is None or found.step_ms < best[0] * (1 - 1e-9)):
+                best = (found.step_ms, k, found)
+        if best is None:
+            why = why or (refused[0] if len(refused) == len(sizes) else "does not fit")
+            options.append(ScheduleOption(schedule, v, None, why))
+            continue
+        label = "joint search (schedule, v, cuts, b, recomputation; replay of torch's order)"
+        if unproven:
+            label += (f" + search stopped after {JOINT_LIMIT_S:g} s at b = "
+                      f"{', '.join(map(str, unproven))}: best found, not proven optimal")
+        options.append(ScheduleOption(schedule, v, _assemble(
+            settings, profile, best[1], schedule, v, best[2], label, labels)))
+    planned = [o.plan for o in options if o.plan is not None]
+    if not planned:
+        k = sizes[-1]
+        m = math.ceil(settings.batch_size / profile.microbatch_sizes[k])
+        one = dataclasses.replace(settings, schedule="1f1b")
+        raise explain_infeasible(one, profile, k, m)
+    fastest = min(q.predicted_step_ms for q in planned)
+    ties = [q for q in planned if q.predicted_step_ms <= fastest * (1 + 1e-9)]
+    chosen = min(ties, key=lambda q: q.split_size)  # then the earlier schedule (stable)
+    return ScheduleChoice(chosen, tuple(options))
+
+
+def schedule_why(choice: ScheduleChoice) -> str:
+    """One line: the chosen schedule and by how much it beats the next best schedule."""
+    best = choice.best
+    others = [o.plan for o in choice.options if o.plan is not None and o.plan is not best]
+    name = f"{best.schedule}" + (f" (v = {best.stages_per_rank})" if best.stages_per_rank > 1
+                                 else "")
+    if not others:
+        return f"schedule {name}: the only one that fits"
+    runner = min(others, key=lambda q: q.predicted_step_ms)
+    return (f"schedule {name}: predicted ×{runner.predicted_step_ms / best.predicted_step_ms:.2f}"
+            f" over the next best, {runner.schedule}")

@@ -1,0 +1,192 @@
+"""schedule="auto": schedule, v, cuts, micro-batch size and recomputation searched together."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+import autosplit
+from autosplit.cli import main
+from autosplit.errors import ScheduleUnavailableError
+from autosplit.planner.schedules import plan_schedules
+from autosplit.planner.search import candidate_sizes
+from autosplit.planner.settings import PlanSettings
+from autosplit.records import Plan, Profile
+from autosplit.schedules import torch_order
+from autosplit.simulator import simulate_plan
+from autosplit.solve.joint import JointProblem, brute_force_joint, solve_joint
+from tests.synthetic import make_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIRS = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-zb", 2), ("zbv", 2)]
+
+
+def _random_problem(rng: random.Random, n: int, m: int, capacity: float | None) -> JointProblem:
+    def row(low: float, high: float, k: int = n) -> tuple[float, ...]:
+        return tuple(rng.uniform(low, high) for _ in range(k))
+
+    grad_in, grad_w = row(0.1, 3), row(0.1, 3)
+    return JointProblem(
+        fwd_ms=row(0.1, 3), bwd_ms=tuple(a + b for a, b in zip(grad_in, grad_w)),
+        input_grad_ms=grad_in, weight_grad_ms=grad_w, saved_bytes=row(1, 100),
+        first_bytes=row(0, 10), input_bytes=row(1, 20), static_bytes=row(1, 50),
+        comm_fwd_ms=row(0, 0.5, n - 1), comm_bwd_ms=row(0, 0.5, n - 1), m=m,
+        capacity_bytes=None if capacity is None else (capacity, capacity),
+    )
+
+
+@pytest.mark.parametrize("schedule,v", PAIRS)
+def test_search_equals_brute_force_on_random_instances(schedule: str, v: int) -> None:
+    rng = random.Random(f"{schedule}-{v}")
+    checked = 0
+    for _ in range(8):
+        n, m = rng.randint(2 * v, 6), rng.choice([2, 4])
+        try:
+            order = torch_order(schedule, 2, v, m)
+        except ScheduleUnavailableError:
+            continue
+        problem = _random_problem(rng, n, m, rng.choice([None, rng.uniform(150, 900)]))
+        checkpointing = rng.random() < 0.7
+        found = solve_joint(problem, order, checkpointing)
+        oracle = brute_force_joint(problem, order, checkpointing)
+        assert (found is None) == (oracle is None)
+        if found is not None and oracle is not None:
+            checked += 1
+            assert found.step_ms == pytest.approx(oracle.step_ms, rel=1e-9)
+            assert (found.balance, found.checkpoint) == (oracle.balance, oracle.checkpoint)
+            assert found.memory_bytes == pytest.approx(oracle.memory_bytes)
+    assert checked >= 3
+
+
+def _split(profile: Profile, weight_share: float = 0.5) -> Profile:
+    """The profile with a measured-looking input/weight split and checkpoint bytes."""
+    blocks = tuple(dataclasses.replace(
+        b, input_grad_ms=tuple(x * (1 - weight_share) for x in b.bwd_ms),
+        weight_grad_ms=tuple(x * weight_share for x in b.bwd_ms), recompute_ms=b.fwd_ms,
+        checkpoint_saved_bytes=tuple(1 for _ in b.bwd_ms)) for b in profile.blocks)
+    return dataclasses.replace(profile, blocks=blocks)
+
+
+def _choose(profile: Profile, **kwargs: object):
+    settings = PlanSettings.check(profile, 2, **kwargs)  # type: ignore[arg-type]
+    return plan_schedules(settings, profile, candidate_sizes(profile, None,
+                                                             settings.batch_size, "the batch"))
+
+
+def _steps(choice) -> dict[str, float]:
+    return {o.schedule: o.plan.predicted_step_ms for o in choice.options if o.plan}
+
+
+EVEN = [[1.0] * 3] * 8  # 8 equal blocks, 1 ms per sample at every size
+
+
+def test_zero_bubble_wins_on_even_blocks() -> None:
+    choice = _choose(_split(make_profile([1, 2, 4], EVEN, batch_size=8,
+                                         saved_bytes_per_sample=[100] * 8)))
+    steps = _steps(choice)
+    # 8 samples × 8 ms per sample of work over 2 ranks is 32 ms; GPipe/1F1B bubble it to 36
+    assert steps["gpipe"] == pytest.approx(36.0) and steps["1f1b"] == pytest.approx(36.0)
+    assert choice.best.schedule in ("interleaved-zb", "zbv")
+    assert choice.best.predicted_step_ms == pytest.approx(min(steps.values()))
+    assert choice.best.predicted_step_ms < steps["interleaved-1f1b"] < steps["gpipe"]
+    assert choice.best.stages_per_rank == 2 and len(choice.best.stages) == 4
+    assert simulate_plan(choice.best).step_ms == pytest.approx(choice.best.predicted_step_ms)
+
+
+def test_recomputation_is_chosen_when_memory_is_short() -> None:
+    profile = _split(make_profile([1, 2, 4], EVEN, batch_size=8,
+                                  saved_bytes_per_sample=[100] * 8))
+    free = _choose(profile)
+    assert not any(s.checkpoint for s in free.best.stages)
+    short = _choose(profile, memory_per_gpu=500)
+    assert any(s.checkpoint for s in short.best.stages)
+    assert max(s.memory_bytes for s in short.best.stages) <= 500
+    assert short.best.predicted_step_ms > free.best.predicted_step_ms
+    assert simulate_plan(short.best).step_ms == pytest.approx(short.best.predicted_step_ms)
+
+
+def test_gpipe_wins_when_the_micro_batch_must_stay_whole() -> None:
+    # b = 1 costs 10 ms per sample, b = 2 1 ms: one micro-batch, where only the cuts' transfers
+    # differ: one cut between ranks for GPipe, three for the interleaved schedules
+    profile = _split(make_profile([1, 2], [[10.0, 1.0]] * 6, batch_size=2,
+                                  saved_bytes_per_sample=[100] * 6,
+                                  cut_bytes_per_sample=[10**6] * 5))
+    choice = _choose(profile, bandwidth_bytes_per_s=1e9)
+    assert choice.best.schedule == "gpipe" and choice.best.split_size == 2
+    assert all(step > choice.best.predicted_step_ms for name, step in _steps(choice).items()
+               if name != "gpipe")
+
+
+def test_zero_bubble_is_not_offered_without_the_backward_split() -> None:
+    choice = _choose(make_profile([1, 2, 4], EVEN, batch_size=8))
+    whys = {o.schedule: o.why for o in choice.options}
+    assert "no input/weight split" in whys["zbv"] and "no input/weight split" in whys[
+        "interleaved-zb"]
+    assert whys["gpipe"] == "" and whys["interleaved-1f1b"] == ""
+
+
+def test_library_plan_auto_and_fixed_schedules(tmp_path: Path) -> None:
+    profile = _split(make_profile([1, 2, 4], EVEN, batch_size=8,
+                                  saved_bytes_per_sample=[100] * 8))
+    best = autosplit.plan(profile, 2, schedule="auto")
+    assert best.schedule in ("interleaved-zb", "zbv")
+    fixed = autosplit.plan(profile, 2, schedule="interleaved-1f1b")
+    assert fixed.schedule == "interleaved-1f1b" and fixed.stages_per_rank == 2
+    assert fixed.predicted_step_ms >= best.predicted_step_ms
+    best.save(tmp_path / "plan.json")
+    assert Plan.load(tmp_path / "plan.json") == best
+    assert sum(s.weight_grad_ms for s in best.stages) > 0  # the split backward is recorded
+
+
+def test_old_plan_files_load(tmp_path: Path) -> None:
+    profile = make_profile([1, 2], [[1.0, 1.0]] * 4, batch_size=4)
+    plan = autosplit.plan(profile, 2, schedule="gpipe")
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    data = json.loads(path.read_text())
+    data.pop("stages_per_rank", None)
+    for stage in data["stages"]:
+        stage.pop("weight_grad_ms", None)
+        stage.pop("checkpoint", None)
+    path.write_text(json.dumps(data))
+    loaded = Plan.load(path)
+    assert loaded == plan
+    assert all(s.weight_grad_ms == 0.0 and not s.checkpoint for s in loaded.stages)
+
+
+DEEP = """
+import torch
+from torch import nn
+
+def build_model():
+    return nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(6)])
+
+def example_inputs(batch_size=8):
+    return torch.randn(batch_size, 8)
+"""
+
+
+def test_cli_prints_the_schedule_table(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    model, out = tmp_path / "deep.py", tmp_path / "plan.json"
+    model.write_text(DEEP)
+    code = main(["plan", str(model), "--gpus", "2", "--microbatch-sizes", "2,4", "--repeats",
+                 "1", "--no-verify", "--pipeline-only", "-o", str(out)])
+    text, err = capsys.readouterr()
+    assert code == 0, err
+    for name in ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv"):
+        assert name in text
+    assert "chosen" in text and "schedule " in text
+    plan = Plan.load(out)
+    assert plan.schedule in {name for name, _ in PAIRS}
+    assert f"schedule {plan.schedule}" in text
+
+
+def test_cli_bad_schedule_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code = main(["plan", str(ROOT / "examples" / "toy.py"), "--gpus", "2",
+                 "--schedule", "zigzag"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "zigzag" in err
