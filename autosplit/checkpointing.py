@@ -16,7 +16,7 @@ training mode BatchNorm normalises with the micro-batch's own statistics.)
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,16 +26,26 @@ from torch.utils.checkpoint import checkpoint
 __all__ = ["buffers_kept", "checkpointed"]
 
 
-@contextlib.contextmanager
-def buffers_kept(module: nn.Module) -> Iterator[None]:
-    """Put ``module``'s buffers back as they were on entering, whatever ran inside."""
-    saved = [(buffer, buffer.detach().clone()) for buffer in module.buffers()]
-    try:
-        yield
-    finally:
+class buffers_kept(contextlib.AbstractContextManager[None]):
+    """Put ``module``'s buffers back as they were on entering, whatever ran inside.
+
+    Re-entrant: ``torch.utils.checkpoint`` makes one recompute context per forward and enters
+    it at every recomputation, and a zero-bubble schedule's backward recomputes twice (once
+    for the input gradients, once for the weight gradients).
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __enter__(self) -> None:
+        self.saved = [(buffer, buffer.detach().clone()) for buffer in self.module.buffers()]
+
+    def __exit__(self, *exc: object) -> None:
         with torch.no_grad():
-            for buffer, value in saved:
+            for buffer, value in self.saved:
                 buffer.copy_(value)
+        self.saved = []
 
 
 def checkpointed(body: Callable[..., Any], module: nn.Module) -> Callable[..., Any]:

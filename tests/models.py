@@ -164,3 +164,23 @@ class ReusedLayer(nn.Module):
         h = torch.tanh(self.shared(torch.tanh(self.inp(x))))
         h = torch.tanh(self.b(torch.tanh(self.a(h))))
         return self.out(torch.tanh(self.shared(h)))
+
+
+class DropNorm(nn.Module):
+    """Dropout early (block ``inp``), BatchNorm in the middle (block ``norm``), a skip from
+    ``norm`` to the output: for checkpointed stages, whose recomputation must draw the same
+    dropout masks and update the BatchNorm statistics once."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.inp = nn.Linear(6, width)
+        self.drop = nn.Dropout(0.5)
+        self.a = nn.Linear(width, width)
+        self.norm = nn.BatchNorm1d(width)
+        self.b = nn.Linear(width, width)
+        self.out = nn.Linear(width, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.drop(torch.tanh(self.inp(x)))
+        h = torch.tanh(self.norm(self.a(h)))
+        return self.out(torch.tanh(self.b(h)) + h)

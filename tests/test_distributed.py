@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torchvision
-from models import LongSkip, ReusedLayer, TiedLM, TokenModel, ToyModel, TwoInOut
+from models import DropNorm, LongSkip, ReusedLayer, TiedLM, TokenModel, ToyModel, TwoInOut
 from torch import nn
 from torch.utils import _pytree as pytree
 
@@ -76,7 +76,7 @@ def build(name: str) -> nn.Module:
     if name == "resnet18":
         return torchvision.models.resnet18(num_classes=10)
     return {"toy": ToyModel, "skip": LongSkip, "twoinout": TwoInOut, "ids": LateIds,
-            "tokens": TokenModel, "tied": TiedLM, "reused": ReusedLayer}[name]()
+            "tokens": TokenModel, "tied": TiedLM, "reused": ReusedLayer, "dropnorm": DropNorm}[name]()
 
 
 def batch(name: str, rows: int) -> tuple[tuple[torch.Tensor, ...], Any]:
@@ -86,7 +86,7 @@ def batch(name: str, rows: int) -> tuple[tuple[torch.Tensor, ...], Any]:
         return (torch.randn(rows, 3, 32, 32, generator=gen),), torch.randn(rows, 10, generator=gen)
     if name == "toy":
         return (torch.randn(rows, 10, generator=gen),), torch.randn(rows, 5, generator=gen)
-    if name in ("skip", "reused"):
+    if name in ("skip", "reused", "dropnorm"):
         return (torch.randn(rows, 6, generator=gen),), torch.randn(rows, 3, generator=gen)
     if name == "twoinout":
         x, y = torch.randn(rows, 4, generator=gen), torch.randn(rows, 3, generator=gen)

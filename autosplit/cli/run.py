@@ -40,18 +40,19 @@ def _check_batch(args: argparse.Namespace, plan: Plan) -> None:
 
 
 def _ranks(args: argparse.Namespace, plan: Plan) -> int:
-    """Ranks to start here: ``--nproc`` or one per stage and replica, checked against the plan
-    (k · d ranks, k pipeline ranks dividing p)."""
-    from autosplit.distributed import stage_indices
+    """Ranks to start here: ``--nproc`` or p / v per replica (v = ``Plan.stages_per_rank``),
+    checked against the plan and its schedule (k · d ranks, k pipeline ranks dividing p)."""
+    from autosplit.distributed.stage_module import check_schedule
 
     p, d = len(plan.stages), plan.replicas
-    nproc = args.nproc or p * d
+    default = p // plan.stages_per_rank * d
+    nproc = args.nproc or default
     if nproc % d:
         raise InvalidInputError(
             f"--nproc {nproc}: a plan of {p} stages × {d} replicas runs on a multiple of {d} "
-            f"ranks (default {p * d}, one per stage and replica)")
+            f"ranks (default {default}, {plan.stages_per_rank} stage(s) per rank and replica)")
     try:
-        stage_indices(p, 0, nproc // d)
+        check_schedule(plan, nproc // d, replicas=d)
     except InvalidInputError as exc:
         raise InvalidInputError(f"--nproc {nproc}: {exc}") from None
     return nproc

@@ -6,12 +6,13 @@ it takes exactly the values crossing the cut before it and returns exactly the v
 the cut after it (a skip connection or a model input that jumps over the stage is passed
 through) — and that module is handed to PyTorch's ``PipelineStage``; a ``ScheduleGPipe`` or
 ``Schedule1F1B`` (``ScheduleLoopedBFS`` / ``ScheduleInterleaved1F1B`` when a rank holds several
-stages) runs the micro-batches. Processes are started by torchrun, or on this machine by
-:func:`launch` (``torch.distributed.run``'s launcher, one rank per stage), which turns any rank's
-death or exception into a :class:`RankFailedError` that names the rank. A plan with d > 1
-data-parallel replicas runs on d times the ranks, laid out on a 2-D ``DeviceMesh`` ("dp",
-"pp"): the stages along "pp" as above, each stage wrapped in ``DistributedDataParallel`` along
-"dp" (:mod:`~autosplit.distributed.replicas`).
+stages), or the class of another schedule the plan names (:func:`build_schedule`: interleaved
+zero-bubble, ZB-V, DualPipeV …) runs the micro-batches. Processes are started by torchrun, or
+on this machine by :func:`launch` (``torch.distributed.run``'s launcher, one rank per stage),
+which turns any rank's death or exception into a :class:`RankFailedError` that names the
+rank. A plan with d > 1 data-parallel replicas runs on d times the ranks, laid out on a 2-D
+``DeviceMesh`` ("dp", "pp"): the stages along "pp" as above, each stage wrapped in
+``DistributedDataParallel`` along "dp" (:mod:`~autosplit.distributed.replicas`).
 
 Modules: :mod:`~autosplit.distributed.stage_module` (StageModule, PipelineStages, schedules),
 :mod:`~autosplit.distributed.trainer` (Trainer), :mod:`~autosplit.distributed.launch`
@@ -52,9 +53,11 @@ from autosplit.distributed.stage_module import (
     StageModule,
     build_schedule,
     build_stages,
+    check_schedule,
     stage_indices,
     stage_metadata,
     stage_modules,
+    stage_ranks,
 )
 from autosplit.distributed.trainer import Trainer, plan_digest
 from autosplit.errors import RankFailedError
@@ -73,6 +76,8 @@ __all__ = [
     "build_stages",
     "stage_metadata",
     "build_schedule",
+    "check_schedule",
+    "stage_ranks",
     "init_distributed",
     "run_rank",
     "launch",

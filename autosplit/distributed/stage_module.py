@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from autosplit.checkpointing import checkpointed
 from autosplit.distributed.launch import _default_device, _one_line
 from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph, Granularity, Segment
@@ -21,7 +22,13 @@ from autosplit.records import Plan
 from autosplit.stages import StageLayout, graph_for_plan, run_stage, stage_layout
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+"""The two schedules whose plans may run on any divisor of p ranks (one stage per rank here)."""
 INTERLEAVED_SCHEDULES = {"gpipe": "ScheduleLoopedBFS", "1f1b": "ScheduleInterleaved1F1B"}
+"""What "gpipe" and "1f1b" run as when a rank holds several stages."""
+V_SCHEDULES = ("zbv", "dualpipev")
+"""Schedules placing stages in a V: of 2k stages on k ranks, rank r holds r and 2k − 1 − r."""
+SPLIT_BACKWARD_SCHEDULES = ("interleaved-zb", "zbv", "dualpipev")
+"""Schedules that run a stage's backward as input-gradient (I) then weight-gradient (W)."""
 
 
 class StageModule(nn.Module):
@@ -41,9 +48,17 @@ class StageModule(nn.Module):
         input_names, output_names: fx value names received and sent.
         blocks: names of the stage's blocks.
         is_last: whether this is the last stage.
+        checkpoint: whether the blocks run under activation checkpointing (the plan's
+            ``Stage.checkpoint``; see :mod:`autosplit.checkpointing`).
+        copy_sent: whether the values sent are copies. Schedules that split the backward
+            (:data:`SPLIT_BACKWARD_SCHEDULES`) detach what a stage sent, in place, once its
+            input gradients are computed; a value the stage's weight gradients still need (a
+            skip connection's value, read by a layer of the stage and sent on) must then be
+            a copy.
     """
 
-    def __init__(self, layout: StageLayout, index: int, segment: Segment) -> None:
+    def __init__(self, layout: StageLayout, index: int, segment: Segment,
+                 checkpoint: bool = False, copy_sent: bool = False) -> None:
         super().__init__()
         spec = layout.stages[index]
         assert (segment.first, segment.end) == (spec.first, spec.end)
@@ -54,6 +69,8 @@ class StageModule(nn.Module):
         self.input_names = spec.receives
         self.output_names = spec.sends
         self.is_last = index == len(layout.stages) - 1
+        self.checkpoint = checkpoint
+        self.copy_sent = copy_sent
         self._layout = layout
 
     def forward(self, *received: Any) -> Any:
@@ -63,10 +80,16 @@ class StageModule(nn.Module):
             InvalidInputError: not one value per received name.
             CutValueError: a value to send is not a tensor (it names the value and the cut).
         """
-        values = run_stage(self._layout, self.index, self.body, received)
+        body: Callable[..., Any] = self.body
+        if self.checkpoint and not any(isinstance(x, torch.Tensor) and x.is_meta
+                                       for x in received):  # shapes only: nothing to keep
+            body = checkpointed(self.body, self.body)
+        values = run_stage(self._layout, self.index, body, received)
         if self.is_last:
             single = len(values) == 1 and len(self._layout.output.leaves) == 1
             return values[0] if single else values
+        if self.copy_sent:
+            return tuple(v.clone(memory_format=torch.contiguous_format) for v in values)
         return tuple(v.contiguous() for v in values)  # sent as is: no strided views
 
     def unflatten_output(self, output: Any) -> Any:
@@ -79,7 +102,8 @@ class StageModule(nn.Module):
     def extra_repr(self) -> str:
         span = self.blocks[0] if len(self.blocks) == 1 else f"{self.blocks[0]} … {self.blocks[-1]}"
         return (f"index={self.index}, blocks={span} ({len(self.blocks)}), "
-                f"receives={len(self.input_names)}")
+                f"receives={len(self.input_names)}"
+                + (", checkpoint=True" if self.checkpoint else ""))
 
 
 def stage_modules(
@@ -100,23 +124,43 @@ def stage_modules(
 
 def _stage_modules_of(graph: BlockGraph, plan: Plan) -> list[StageModule]:
     layout = stage_layout(graph, plan)
-    return [StageModule(layout, s.index, graph.extract(s.first, s.end)) for s in layout.stages]
+    copy_sent = plan.schedule in SPLIT_BACKWARD_SCHEDULES
+    return [StageModule(layout, s.index, graph.extract(s.first, s.end),
+                        plan.stages[s.index].checkpoint, copy_sent) for s in layout.stages]
 
 
-def stage_indices(num_stages: int, rank: int, world_size: int) -> tuple[int, ...]:
-    """The stages rank ``rank`` holds: ``rank, rank + w, rank + 2w …`` (w = world size).
+def stage_ranks(num_stages: int, world_size: int, v_shape: bool = False) -> tuple[int, ...]:
+    """The pipeline rank holding each stage (torch's ``generate_stage_to_rank_mapping``).
+
+    Looped (default): stage s on rank s mod w (w = world size). ``v_shape`` (ZB-V, DualPipeV):
+    the stages go down the ranks and back up, so with 2w stages rank r holds r and 2w − 1 − r.
+
+    Raises:
+        InvalidInputError: ``num_stages`` is not a multiple of ``world_size``.
+    """
+    if world_size < 1 or num_stages % world_size:
+        raise InvalidInputError(
+            f"a plan of {num_stages} stages cannot be spread over {world_size} processes: use "
+            f"{num_stages} processes (one per stage) or a divisor of {num_stages}"
+        )
+    if not v_shape:
+        return tuple(s % world_size for s in range(num_stages))
+    return tuple(s % world_size if (s // world_size) % 2 == 0
+                 else world_size - 1 - s % world_size for s in range(num_stages))
+
+
+def stage_indices(num_stages: int, rank: int, world_size: int,
+                  v_shape: bool = False) -> tuple[int, ...]:
+    """The stages rank ``rank`` holds, ascending: ``rank, rank + w, rank + 2w …`` (w = world
+    size), or with ``v_shape`` the V of :func:`stage_ranks` (``rank, 2w − 1 − rank``).
 
     One stage per rank when ``world_size == num_stages``; several (interleaved schedules)
     when ``num_stages`` is a multiple of ``world_size``.
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise InvalidInputError(f"rank {rank} is outside a world of {world_size} processes")
-    if num_stages % world_size:
-        raise InvalidInputError(
-            f"a plan of {num_stages} stages cannot be spread over {world_size} processes: use "
-            f"{num_stages} processes (one per stage) or a divisor of {num_stages}"
-        )
-    return tuple(range(rank, num_stages, world_size))
+    ranks = stage_ranks(num_stages, world_size, v_shape)
+    return tuple(s for s, r in enumerate(ranks) if r == rank)
 
 
 def stage_metadata(
@@ -197,10 +241,10 @@ def build_stages(
     """This rank's ``PipelineStage`` objects and their modules (moved to ``device``).
 
     Needs an initialised process group (see :func:`init_distributed`); ``group`` defaults to
-    the world. Stage ``i`` goes to rank ``i % world_size``. ``example_inputs`` (one
-    micro-batch of the model's inputs, any device, meta included) gives every stage its
-    shapes up front (see :func:`stage_metadata`); without it PyTorch infers them during the
-    first step.
+    the world. Stage ``i`` goes to rank ``i % world_size`` (ZB-V, DualPipeV: a V, see
+    :func:`stage_ranks`). ``example_inputs`` (one micro-batch of the model's inputs, any
+    device, meta included) gives every stage its shapes up front (see :func:`stage_metadata`);
+    without it PyTorch infers them during the first step.
     """
     if not dist.is_initialized():
         raise InvalidInputError(
@@ -209,7 +253,8 @@ def build_stages(
         )
     dev = torch.device(device) if device is not None else _default_device(group)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    mine = stage_indices(len(plan.stages), rank, world)
+    check_schedule(plan, world)
+    mine = stage_indices(len(plan.stages), rank, world, plan.schedule in V_SCHEDULES)
     modules = stage_modules(model, plan, granularity=granularity, leaf_modules=leaf_modules)
     for i in mine:
         modules[i].to(dev)
@@ -226,22 +271,31 @@ def build_schedule(
 ) -> Any:
     """The schedule the plan names, over ``plan.microbatches`` micro-batches.
 
-    ``"gpipe"`` → ``ScheduleGPipe``, ``"1f1b"`` → ``Schedule1F1B``; with several stages per
-    rank ``ScheduleLoopedBFS`` and ``ScheduleInterleaved1F1B``. ``loss_fn(output, target)``
-    is called per micro-batch on the last stage (``None``: forward only).
+    ``stages`` are this rank's ``PipelineStage`` objects, ascending. The class is
+    :func:`autosplit.schedules.torch_class_name`'s: ``"gpipe"`` → ``ScheduleGPipe``,
+    ``"1f1b"`` → ``Schedule1F1B`` (with several stages per rank ``ScheduleLoopedBFS`` and
+    ``ScheduleInterleaved1F1B``), ``"looped-bfs"``, ``"interleaved-1f1b"``,
+    ``"interleaved-zb"``, ``"zbv"`` (``ScheduleZBVZeroBubble``) and ``"dualpipev"`` their own.
+    ``loss_fn(output, target)`` is called per micro-batch on the last stage (``None``: forward
+    only).
 
     Raises:
-        InvalidInputError: the schedule is unknown, or cannot run the plan (1F1B needs at least
-            as many micro-batches as stages).
+        InvalidInputError: the schedule is unknown, or cannot run the plan on these ranks (see
+            :func:`check_schedule`).
     """
     from torch.distributed.pipelining import schedules
 
-    _check_schedule(plan)
+    from autosplit.schedules import torch_class_name
+
+    v = check_schedule(plan, stages[0].group_size)
+    if len(stages) != v:
+        raise InvalidInputError(f"schedule {plan.schedule!r} runs {v} stages per rank of this "
+                                f"plan; got {len(stages)} stages")
+    name = torch_class_name(plan.schedule, v)
+    cls = getattr(schedules, name)
     m = plan.microbatches
-    single = len(stages) == 1
-    cls = getattr(schedules, (SCHEDULES if single else INTERLEAVED_SCHEDULES)[plan.schedule])
     try:
-        if single:
+        if name in SCHEDULES.values():
             return cls(stages[0], m, loss_fn=loss_fn, scale_grads=scale_grads)
         return cls(list(stages), m, loss_fn=loss_fn, scale_grads=scale_grads)
     except ValueError as exc:
@@ -251,15 +305,46 @@ def build_schedule(
         ) from None
 
 
-def _check_schedule(plan: Plan) -> None:
-    if plan.schedule not in SCHEDULES:
+def check_schedule(plan: Plan, ranks: int, *, replicas: int = 1) -> int:
+    """Check that torch can run ``plan``'s schedule on ``ranks`` pipeline ranks; return v.
+
+    v, the stages each rank holds, is p / ``ranks``. ``"gpipe"`` and ``"1f1b"`` plans made
+    for one stage per rank (``Plan.stages_per_rank`` = 1) run on any divisor of p ranks;
+    every other plan runs on exactly p / ``Plan.stages_per_rank`` ranks per replica (the
+    stages per rank it was planned for). Whether torch's class accepts (ranks, v, m) is
+    asked of the class itself (:func:`autosplit.schedules.torch_order`).
+
+    Raises:
+        InvalidInputError: an unknown schedule; p not a multiple of ``ranks``; ``ranks`` other
+            than the plan's; torch's class refuses (e.g. ZB-V and DualPipeV need exactly 2
+            stages per rank, DualPipeV and 1F1B at least as many micro-batches as stages); a
+            schedule splitting the backward (interleaved-zb, zbv, dualpipev) with replicas,
+            which ``DistributedDataParallel`` cannot reduce.
+    """
+    from autosplit.schedules import SCHEDULES as ALL
+    from autosplit.schedules import torch_order
+
+    schedule, p, m = plan.schedule, len(plan.stages), plan.microbatches
+    if schedule not in ALL:
+        raise InvalidInputError(f"plan schedule {schedule!r} is not one of {', '.join(ALL)}")
+    stage_ranks(p, ranks)  # p a multiple of the ranks
+    v, planned = p // ranks, plan.stages_per_rank
+    if (planned > 1 or schedule not in SCHEDULES) and v != planned:
         raise InvalidInputError(
-            f"plan schedule {plan.schedule!r} is not one of {', '.join(SCHEDULES)}"
+            f"schedule {schedule!r}: the plan places {planned} stage{'s' if planned > 1 else ''}"
+            f" per rank ({p} stages on {p // planned} ranks per replica), not {v} on {ranks}: "
+            f"run it on {p // planned * replicas} ranks"
         )
-    p, m = len(plan.stages), plan.microbatches
-    if plan.schedule == "1f1b" and m < p:
+    if schedule == "1f1b" and m < p:
         raise InvalidInputError(
             f"schedule 1f1b needs at least as many micro-batches as stages ({m} < {p}): use "
             "schedule gpipe, or a smaller split size"
         )
-
+    if replicas > 1 and schedule in SPLIT_BACKWARD_SCHEDULES:
+        raise InvalidInputError(
+            f"schedule {schedule!r} with {replicas} replicas: it splits each backward into "
+            "input and weight gradients, which DistributedDataParallel cannot all-reduce; use "
+            "schedule interleaved-1f1b, 1f1b or gpipe with replicas, or one replica"
+        )
+    torch_order(schedule, ranks, v, m)  # ScheduleUnavailableError (an InvalidInputError)
+    return v

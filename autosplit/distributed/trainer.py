@@ -27,12 +27,14 @@ from autosplit.distributed.replicas import (
     replicate_stages,
 )
 from autosplit.distributed.stage_module import (
+    V_SCHEDULES,
     StageModule,
-    _check_schedule,
     _pipeline_stages,
     _stage_modules_of,
     build_schedule,
+    check_schedule,
     stage_indices,
+    stage_ranks,
 )
 from autosplit.errors import InvalidInputError, PlanMismatchError
 from autosplit.graph import BlockGraph, Granularity
@@ -145,17 +147,19 @@ class Trainer:
         self._check_agreement(plan, graph.fingerprint, group)
         self.place = mesh_place(plan.replicas, self.device, group, mesh, plan.placement)
         self.group = self.place.pipeline_group
+        check_schedule(plan, self.place.pipeline_size, replicas=plan.replicas)
+        v_shape = plan.schedule in V_SCHEDULES
         self._local = stage_indices(len(plan.stages), self.place.pipeline_rank,
-                                    self.place.pipeline_size)
+                                    self.place.pipeline_size, v_shape)
         self._all = _stage_modules_of(graph, plan)
         self.modules = [self._all[i].to(self.device) for i in self._local]
         self._names = {id(p): name for name, p in graph.module.named_parameters()}
         self._shared = _shared_copies(graph, plan, self.place.pipeline_rank,
-                                      self.place.pipeline_size, self.group)
+                                      stage_ranks(len(plan.stages), self.place.pipeline_size,
+                                                  v_shape), self.group)
         self._replicated = replicate_stages(self.modules, self.place, self.device)
         last = next((m for m in self.modules if m.is_last), None)
         self._loss = _LastStageLoss(loss_fn, last)
-        _check_schedule(plan)
         self.stages: list[Any] = []
         self.schedule: Any = None
         params = list(self.parameters())
@@ -330,12 +334,12 @@ class _SharedCopy:
 
 
 def _shared_copies(
-    graph: BlockGraph, plan: Plan, rank: int, world: int, group: Any
+    graph: BlockGraph, plan: Plan, rank: int, ranks: Sequence[int], group: Any
 ) -> list[_SharedCopy]:
     """This rank's copies of parameters shared with other ranks, each with a process group.
 
     One group per shared parameter whose users lie on stages of two or more ranks (stage s on
-    rank s mod world); a rank holding every user needs nothing. Every rank calls
+    rank ``ranks[s]``); a rank holding every user needs nothing. Every rank calls
     ``new_group`` for every such parameter, in the graph's order (with a sub-group as the
     pipeline, only the members, with local synchronisation). The copies start equal: the
     first holder's values are broadcast to the others.
@@ -344,19 +348,19 @@ def _shared_copies(
     params = dict(graph.module.named_parameters())
     copies = []
     for shared in graph.shared_params:
-        ranks = tuple(sorted({layout.stage_of_block(i) % world for i in shared.blocks}))
-        if len(ranks) < 2:
+        holders = tuple(sorted({ranks[layout.stage_of_block(i)] for i in shared.blocks}))
+        if len(holders) < 2:
             continue
-        members = [r if group is None else dist.get_global_rank(group, r) for r in ranks]
+        members = [r if group is None else dist.get_global_rank(group, r) for r in holders]
         if group is None:
             pg = dist.new_group(members)
-        elif rank in ranks:
+        elif rank in holders:
             pg = dist.new_group(members, use_local_synchronization=True)
-        if rank in ranks:
+        if rank in holders:
             param = params[shared.name]
             with torch.no_grad():
                 dist.broadcast(param.data, src=members[0], group=pg)
-            copies.append(_SharedCopy(shared.name, param, ranks, pg))
+            copies.append(_SharedCopy(shared.name, param, holders, pg))
     return copies
 
 
