@@ -11,6 +11,7 @@ micro-batch losses), BatchNorm seeing micro-batches in order.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import socket
@@ -345,14 +346,21 @@ def _mismatch_worker(plans: list[Plan]) -> None:
     distributed.Trainer(model, plans[dist.get_rank()], loss_fn)
 
 
-def test_ranks_with_different_plans_are_refused_at_start() -> None:
+@pytest.mark.parametrize("differ", ["cuts", "checkpointing"])
+def test_ranks_with_different_plans_are_refused_at_start(differ: str) -> None:
     model = build("skip")
-    plans = [make_plan(model, (3, 4), 2, 2), make_plan(model, (4, 3), 2, 2)]
+    plan = make_plan(model, (3, 4), 2, 2)
+    if differ == "cuts":
+        other, shown = make_plan(model, (4, 3), 2, 2), ("stages [3, 4]", "stages [4, 3]")
+    else:
+        stages = (plan.stages[0], dataclasses.replace(plan.stages[1], checkpoint=True))
+        other = dataclasses.replace(plan, stages=stages)
+        shown = ("2×2, gpipe vs", "stages [1] checkpointed")
     with pytest.raises(distributed.RankFailedError) as info:
-        distributed.launch(_mismatch_worker, 2, plans, timeout_s=TIMEOUT_S)
+        distributed.launch(_mismatch_worker, 2, [plan, other], timeout_s=TIMEOUT_S)
     message = str(info.value)
     assert "ModelMismatchError" in message and "rank 1 holds another plan" in message
-    assert "stages [3, 4]" in message and "stages [4, 3]" in message
+    assert all(text in message for text in shown), message
 
 
 def _children() -> set[int]:

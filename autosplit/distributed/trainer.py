@@ -63,7 +63,8 @@ class _LastStageLoss:
 
 
 def plan_digest(plan: Plan) -> tuple[Any, ...]:
-    """What every rank must agree on: the model, the cut points, b, m and the schedule."""
+    """What every rank must agree on: the model, the cut points, b, m, the schedule, the
+    replicas, the stages per rank and which stages are checkpointed."""
     return (
         plan.fingerprint,
         tuple(s.blocks[0] for s in plan.stages),
@@ -72,6 +73,8 @@ def plan_digest(plan: Plan) -> tuple[Any, ...]:
         plan.microbatches,
         plan.schedule,
         plan.replicas,
+        plan.stages_per_rank,
+        tuple(s.index for s in plan.stages if s.checkpoint),
     )
 
 
@@ -365,6 +368,8 @@ def _shared_copies(
 
 
 def _describe_digest(digest: tuple[Any, ...]) -> str:
-    _, firsts, balance, b, m, schedule, d = digest
+    _, firsts, balance, b, m, schedule, d, v, checkpointed = digest
     return (f"stages {list(balance)} (from {', '.join(firsts)}), {m}×{b}, {schedule}"
-            + (f", {d} replicas" if d > 1 else ""))
+            + (f", {v} stages per rank" if v > 1 else "")
+            + (f", {d} replicas" if d > 1 else "")
+            + (f", stages {list(checkpointed)} checkpointed" if checkpointed else ""))

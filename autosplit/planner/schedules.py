@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 from autosplit.cost import optimizer_factor, single_device_ms, transfer_ms
-from autosplit.errors import AutosplitError, InfeasiblePlanError, InvalidInputError
+from autosplit.errors import AutosplitError, InvalidInputError
 from autosplit.planner.assembly import explain_infeasible, shared_weights
 from autosplit.planner.problems import _copy_bytes, transient_bytes
 from autosplit.planner.settings import PlanSettings
