@@ -136,7 +136,9 @@ def schedule_table(choice: Any, chosen: Plan) -> Table:
         if plan is None:
             table.add_row(option.schedule, str(option.v), "–", "–", "–", "–", option.why)
             continue
-        mine = plan.schedule == chosen.schedule and plan.stages_per_rank == chosen.stages_per_rank
+        mine = (chosen.replicas == 1 and len(plan.stages) == len(chosen.stages)
+                and (plan.schedule, plan.stages_per_rank)
+                == (chosen.schedule, chosen.stages_per_rank))
         table.add_row(
             option.schedule, str(option.v), f"{plan.microbatches}×{plan.split_size}",
             f"{sum(s.checkpoint for s in plan.stages)}/{len(plan.stages)}",

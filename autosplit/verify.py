@@ -276,9 +276,16 @@ def verify_and_choose(
     scored = [verified[name] for name in named]
     best = min(scored, key=lambda p: p.predicted_step_ms)
     if len(scored) > 1:
-        sizes = ", ".join(str(c.split_size) for c in candidates)
+        shapes = ", ".join(_shape(c) for c in candidates)
         best = dataclasses.replace(
             best, verification=f"{best.verification}; chosen among the {len(scored)} best "
-            f"candidates by block sums (b = {sizes}) on the verified step",
+            f"candidates by block sums ({shapes}) on the verified step",
         )
     return best, {name: verified[name] for name in (others or {})}
+
+
+def _shape(plan: Plan) -> str:
+    """``2 stages b=15``, ``1 stage × 2 replicas b=15``: a candidate in a few words."""
+    p = len(plan.stages)
+    replicas = f" × {plan.replicas} replicas" if plan.replicas > 1 else ""
+    return f"{p} stage{'s' if p != 1 else ''}{replicas} b={plan.split_size}"

@@ -13,7 +13,11 @@ from autosplit.cli.common import device_spec
 from autosplit.errors import InvalidInputError
 from autosplit.records import Plan, Profile
 
-__all__ = ["estimate", "device_note", "measure", "profile_for", "verifies", "verify_plans"]
+PIPELINE_AGAIN = "pipeline candidate "
+"""Names of pipeline candidates given again among the other plans (timed once, not listed)."""
+
+__all__ = ["PIPELINE_AGAIN", "estimate", "device_note", "measure", "profile_for", "verifies",
+           "verify_plans"]
 
 
 def estimate(args: argparse.Namespace, spec: Any, model: Any, inputs: Any, stages: int,
@@ -152,8 +156,9 @@ def verify_plans(args: argparse.Namespace, model: Any, inputs: Any, prof: Profil
 
     inputs = check_inputs(inputs)
     what = f"the {len(candidates)} best candidate{'s' if len(candidates) > 1 else ''}"
-    if others:
-        what += f" and {', '.join(others)}"
+    listed = [name for name in others if not name.startswith(PIPELINE_AGAIN)]
+    if listed:
+        what += f" and {', '.join(listed)}"
     with _progress("verifying", console) as bar:
         task = bar.add_task(f"{what}, stage by stage", total=None)
         result = verify_and_choose(

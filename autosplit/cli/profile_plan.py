@@ -12,6 +12,7 @@ from rich.console import Console
 
 from autosplit.cli.common import device_spec, load_model, make_console
 from autosplit.cli.measuring import (
+    PIPELINE_AGAIN,
     device_note,
     estimate,
     measure,
@@ -134,7 +135,7 @@ def _chosen_plan(args: argparse.Namespace, source: Any, model: Any, inputs: Any,
         others[reference[0]] = reference[1]
     # each pipeline candidate again, by name (its stage runs are timed once): the best
     # pipeline after verification is printed beside a choice with replicas
-    piped = {f"pipeline {i}": c for i, c in enumerate(pipelines)} if replicated else {}
+    piped = {f"{PIPELINE_AGAIN}{i}": c for i, c in enumerate(pipelines)} if replicated else {}
     if verify:
         plan, others = verify_plans(args, model, inputs, prof, candidates, {**others, **piped},
                                     console)
@@ -183,7 +184,10 @@ def _print_schedules(console: Console, prof: Profile, args: argparse.Namespace,
     except AutosplitError:  # devices of different kinds, nothing fits: no table
         return
     console.print()
-    console.print(f" {schedule_why(choice)}")
+    why = schedule_why(choice)
+    if plan.replicas > 1 or len(plan.stages) != args.gpus:
+        why = f"pipelines of {args.gpus} stages, by schedule — {why}"
+    console.print(f" {why}")
     console.print(schedule_table(choice, plan))
 
 
@@ -258,7 +262,7 @@ def plan_command(args: argparse.Namespace) -> int:
     print_plan(console, plan, references)
     if memory is not None and args.gpus > 1:
         _one_device_note(console, prof, memory, kwargs)
-    if args.schedule == "auto" and plan.replicas == 1 and args.gpus > 1:
+    if args.schedule == "auto" and args.gpus > 1 and not args.replicas:
         _print_schedules(console, prof, args, kwargs, plan)
     if layouts is not None:
         _print_layouts(console, layouts, plan)
