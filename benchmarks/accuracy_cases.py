@@ -64,14 +64,16 @@ class Case:
     step_s: float
 
 
-def _resnet50_hand() -> tuple[tuple[str, ...], int]:
+def resnet50_hand(split_size: int | None = None) -> tuple[tuple[str, ...], int]:
+    """examples/resnet50.py's hand split: its cut and split size 20, or ``split_size`` for a
+    batch that 20 does not divide (torch's pipelining runs equal micro-batches only)."""
     example = load_example("resnet50")
-    return tuple(example.MANUAL_SPLIT), int(example.MANUAL_SPLIT_SIZE)
+    return tuple(example.MANUAL_SPLIT), int(split_size or example.MANUAL_SPLIT_SIZE)
 
 
 def default_cases() -> list[Case]:
     return [
-        Case("resnet50", "ResNet50", ModelSpec("resnet50", 120, (3, 128, 128)), _resnet50_hand(),
+        Case("resnet50", "ResNet50", ModelSpec("resnet50", 120, (3, 128, 128)), resnet50_hand(),
              "resnet50", 10.5),
         Case("resnet101", "ResNet101", ModelSpec("resnet101", 48, (3, 64, 64)), None,
              "resnet101", 1.3),

@@ -31,9 +31,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import torch
-from accuracy_cases import Case, ExampleSpec, spread
-from common import RESULTS, command_line, describe, load_example, machine, write_results
+from accuracy_cases import Case, ExampleSpec, resnet50_hand, spread
+from common import RESULTS, command_line, describe, machine, write_results
 from harness import Config, Group, ModelSpec, add_load_arguments, measure
 from report import load_sentence
 
@@ -48,16 +47,12 @@ AUTO, DP, PIPE, HAND = "autosplit", "data parallel", "best pipeline", "hand spli
 GOALS = {"choice": 0.98, "dp_error": 0.10}
 
 
-def _hand() -> tuple[tuple[str, ...], int]:
-    example = load_example("resnet50")
-    return tuple(example.MANUAL_SPLIT), int(example.MANUAL_SPLIT_SIZE)
-
-
 def default_cases() -> list[Case]:
     return [
-        Case("resnet50-64", "ResNet50", ModelSpec("resnet50", 48, (3, 64, 64)), _hand(), None, 1.2),
+        Case("resnet50-64", "ResNet50", ModelSpec("resnet50", 48, (3, 64, 64)),
+             resnet50_hand(16), None, 1.2),
         Case("resnet50", "ResNet50 (tutorial size)", ModelSpec("resnet50", 120, (3, 128, 128)),
-             _hand(), None, 10.5),
+             resnet50_hand(), None, 10.5),
         Case("resnet101", "ResNet101", ModelSpec("resnet101", 48, (3, 64, 64)), None, None, 2.5),
         Case("gpt-small", "GPT small", ModelSpec("gpt-small", 64), None, None, 0.45),
     ]
@@ -128,7 +123,8 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
         for name, plan in found["plans"].items():
             labels.setdefault(key(plan), name)
             rows[name] = {**plan_row(plan, found["names"]), "label": labels[key(plan)]}
-        configs = tuple(Config(label, found["plans"][label]) for label in dict.fromkeys(labels.values()))
+        configs = tuple(Config(label, found["plans"][label])
+                        for label in dict.fromkeys(labels.values()))
         models.append({"model": case.label, "key": case.name, "input": case.spec.describe,
                        "profile_s": found["profile_s"],
                        "plan_and_verify_s": found["plan_and_verify_s"],
