@@ -186,7 +186,7 @@ def test_no_benchmark_script_imports_another() -> None:
     files = {path.stem: path.read_text() for path in (ROOT / "benchmarks").glob("*.py")}
     scripts = {name for name, text in files.items() if 'if __name__ == "__main__":' in text}
     assert {"tutorial", "compare", "solvers", "planning", "analytic", "gpu_check",
-            "layouts"} <= scripts
+            "layouts", "schedules"} <= scripts
     for name, text in files.items():
         imported = set()
         for node in ast.walk(ast.parse(text)):
@@ -270,3 +270,25 @@ def test_layouts_benchmark_smoke(tmp_path) -> None:
         assert model["choice_vs_best"] == best / plans["autosplit"]["measured_ms"] <= 1
     assert data["goals"]["choice_vs_best"] == min(m["choice_vs_best"] for m in models.values())
     assert "## Goals" in (tmp_path / "layouts_smoke.md").read_text()
+
+
+def test_schedules_benchmark_smoke(tmp_path) -> None:
+    run_benchmark("schedules.py", tmp_path)
+    data = json.loads((tmp_path / "schedules_smoke.json").read_text())
+    models = {m["key"]: m for m in data["models"]}
+    assert set(models) == {"resnet18", "bigvocab"}
+    for key, model in models.items():
+        plans = model["plans"]
+        assert "autosplit" in plans and ("hand split (GPipe)" in plans) == (key == "resnet18")
+        assert {"gpipe", "1f1b"} <= {r["schedule"] for r in plans.values()}
+        assert all(r["label"] in model["measured"] and r["predicted_ms"] > 0
+                   for r in plans.values())
+        fastest = min(r["block_sum_ms"] for name, r in plans.items()
+                      if not name.startswith(("hand split", "autosplit")))
+        assert plans["autosplit"]["block_sum_ms"] == fastest  # the best schedule's plan
+    resnet = models["resnet18"]
+    assert resnet["vs_hand"] == (resnet["plans"]["hand split (GPipe)"]["measured_ms"]
+                                 / resnet["plans"]["autosplit"]["measured_ms"])
+    assert resnet["limited"]["memory_bytes"] < resnet["limited"]["hand_needs_bytes"]
+    assert data["goals"]["vs_hand"] == resnet["vs_hand"]
+    assert "## Goals" in (tmp_path / "schedules_smoke.md").read_text()
