@@ -179,18 +179,21 @@ def _stage_runs(plan: Plan) -> list[StageRun]:
 
 
 def _scaled(plan: Plan, times: Sequence[StageTime], factor: int) -> Plan:
-    """The plan with each stage's time moved by ``factor`` (−1, 0, +1) times its spread."""
-    stages = tuple(
-        dataclasses.replace(
-            s,
-            compute_ms=t.compute_ms * max(1 + factor * t.spread, 0.0),
-            forward_ms=t.forward_ms * max(1 + factor * t.spread, 0.0),
+    """The plan with each stage's time moved by ``factor`` (−1, 0, +1) times its spread; a
+    stage's weight-gradient part keeps its share of the stage's backward."""
+    stages = []
+    for s, t in zip(plan.stages, times):
+        scale = max(1 + factor * t.spread, 0.0)
+        compute, forward = t.compute_ms * scale, t.forward_ms * scale
+        backward_before = s.compute_ms - s.forward_ms
+        share = s.weight_grad_ms / backward_before if backward_before > 0 else 0.0
+        stages.append(dataclasses.replace(
+            s, compute_ms=compute, forward_ms=forward,
+            weight_grad_ms=min(share, 1.0) * (compute - forward),
             block_sum_ms=s.compute_ms if s.block_sum_ms is None else s.block_sum_ms,
             verified_spread=t.spread,
-        )
-        for s, t in zip(plan.stages, times)
-    )
-    return dataclasses.replace(plan, stages=stages)
+        ))
+    return dataclasses.replace(plan, stages=tuple(stages))
 
 
 def verify_plans(
