@@ -2,10 +2,10 @@
 pipeline and the hand split, predicted and measured.
 
 For each model: one profile (``autosplit.profile``, one CPU worker of one thread, the training
-loss timed with the last block) and the gloo all-reduce bandwidth measured once
-(``autosplit.collectives``); then, as ``autosplit plan --gpus 2`` does, the best plan of every
-layout (``plan_layouts``: 2 stages × 1, 1 stage × 2 replicas) and the best pipelines by block
-sums (``plan_candidates``), all verified together stage by stage
+loss timed with the last block) and the gloo all-reduce bandwidth measured once as DDP
+synchronises a backward (``autosplit.collectives``); then, as ``autosplit plan --gpus 2`` does,
+the best plan of every layout (``plan_layouts``: 2 stages × 1, 1 stage × 2 replicas) and the
+best pipelines by block sums (``plan_candidates``), all verified together stage by stage
 (``autosplit.verify.verify_and_choose``), the fastest verified plan being autosplit's choice.
 Measured interleaved on 2 gloo ranks (``harness.py``: ``Trainer`` per rank, DDP along the
 replicas, rounds A B … B A after a warm-up round, a timing disturbed by other processes taken
@@ -113,7 +113,8 @@ def plan_row(plan: Plan, names: Sequence[str]) -> dict[str, Any]:
 def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
     started = time.perf_counter()
     width = measure_allreduce_bandwidth(2)
-    print(f"gloo all-reduce on 2 ranks: {width / 1e9:.2f} GB/s (bus bandwidth)", flush=True)
+    print(f"DDP's gradient all-reduce on 2 gloo ranks: {width / 1e9:.2f} GB/s (bus bandwidth)",
+          flush=True)
     models, groups = [], []
     for case in cases:
         print(f"{case.label} ({case.spec.describe}): profile, plan, verify …", flush=True)
@@ -170,8 +171,9 @@ def markdown(data: dict[str, Any]) -> str:
     lines = [
         "# Stages × replicas on 2 CPU workers: predicted and measured", "",
         f"Machine: {describe(s['machine'])}.  ", f"Command: `{s['command']}`.  ",
-        (f"{s['devices']}; gloo all-reduce measured at {s['allreduce_bytes_per_s'] / 1e9:.2f} "
-         f"GB/s; every plan measured {s['rounds']} times after a warm-up round, interleaved; "
+        (f"{s['devices']}; DDP's gradient all-reduce measured at "
+         f"{s['allreduce_bytes_per_s'] / 1e9:.2f} GB/s (bus bandwidth); every plan measured "
+         f"{s['rounds']} times after a warm-up round, interleaved; "
          f"{s['loss']}. Total {data['seconds']['total']:.0f} s."), "",
         "## Goals", "", "| goal | value | target | |", "|---|---|---|---|",
         (f"| autosplit's choice against the best measured plan (worst model) | "
