@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+from synthetic import make_profile
 
 import autosplit
 from autosplit.cli import main
@@ -19,7 +20,6 @@ from autosplit.records import Plan, Profile
 from autosplit.schedules import torch_order
 from autosplit.simulator import simulate_plan
 from autosplit.solve.joint import JointProblem, brute_force_joint, solve_joint
-from tests.synthetic import make_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-zb", 2), ("zbv", 2)]
