@@ -79,6 +79,8 @@ def _rank(rank: int, ranks: int, port: int, backend: str, nbytes: int, repeats: 
             added.append(backward() - alone)
         if rank == 0:
             results.put(max(statistics.median(added), 1e-6))
+        dist.barrier()  # no rank tears down while another still synchronises
+        del ddp  # DDP's reducer before its process group: its threads end first
     finally:
         dist.destroy_process_group()
 
