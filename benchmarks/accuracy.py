@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,9 +52,10 @@ from accuracy_cases import (
     smoke_cases,
     spread,
 )
-from common import RESULTS, command_line, describe, machine, write_results
-from harness import Config, Group, add_load_arguments, measure
+from common import describe, machine
+from harness import Config, Group, measure
 from report import load_sentence, plural
+from run_options import benchmark_parser, chosen_cases, write_and_show
 from torchgpipe_peer import INSTALL_TORCHGPIPE, TORCHGPIPE, balance_by_time, torchgpipe_balance
 
 import autosplit
@@ -248,48 +248,20 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    names = [c.name for c in default_cases()]
-    parser.add_argument("--models", nargs="+", choices=names, default=names, metavar="MODEL",
-                        help=f"the models to run (default all: {' '.join(names)})")
+    parser = benchmark_parser(__doc__, [c.name for c in default_cases()])
     parser.add_argument("--profiles", type=int, default=3, help="independent profiles per model")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per plan (default 5)")
-    parser.add_argument("--profile-budget", type=float, default=40.0,
-                        help="each profile's budget (s; autosplit's default 40)")
-    parser.add_argument("--verify-budget", type=float, default=60.0,
-                        help="each verification's budget (s; autosplit's default 60)")
-    parser.add_argument("--timeout", type=float, default=900.0, help="process-group timeout (s)")
-    add_load_arguments(parser)
-    parser.add_argument("--smoke", action="store_true", help="toy models in seconds (tests)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="folder for the results (default benchmarks/results; with --smoke "
-                             "a temporary folder)")
     args = parser.parse_args(argv)
-    if args.profiles < 1 or args.rounds < 1:
-        parser.error("--profiles and --rounds must be positive")
-    args.sizes = None
+    if args.profiles < 1:
+        parser.error("--profiles must be positive")
+    cases = chosen_cases(parser, args, argv, "accuracy.py", default_cases, smoke_cases)
     if args.smoke:
-        cases = smoke_cases()
-        args.profiles, args.rounds, args.retries = min(args.profiles, 2), 1, 0
-        args.profile_budget, args.verify_budget, args.sizes = 5.0, 5.0, [2, 4]
-    else:
-        cases = [c for c in default_cases() if c.name in args.models]
-    if args.out is None:
-        args.out = Path(tempfile.mkdtemp(prefix="accuracy-smoke-")) if args.smoke else RESULTS
-    elif args.smoke and args.out.resolve() == RESULTS.resolve():
-        parser.error("--smoke never writes to benchmarks/results: give another --out")
-    args.command = command_line("accuracy.py", sys.argv[1:] if argv is None else argv)
+        args.profiles = min(args.profiles, 2)
     print(f"{', '.join(c.label for c in cases)}; {args.profiles} profiles, {args.rounds} rounds: "
           f"about {estimate_s(cases, args) / 60:.0f} min on 2 quiet CPU cores", flush=True)
     if TORCHGPIPE is None:
         print(f"torchgpipe is not installed: no torchgpipe rows ({INSTALL_TORCHGPIPE})", flush=True)
     data = run(args, cases)
-    stem = "accuracy_smoke" if args.smoke else "accuracy"
-    text = markdown(data)
-    write_results(args.out, stem, data, text)
-    print(text)
-    print(f"wrote {args.out / stem}.json and .md")
+    write_and_show(args, "accuracy.py", data, markdown(data))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,9 +31,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accuracy_cases import Case, ExampleSpec, resnet50_hand, spread
-from common import RESULTS, command_line, describe, machine, write_results
-from harness import Config, Group, ModelSpec, add_load_arguments, measure
+from common import describe, machine
+from harness import Config, Group, ModelSpec, measure
 from report import load_sentence
+from run_options import benchmark_parser, chosen_cases, write_and_show
 
 import autosplit
 from autosplit.collectives import measure_allreduce_bandwidth
@@ -203,43 +203,11 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    names = [c.name for c in default_cases()]
-    parser.add_argument("--models", nargs="+", choices=names, default=names, metavar="MODEL",
-                        help=f"the models to run (default all: {' '.join(names)})")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per plan (default 5)")
-    parser.add_argument("--profile-budget", type=float, default=40.0,
-                        help="the profile's budget (s; autosplit's default 40)")
-    parser.add_argument("--verify-budget", type=float, default=60.0,
-                        help="the verification's budget (s; autosplit's default 60)")
-    parser.add_argument("--timeout", type=float, default=900.0, help="process-group timeout (s)")
-    add_load_arguments(parser)
-    parser.add_argument("--smoke", action="store_true", help="toy models in seconds (tests)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="folder for the results (default benchmarks/results; with --smoke "
-                             "a temporary folder)")
+    parser = benchmark_parser(__doc__, [c.name for c in default_cases()])
     args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error("--rounds must be positive")
-    args.sizes = None
-    if args.smoke:
-        cases = smoke_cases()
-        args.rounds, args.retries = 1, 0
-        args.profile_budget, args.verify_budget, args.sizes = 5.0, 5.0, [2, 4]
-    else:
-        cases = [c for c in default_cases() if c.name in args.models]
-    if args.out is None:
-        args.out = Path(tempfile.mkdtemp(prefix="layouts-smoke-")) if args.smoke else RESULTS
-    elif args.smoke and args.out.resolve() == RESULTS.resolve():
-        parser.error("--smoke never writes to benchmarks/results: give another --out")
-    args.command = command_line("layouts.py", sys.argv[1:] if argv is None else argv)
+    cases = chosen_cases(parser, args, argv, "layouts.py", default_cases, smoke_cases)
     data = run(args, cases)
-    stem = "layouts_smoke" if args.smoke else "layouts"
-    text = markdown(data)
-    write_results(args.out, stem, data, text)
-    print(text)
-    print(f"wrote {args.out / stem}.json and .md")
+    write_and_show(args, "layouts.py", data, markdown(data))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,70 @@
+"""The command line shared by the benchmarks that profile, plan and then measure on 2 CPU
+workers (``accuracy.py``, ``layouts.py``, ``schedules.py``): which models, how many rounds,
+the profile's and the verification's budgets, ``--smoke`` (toy models in seconds, never
+written to benchmarks/results) and ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from common import RESULTS, command_line, write_results
+from harness import add_load_arguments
+
+
+def benchmark_parser(doc: str | None, names: Sequence[str]) -> argparse.ArgumentParser:
+    """A parser with the shared options; ``names`` are the models ``--models`` may name."""
+    parser = argparse.ArgumentParser(description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", choices=names, default=list(names),
+                        metavar="MODEL",
+                        help=f"the models to run (default all: {' '.join(names)})")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per plan (default 5)")
+    parser.add_argument("--profile-budget", type=float, default=40.0,
+                        help="each profile's budget (s; autosplit's default 40)")
+    parser.add_argument("--verify-budget", type=float, default=60.0,
+                        help="each verification's budget (s; autosplit's default 60)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="process-group timeout (s)")
+    add_load_arguments(parser)
+    parser.add_argument("--smoke", action="store_true", help="toy models in seconds (tests)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for the results (default benchmarks/results; with --smoke "
+                             "a temporary folder)")
+    return parser
+
+
+def chosen_cases(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                 argv: Sequence[str] | None, script: str, default_cases: Callable[[], list[Any]],
+                 smoke_cases: Callable[[], list[Any]]) -> list[Any]:
+    """The cases to run; sets ``args.sizes``, ``args.out`` and ``args.command`` (and, with
+    ``--smoke``, one round, no retakes, 5 s budgets and sizes 2 and 4)."""
+    if args.rounds < 1:
+        parser.error("--rounds must be positive")
+    args.sizes = None
+    if args.smoke:
+        cases = smoke_cases()
+        args.rounds, args.retries = 1, 0
+        args.profile_budget, args.verify_budget, args.sizes = 5.0, 5.0, [2, 4]
+    else:
+        cases = [c for c in default_cases() if c.name in args.models]
+    stem = Path(script).stem
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix=f"{stem}-smoke-")) if args.smoke else RESULTS
+    elif args.smoke and args.out.resolve() == RESULTS.resolve():
+        parser.error("--smoke never writes to benchmarks/results: give another --out")
+    args.command = command_line(script, sys.argv[1:] if argv is None else argv)
+    return cases
+
+
+def write_and_show(args: argparse.Namespace, script: str, data: dict[str, Any],
+                   text: str) -> None:
+    """Write ``<stem>[_smoke].json`` and ``.md`` under ``args.out`` and print the text."""
+    stem = Path(script).stem + ("_smoke" if args.smoke else "")
+    write_results(args.out, stem, data, text)
+    print(text)
+    print(f"wrote {args.out / stem}.json and .md")
