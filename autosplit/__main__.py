@@ -1,7 +1,5 @@
 """``python -m autosplit`` is the same as the ``autosplit`` command."""
 
-import sys
+from autosplit.cli import entry
 
-from autosplit.cli import main
-
-sys.exit(main())
+entry()

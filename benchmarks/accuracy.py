@@ -58,6 +58,7 @@ from report import load_sentence, plural
 from run_options import benchmark_parser, chosen_cases, write_and_show
 from torchgpipe_peer import INSTALL_TORCHGPIPE, TORCHGPIPE, balance_by_time, torchgpipe_balance
 
+from autosplit.allocator import restart_keeping_freed_memory
 import autosplit
 from autosplit.comparison import baseline_plans, manual_plan
 from autosplit.planner import plan_candidates, plan_with_balance
@@ -265,4 +266,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
     main()

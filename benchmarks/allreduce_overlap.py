@@ -29,6 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command_line, describe, machine, write_results  # noqa: E402
+from autosplit.allocator import restart_keeping_freed_memory  # noqa: E402
 
 
 def _rank(rank: int, port: int, layers: int, width: int, batch: int, rounds: int,
@@ -127,4 +128,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
     main()

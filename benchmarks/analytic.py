@@ -28,6 +28,7 @@ import torchvision  # noqa: E402
 from torch import nn  # noqa: E402
 
 import autosplit  # noqa: E402
+from autosplit.allocator import restart_keeping_freed_memory
 from autosplit.analytic import count_costs, profile_from_costs  # noqa: E402
 from autosplit.specs import calibrate, get_spec  # noqa: E402
 
@@ -125,4 +126,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
     main()

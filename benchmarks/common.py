@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from autosplit import allocator
+
 RESULTS = Path(__file__).resolve().parent / "results"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -37,6 +39,7 @@ def machine() -> dict[str, Any]:
         "memory_gib": memory_gib,
         "system": platform.system(),
         "python": platform.python_version(),
+        "allocator": allocator.describe(),
     }
     try:
         import torch
@@ -56,6 +59,7 @@ def describe(info: dict[str, Any]) -> str:
     return (
         f"{info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, {gpus}; "
         f"Python {info['python']}, torch {info.get('torch', '–')}"
+        + (f"; {info['allocator']}" if info.get("allocator") else "")
     )
 
 

@@ -74,6 +74,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import autosplit  # noqa: E402
+from autosplit.allocator import restart_keeping_freed_memory
 from autosplit.comparison import baseline_plans, manual_plan  # noqa: E402
 from autosplit.planner import plan_with_balance  # noqa: E402
 from autosplit.records import Plan, Profile  # noqa: E402
@@ -266,4 +267,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
     main()

@@ -43,6 +43,7 @@ import torchvision  # noqa: E402
 from torch.utils import _pytree as pytree  # noqa: E402
 
 import autosplit  # noqa: E402
+from autosplit.allocator import restart_keeping_freed_memory
 from autosplit.analytic import count_costs, profile_from_costs  # noqa: E402
 from autosplit.specs import KNOWN_DEVICES, calibrate, get_spec  # noqa: E402
 
@@ -489,4 +490,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
     sys.exit(main())

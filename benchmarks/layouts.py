@@ -36,6 +36,7 @@ from harness import Config, Group, ModelSpec, measure
 from report import load_sentence
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
+from autosplit.allocator import restart_keeping_freed_memory
 import autosplit
 from autosplit.collectives import measure_allreduce_bandwidth
 from autosplit.comparison import manual_plan
@@ -211,4 +212,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
     main()

@@ -19,6 +19,7 @@ import time
 import torch
 import torchvision
 
+from autosplit.allocator import restart_keeping_freed_memory
 import autosplit
 from autosplit.graph import trace
 from autosplit.planner import plan_candidates
@@ -77,4 +78,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
     main()

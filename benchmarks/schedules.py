@@ -37,6 +37,7 @@ from harness import Config, Group, ModelSpec, measure
 from report import load_sentence
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
+from autosplit.allocator import restart_keeping_freed_memory
 import autosplit
 from autosplit.comparison import manual_plan
 from autosplit.errors import InfeasiblePlanError
@@ -243,4 +244,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
     main()

@@ -48,6 +48,7 @@ from two_devices import time_in_process  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from autosplit.allocator import restart_keeping_freed_memory
 from autosplit.graph import trace  # noqa: E402
 from autosplit.records import Plan, Stage  # noqa: E402
 from autosplit.solve import manual  # noqa: E402
@@ -306,4 +307,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
     main()

@@ -23,10 +23,20 @@ from autosplit.cli.common import checked_outputs
 from autosplit.cli.parser import EXIT_USAGE, build_parser
 from autosplit.errors import AutosplitError
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "entry", "build_parser"]
 
 EXIT_INTERNAL = 1
 EXIT_INTERRUPTED = 130
+
+
+def entry() -> None:
+    """The ``autosplit`` program: restarted once with the C allocator keeping freed memory
+    (:mod:`autosplit.allocator`: profiles and steps then take what they will take in the ranks
+    autosplit starts), then :func:`main` on ``sys.argv``."""
+    from autosplit.allocator import restart_keeping_freed_memory
+
+    restart_keeping_freed_memory()
+    sys.exit(main())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autosplit import allocator
 from autosplit.errors import InvalidInputError, RankFailedError
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -197,7 +198,8 @@ def launch(
     """Run ``fn(*args)`` on ``nprocs`` ranks on this machine, one process each.
 
     Uses ``torch.distributed.run``'s launcher (an elastic agent with a c10d rendezvous on
-    ``host:port``, no restarts). Every rank joins a process group first (see
+    ``host:port``, no restarts). The ranks start with the C allocator keeping freed memory
+    (:mod:`autosplit.allocator`), unless this process's environment decides it. Every rank joins a process group first (see
     :func:`init_distributed`; ``timeout_s`` bounds every wait on a peer) and destroys it
     afterwards. When a rank dies or raises, the launcher stops the others and this function
     raises :class:`RankFailedError`.
@@ -254,7 +256,7 @@ def launch(
     quiet_ctx = _launcher_quiet() if quiet else contextlib.nullcontext()
     with status:
         try:
-            with quiet_ctx, _signals_restored():
+            with quiet_ctx, _signals_restored(), allocator.for_children():
                 results = elastic_launch(config, run_rank)(
                     fn, args, backend, timeout_s, threads, status_dir
                 )
