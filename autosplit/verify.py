@@ -11,7 +11,9 @@ drift hits all of them alike, and rounds go on while a stage's interquartile ran
 
 Each plan is then predicted again by the same simulator (:mod:`autosplit.simulator`) from
 these stage times; transfers keep the plan's modelled link time. The whole model is timed in
-one piece too, at the single device's micro-batch size, for the "over one device" figure.
+one piece too, for the "over one device" figure: on the whole batch at once on a CPU (as one
+device runs it; accumulating micro-batches would be slower there and flatter the pipeline),
+at the profile's best micro-batch size on a GPU.
 
 Spreads are relative: half the interquartile range over the median (a fraction).
 """
@@ -209,8 +211,8 @@ def verify_plans(
     ``block_sum_ms`` from the search and ``verified_spread``; ``predicted_step_ms`` is the
     schedule simulation of those times (plus the replicas' gradient all-reduce, from the cost
     model, for a plan with replicas), ``step_spread`` its spread (the simulation of every
-    stage at median ± spread), ``single_device_ms`` the whole model timed in one piece at the
-    single device's micro-batch size, and ``verification`` says how. ``options`` are
+    stage at median ± spread), ``single_device_ms`` the whole model timed in one piece (the whole
+    batch on a CPU, the profile's best micro-batch size, accumulated, on a GPU), and ``verification`` says how. ``options`` are
     :func:`time_stages`'s keyword arguments.
 
     Raises:
@@ -221,9 +223,12 @@ def verify_plans(
     for plan in plans.values():
         plan.check_model(graph.fingerprint, graph.model_name)
     n = len(graph.blocks)
+    whole = _whole_batch_fits(example_inputs, options.get("device"))
     singles = {}
     for name, plan in plans.items():
         _, b_one = single_device_ms(profile, plan.batch_size)
+        if whole(plan.batch_size):
+            b_one = plan.batch_size  # one device runs the batch in one piece
         singles[name] = (0, n, b_one)
     runs = [r for plan in plans.values() for r in _stage_runs(plan)] + list(singles.values())
     times = time_stages(graph, example_inputs, runs, **{"loss": profile.loss, **options})
@@ -254,6 +259,16 @@ def verify_plans(
             ),
         )
     return out
+
+
+def _whole_batch_fits(example_inputs: Any, device: Any) -> Callable[[int], bool]:
+    """Whether one device's step is timed on the whole batch B in one piece (as it is run):
+    on a CPU when the example inputs hold B samples. On a GPU the whole batch may not fit in
+    its memory: the profile's best micro-batch size, accumulated, is timed instead."""
+    if resolve_device(device).type != "cpu":
+        return lambda batch: False
+    available = int(check_inputs(example_inputs)[0].shape[0])
+    return lambda batch: batch <= available
 
 
 def verify_and_choose(
