@@ -39,10 +39,11 @@ from autosplit.graph import BlockGraph, Segment
 from autosplit.losses import timing_loss
 from autosplit.profiler import check_inputs, check_microbatch_sizes
 from autosplit.records import Plan, Profile
+from autosplit.schedules import SPLIT_BACKWARD
 from autosplit.simulator import simulate_plan
 from autosplit.stages import block_ranges
 
-__all__ = ["StageTime", "time_stages", "verify_plans", "verify_and_choose"]
+__all__ = ["StageTime", "time_stages", "verify_and_choose", "verify_plans"]
 
 StageRun = tuple[int, int, int]
 """``(first, end, b)``: blocks ``first … end-1`` run together on a micro-batch of b."""
@@ -180,13 +181,40 @@ def _stage_runs(plan: Plan) -> list[StageRun]:
     return [(first, end, plan.split_size) for first, end in block_ranges(plan.balance)]
 
 
-def _scaled(plan: Plan, times: Sequence[StageTime], factor: int) -> Plan:
+def _split_costs(profile: Profile, plan: Plan) -> list[float]:
+    """Per stage, what splitting the backward costs over running it whole: the profile's
+    input-gradient + weight-gradient time of the stage's blocks over their whole backward, at
+    the plan's micro-batch size (1.0 where the schedule does not split it or the profile does
+    not have both at that size).
+
+    Stage runs are timed with the backward whole; zero-bubble schedules run it in two passes,
+    each walking the autograd graph (measured here: +10–13 % on ResNet50 and GPT small)."""
+    ones = [1.0] * len(plan.stages)
+    if plan.schedule not in SPLIT_BACKWARD or plan.split_size not in profile.microbatch_sizes:
+        return ones
+    k = profile.microbatch_sizes.index(plan.split_size)
+    out = []
+    for first, end in block_ranges(plan.balance):
+        blocks = profile.blocks[first:end]
+        if any(b.input_grad_ms is None or b.weight_grad_ms is None for b in blocks):
+            return ones
+        whole = math.fsum(b.bwd_ms[k] for b in blocks)
+        split = math.fsum(b.input_grad_ms[k] + b.weight_grad_ms[k] for b in blocks)  # type: ignore[index]
+        out.append(split / whole if whole > 0 and split > 0 else 1.0)
+    return out
+
+
+def _scaled(plan: Plan, times: Sequence[StageTime], factor: int,
+            split_costs: Sequence[float] | None = None) -> Plan:
     """The plan with each stage's time moved by ``factor`` (−1, 0, +1) times its spread; a
-    stage's weight-gradient part keeps its share of the stage's backward."""
+    stage's weight-gradient part keeps its share of the stage's backward, and a split backward
+    costs ``split_costs[s]`` times the whole one (:func:`_split_costs`)."""
     stages = []
-    for s, t in zip(plan.stages, times):
+    costs = split_costs or [1.0] * len(plan.stages)
+    for s, t, split in zip(plan.stages, times, costs):
         scale = max(1 + factor * t.spread, 0.0)
-        compute, forward = t.compute_ms * scale, t.forward_ms * scale
+        forward = t.forward_ms * scale
+        compute = forward + t.backward_ms * scale * split
         backward_before = s.compute_ms - s.forward_ms
         share = s.weight_grad_ms / backward_before if backward_before > 0 else 0.0
         stages.append(dataclasses.replace(
@@ -237,7 +265,8 @@ def verify_plans(
     out = {}
     for name, plan in plans.items():
         stage_times = [times[r] for r in _stage_runs(plan)]
-        mid, low, high = (_scaled(plan, stage_times, f) for f in (0, -1, 1))
+        split = _split_costs(profile, plan)
+        mid, low, high = (_scaled(plan, stage_times, f, split) for f in (0, -1, 1))
         sync = plan.replica_sync_ms if plan.replicas > 1 else 0.0  # not timed: the model's
         step = simulate_plan(mid).step_ms + sync
         spread = (simulate_plan(high).step_ms - simulate_plan(low).step_ms) / 2 / step

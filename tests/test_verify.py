@@ -4,6 +4,7 @@ fake clock or are only checked to be positive."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -207,12 +208,43 @@ def test_verified_plans_record_their_stage_times(small, fake_clock) -> None:
         # the fake clock makes every forward and every backward last 1 s
         assert all(s.compute_ms == 2000.0 and s.forward_ms == 1000.0 for s in plan.stages)
         assert all(s.block_sum_ms is not None and s.verified_spread == 0.0 for s in plan.stages)
-        b_one = single_device_ms(prof, plan.batch_size)[1]  # the one device's size
-        assert plan.single_device_ms == 2000.0 * plan.batch_size / b_one
+        # one device runs the whole batch (8 samples, all in x) in one piece on a CPU
+        assert plan.batch_size == x.shape[0] and plan.single_device_ms == 2000.0
     # equal stage times: the step is the simulation of them, (m + p − 1) · 2 s for GPipe
     assert checked.predicted_step_ms == pytest.approx((checked.microbatches + 1) * 2000.0, abs=1)
     # the fewest micro-batches wins when every stage costs the same, whatever the block sums
     assert best.microbatches == min(c.microbatches for c in candidates)
+
+
+def test_one_device_accumulates_where_the_examples_hold_less_than_the_batch(small,
+                                                                            fake_clock) -> None:
+    model, x, _ = small
+    prof = autosplit.profile(model, x, microbatch_sizes=[2, 4], warmup=0, repeats=1)
+    plan = autosplit.plan(prof, 2)
+    few = x[:4]  # the example inputs hold 4 samples of the batch of 8
+    verified = verify_plans(trace(model), few, prof, {"p": plan}, rounds=1, max_rounds=1)["p"]
+    b_one = single_device_ms(prof, plan.batch_size)[1]
+    assert b_one < plan.batch_size
+    assert verified.single_device_ms == 2000.0 * plan.batch_size / b_one
+
+
+def test_a_split_backward_keeps_what_splitting_costs(small, fake_clock) -> None:
+    model, x, prof = small
+    # the profile says: input + weight gradient passes cost 1.2 × the backward run whole
+    blocks = tuple(dataclasses.replace(b, input_grad_ms=tuple(0.7 * t for t in b.bwd_ms),
+                                       weight_grad_ms=tuple(0.5 * t for t in b.bwd_ms))
+                   for b in prof.blocks)
+    split = dataclasses.replace(prof, blocks=blocks)
+    plans = {"zbv": autosplit.plan(split, 2, schedule="zbv"),
+             "gpipe": autosplit.plan(split, 2, schedule="gpipe")}
+    verified = verify_plans(trace(model), x, split, plans, rounds=1, max_rounds=1)
+    # the fake clock: every forward and every whole backward of a stage run lasts 1 s
+    assert all(s.forward_ms == 1000.0 and s.compute_ms == pytest.approx(2200.0)
+               for s in verified["zbv"].stages)
+    assert all(s.compute_ms == 2000.0 for s in verified["gpipe"].stages)
+    # the weight pass keeps its share of the backward: 0.5 / 1.2
+    assert all(s.weight_grad_ms == pytest.approx(1200.0 * 0.5 / 1.2)
+               for s in verified["zbv"].stages)
 
 
 def test_verified_times_are_measured_and_round_trip(small, tmp_path) -> None:

@@ -19,6 +19,7 @@ from autosplit.distributed.launch import _default_device, _one_line
 from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph, Granularity, Segment
 from autosplit.records import Plan
+from autosplit.schedules import SPLIT_BACKWARD
 from autosplit.stages import StageLayout, graph_for_plan, run_stage, stage_layout
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
@@ -27,7 +28,7 @@ INTERLEAVED_SCHEDULES = {"gpipe": "ScheduleLoopedBFS", "1f1b": "ScheduleInterlea
 """What "gpipe" and "1f1b" run as when a rank holds several stages."""
 V_SCHEDULES = ("zbv", "dualpipev")
 """Schedules placing stages in a V: of 2k stages on k ranks, rank r holds r and 2k − 1 − r."""
-SPLIT_BACKWARD_SCHEDULES = ("interleaved-zb", "zbv", "dualpipev")
+SPLIT_BACKWARD_SCHEDULES = SPLIT_BACKWARD
 """Schedules that run a stage's backward as input-gradient (I) then weight-gradient (W)."""
 
 

@@ -28,7 +28,7 @@ from autosplit.planner.assembly import explain_infeasible, shared_weights
 from autosplit.planner.problems import _copy_bytes, transient_bytes
 from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile, Stage
-from autosplit.schedules import torch_order
+from autosplit.schedules import SPLIT_BACKWARD, torch_order
 from autosplit.solve.joint import JointProblem, JointSolution, solve_joint, stage_costs
 
 __all__ = ["SEARCHED", "ScheduleChoice", "ScheduleOption", "joint_problem", "plan_schedules"]
@@ -37,7 +37,7 @@ SEARCHED = (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-zb
             ("zbv", 2))
 """The (schedule, v) pairs ``"auto"`` searches (looped BFS and DualPipeV are not searched)."""
 
-SPLIT = ("interleaved-zb", "zbv", "dualpipev")
+SPLIT = SPLIT_BACKWARD
 """Schedules that split the backward into input (I) and weight (W) gradients."""
 
 JOINT_LIMIT_S = 60.0

@@ -11,6 +11,7 @@ name are still planned with :mod:`autosplit.simulator`.
 from autosplit.schedules.replay import StageCosts, TimedAction, Timeline, replay, simulate_schedule
 from autosplit.schedules.torch_order import (
     SCHEDULES,
+    SPLIT_BACKWARD,
     Action,
     ScheduleOrder,
     torch_class_name,
@@ -19,6 +20,7 @@ from autosplit.schedules.torch_order import (
 
 __all__ = [
     "SCHEDULES",
+    "SPLIT_BACKWARD",
     "Action",
     "ScheduleOrder",
     "StageCosts",

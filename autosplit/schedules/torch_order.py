@@ -34,11 +34,14 @@ from typing import Any, Literal
 from autosplit import checks
 from autosplit.errors import ScheduleUnavailableError
 
-__all__ = ["SCHEDULES", "Action", "ScheduleOrder", "torch_class_name", "torch_order"]
+__all__ = ["SCHEDULES", "SPLIT_BACKWARD", "Action", "ScheduleOrder", "torch_class_name", "torch_order"]
 
 SCHEDULES = ("gpipe", "1f1b", "looped-bfs", "interleaved-1f1b", "interleaved-zb", "zbv",
              "dualpipev")
 """Schedule names, each run by one of torch's classes (see :func:`torch_class_name`)."""
+
+SPLIT_BACKWARD = ("interleaved-zb", "zbv", "dualpipev")
+"""The schedules that run a backward as an input-gradient then a weight-gradient pass."""
 
 _CLASSES = {
     "looped-bfs": "ScheduleLoopedBFS",
