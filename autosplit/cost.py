@@ -9,7 +9,8 @@ Symbols: p stages, m micro-batches, b micro-batch size, B = m·b batch size, s s
   in p − 1 ticks and then emits one micro-batch per tick (GPipe, Huang et al. 2019, §2.3).
 * Memory of stage s (bytes) = parameters · (2 + optimizer state factor) (weights, gradients and
   the optimizer's state) + buffers + bytes saved for backward · micro-batches in flight
-  (GPipe: m; 1F1B: min(m, p − s)) + the largest single block output (the transient).
+  (GPipe: m; 1F1B: min(m, p − s)) + the transient: the most any one of its blocks needs
+  beyond what it saves while it runs a micro-batch (:func:`block_transient_bytes`).
 * Replicas (a layout of p stages × d data-parallel replicas, d | B): each replica of a stage
   runs B/d samples in micro-batches of b, then the stage's d replicas all-reduce its gradients
   (:func:`replica_sync_ms`). Step = pipeline step of B/d + the all-reduce of the stage with the
@@ -31,6 +32,7 @@ __all__ = [
     "in_flight",
     "block_time_ms",
     "block_memory_bytes",
+    "block_transient_bytes",
     "transfer_ms",
     "allreduce_ms",
     "replica_sync_ms",
@@ -94,6 +96,18 @@ def block_time_ms(block: BlockProfile, k: int) -> float:
 def block_memory_bytes(block: BlockProfile, k: int, factor: int, micro_batches: int) -> float:
     """Bytes ``block`` holds at its stage's peak (without the transient)."""
     return block.param_bytes * factor + block.buffer_bytes + block.saved_bytes[k] * micro_batches
+
+
+def block_transient_bytes(block: BlockProfile, k: int) -> float:
+    """Bytes ``block`` needs briefly while it runs one micro-batch at size index k, beyond the
+    activations it saves (which :func:`block_memory_bytes` counts): its measured peak less
+    what it saves (outputs, their gradients, its inputs' gradient, new weight gradients
+    before they are added to the held ones, the kernels' temporaries), and at least its
+    outputs; its outputs alone where the profile did not measure the peak."""
+    outputs = float(block.output_bytes[k])
+    if block.peak_bytes is None:
+        return outputs
+    return max(outputs, float(block.peak_bytes[k] - block.saved_bytes[k]))
 
 
 def allreduce_ms(nbytes: float, ranks: int, bandwidth_bytes_per_s: float) -> float:

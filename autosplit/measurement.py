@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from autosplit.graph import BlockGraph, Segment
+from autosplit.peak_memory import change_during, rise_during
 from autosplit.tensors import fresh_leaves, nbytes, tensor_leaves
 
 __all__ = [
@@ -60,6 +61,7 @@ class SizeResult:
         self.input_bytes = [0] * n
         self.input_grad_ms: list[float] | None = None  # measured at this size, else None
         self.weight_grad_ms: list[float] | None = None
+        self.split_held_bytes: list[int] | None = None  # with input_grad_ms
 
 
 class SizeState:
@@ -280,7 +282,6 @@ def measure_interleaved(
     right after that size's run, in the first ``repeats`` timed rounds only (to keep the
     overhead to about one more run of one size); a block whose backward torch cannot split
     counts as input-gradient work only (W = 0)."""
-    cuda = dev.type == "cuda"
     params = {_storage(p) for p in graph.module.parameters()}
     total = len(states) * len(segments)
     for i, seg in enumerate(segments):
@@ -311,10 +312,6 @@ def measure_interleaved(
                 hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) \
                     if run == 0 else None
                 try:
-                    if cuda:
-                        torch.cuda.synchronize(dev)
-                        base = torch.cuda.memory_allocated(dev)
-                        torch.cuda.reset_peak_memory_stats(dev)
                     outputs, f_ms, b_ms = timed_run(seg, state.args(graph, seg), dev, hooks,
                                                      loss if seg is segments[-1] else None)
                 except Exception as exc:  # the user's model failed on this input
@@ -323,8 +320,6 @@ def measure_interleaved(
                     if explicit:
                         return {}
                     continue
-                if cuda:
-                    peak[b] = max(peak[b], torch.cuda.max_memory_allocated(dev) - base)
                 if run == 0:
                     kept[b] = outputs
                 if run >= warmup:
@@ -339,6 +334,12 @@ def measure_interleaved(
                         split_ms.append((input_ms, weight_ms))
             round_s = time.perf_counter() - round_start
             run += 1
+        held_between = None
+        for b, state in states.items():
+            peak[b] = _working_bytes(seg, state.args(graph, seg), dev,
+                                     loss if seg is segments[-1] else None)
+            if b == split_at and split_ms:
+                held_between = split_held_bytes(seg, state.args(graph, seg), dev)
         for k, (b, state) in enumerate(states.items()):
             res = state.result
             inputs_here = {
@@ -366,11 +367,64 @@ def measure_interleaved(
                     res.weight_grad_ms = [0.0] * len(segments)
                 res.input_grad_ms[i] = statistics.median(x for x, _ in split_ms)
                 res.weight_grad_ms[i] = statistics.median(w for _, w in split_ms)
+                if res.split_held_bytes is None:
+                    res.split_held_bytes = [0] * len(segments)
+                # the block's inputs it saves (not in held_between: allocated before it ran)
+                inputs_saved = sum(n for ptr, n in storages.items() if ptr in inputs_here) - shared
+                res.split_held_bytes[i] = (res.saved_bytes[i] if held_between is None
+                                           else held_between + inputs_saved)
             state.advance(graph, seg, kept[b])
             if progress is not None:
                 progress(i * len(states) + k + 1, total,
                          f"{graph.blocks[i].name} @ b={b}")
     return {b: state.result for b, state in states.items()}
+
+
+def split_held_bytes(seg: Segment, args: Sequence[Any], dev: torch.device) -> int | None:
+    """Bytes one micro-batch of ``seg`` holds between the two passes of a split backward
+    (untimed: :func:`autosplit.peak_memory.change_during`): what its forward and input pass
+    (``stage_backward_input``, as :func:`timed_split_run`) leave allocated for the weight pass —
+    the activations the weight gradients read and the intermediate gradients torch keeps for
+    them — less the gradient of its inputs (sent upstream); the inputs it keeps were allocated
+    before and are not counted here. ``None`` when the block has no
+    input pass (none of its inputs needs a gradient, or torch cannot split its backward): it
+    then holds what it saves until its one backward pass."""
+    from torch.distributed.pipelining._backward import stage_backward_input
+
+    if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        return None
+
+    def forward_and_input_pass() -> tuple[Any, int] | None:
+        outputs = [t.clone() if t._is_view() else t
+                   for t in tensor_leaves(seg.module(*args)) if t.requires_grad]
+        if not outputs:
+            return None
+        grads = [torch.ones_like(t) for t in outputs]
+        input_grads, groups = stage_backward_input(outputs, grads, list(args),
+                                                   seg.module.parameters())
+        return groups, nbytes([g for g in input_grads if g is not None])
+
+    try:
+        kept, (_, net) = change_during(forward_and_input_pass, dev)
+    except Exception:  # noqa: BLE001  torch cannot split it: one piece
+        return None
+    if kept is None:
+        return None
+    held = max(0, net - kept[1])
+    del kept
+    return held
+
+
+def _working_bytes(seg: Segment, args: Sequence[Any], dev: torch.device,
+                   loss: Loss | None) -> int:
+    """The highest rise of allocated memory during one more forward and backward of ``seg``
+    (bytes, untimed: :func:`autosplit.peak_memory.rise_during`), run after the timed ones so
+    that the block's parameters already hold gradients, as in every micro-batch of a step but
+    the first: the activations it saves, its outputs and their gradient, the gradient of its
+    inputs, and the temporaries of both passes (new weight gradients before they are added to
+    the held ones, weights reordered for the kernels, workspaces)."""
+    _, rise = rise_during(lambda: timed_run(seg, args, dev, None, loss)[1:], dev)
+    return rise
 
 
 def _clock(dev: torch.device) -> Any:

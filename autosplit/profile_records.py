@@ -66,8 +66,12 @@ class BlockProfile:
             parameters excluded, and without inputs that the block producing them already
             keeps: summed over consecutive blocks, it is what the whole run keeps).
         output_bytes: bytes of the block's outputs per micro-batch.
-        peak_bytes: on CUDA, the measured peak allocation above the resting level during the
-            block's forward and backward; ``None`` elsewhere.
+        peak_bytes: the highest rise of allocated memory during one forward and backward of
+            a micro-batch, with the block's gradients already held (every micro-batch of a
+            step but the first): its saved activations and outputs, their gradients and the
+            temporaries of both passes (a new weight gradient before it is added to the held
+            one, weights reordered for the kernels). ``None`` for profiles that did not
+            measure it (analytic ones, older ones, and older CPU ones).
         saved_shared_bytes: bytes of this block's inputs that it keeps for backward and that
             the block producing them keeps too; a stage whose first block this is holds them
             again (its received copy). ``None`` means zero.
@@ -85,6 +89,10 @@ class BlockProfile:
             blocks only); ``None`` as for ``input_grad_ms``. A block whose backward torch
             cannot split counts as input-gradient work only (W = 0: nothing to defer).
             Where they were measured and where estimated is ``Profile.backward_split``.
+        split_held_bytes: bytes one micro-batch holds between the two passes of a split
+            backward (from the end of the input pass to the end of the weight pass): the
+            activations the weight gradients still read and the intermediate gradients torch
+            keeps for them; measured with ``input_grad_ms``, ``None`` with it.
         recompute_ms: the cost of recomputing the block's forward in the backward under
             activation checkpointing (``torch.utils.checkpoint``, non-reentrant: the same
             forward again, with grad on), ms per micro-batch; ``None`` for older profiles.
@@ -106,6 +114,7 @@ class BlockProfile:
     bwd_iqr_ms: tuple[float, ...] | None = None
     input_grad_ms: tuple[float, ...] | None = None
     weight_grad_ms: tuple[float, ...] | None = None
+    split_held_bytes: tuple[int, ...] | None = None
     recompute_ms: tuple[float, ...] | None = None
     checkpoint_saved_bytes: tuple[int, ...] | None = None
 

@@ -4,7 +4,8 @@ The profiler runs the model block by block on a private copy of the model (so th
 parameters, buffers, gradients, training flag and RNG state are left exactly as they were) and
 records, per block and micro-batch size b: forward and backward time (median of the timed runs
 after ``warmup`` untimed ones, with its interquartile range), bytes kept for backward, output
-bytes and, on CUDA, peak memory; per cut: the bytes of every tensor crossing it.
+bytes and the peak of memory while it runs (with its gradients held); per cut: the bytes of
+every tensor crossing it.
 
 Against drift, the sizes of a block are measured interleaved: round after round, each size
 runs once per round (the order rotating), so a machine that slows down meanwhile slows every
@@ -318,8 +319,7 @@ def profile_graph(
                 saved_bytes=tuple(measured[b].saved_bytes[i] for b in order),
                 saved_shared_bytes=tuple(measured[b].shared_bytes[i] for b in order),
                 output_bytes=tuple(measured[b].output_bytes[i] for b in order),
-                peak_bytes=tuple(measured[b].peak_bytes[i] for b in order)
-                if dev.type == "cuda" else None,
+                peak_bytes=tuple(measured[b].peak_bytes[i] for b in order),
                 fwd_iqr_ms=tuple(measured[b].fwd_iqr_ms[i] for b in order),
                 bwd_iqr_ms=tuple(measured[b].bwd_iqr_ms[i] for b in order),
                 **_backward_split(measured, order, split_sizes, i),
@@ -355,18 +355,25 @@ def profile_graph(
 
 def _backward_split(measured: dict[int, SizeResult], order: Sequence[int],
                     split_sizes: Sequence[int], i: int) -> dict[str, Any]:
-    """Block ``i``'s ``input_grad_ms`` and ``weight_grad_ms`` at every size in ``order``: as
-    measured at ``split_sizes``; elsewhere those of the nearest measured size scaled by the
-    ratio of the block's ``bwd_ms`` at the two sizes (none when nothing was measured)."""
+    """Block ``i``'s ``input_grad_ms``, ``weight_grad_ms`` and ``split_held_bytes`` at every
+    size in ``order``: as measured at ``split_sizes``; elsewhere those of the nearest measured
+    size scaled by the ratio of the block's ``bwd_ms`` (times) or ``saved_bytes`` (bytes; the
+    sizes' ratio where it saves nothing) at the two sizes (none when nothing was measured)."""
     if not split_sizes:
         return {}
-    rows: dict[str, list[float]] = {"input_grad_ms": [], "weight_grad_ms": []}
+    rows: dict[str, list[Any]] = {"input_grad_ms": [], "weight_grad_ms": [],
+                                  "split_held_bytes": []}
     for b in order:
         s = min(split_sizes, key=lambda s: (abs(s - b), s))
         near = measured[s]
         assert near.input_grad_ms is not None and near.weight_grad_ms is not None
+        assert near.split_held_bytes is not None
         base = near.bwd_ms[i]
         scale = measured[b].bwd_ms[i] / base if base > 0 else 0.0
+        saved = near.saved_bytes[i]
+        grow = measured[b].saved_bytes[i] / saved if saved > 0 else b / s
         rows["input_grad_ms"].append(near.input_grad_ms[i] * (1.0 if b == s else scale))
         rows["weight_grad_ms"].append(near.weight_grad_ms[i] * (1.0 if b == s else scale))
+        rows["split_held_bytes"].append(
+            near.split_held_bytes[i] if b == s else round(near.split_held_bytes[i] * grow))
     return {k: tuple(v) for k, v in rows.items()}

@@ -229,7 +229,8 @@ def _rows(block: Any) -> dict[str, Sequence[Any]]:
             "output_bytes": block.output_bytes, "peak_bytes": block.peak_bytes,
             "saved_shared_bytes": block.saved_shared_bytes, "fwd_iqr_ms": block.fwd_iqr_ms,
             "bwd_iqr_ms": block.bwd_iqr_ms, "input_grad_ms": block.input_grad_ms,
-            "weight_grad_ms": block.weight_grad_ms, "recompute_ms": block.recompute_ms,
+            "weight_grad_ms": block.weight_grad_ms, "split_held_bytes": block.split_held_bytes,
+            "recompute_ms": block.recompute_ms,
             "checkpoint_saved_bytes": block.checkpoint_saved_bytes}
     return {name: row for name, row in rows.items() if row is not None}
 

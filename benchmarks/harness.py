@@ -34,6 +34,7 @@ import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 from autosplit import distributed  # noqa: E402
+from autosplit.peak_memory import rise_during, tensor_bytes  # noqa: E402
 from autosplit.records import Plan  # noqa: E402
 
 LR = 0.001  # SGD's learning rate, the tutorial's
@@ -98,7 +99,8 @@ class Group:
     which other processes took more than ``max_others`` of the machine's CPU time is taken again
     (at most ``retries`` times). With ``refine``, the ``refine`` fastest configurations by
     median (and those in ``keep``) are timed ``refine_rounds`` more times afterwards,
-    interleaved among themselves.
+    interleaved among themselves. With ``memory``, each plan's peak tensor memory per rank is
+    measured afterwards, untimed (:func:`peak_memory`).
     """
 
     name: str
@@ -112,15 +114,18 @@ class Group:
     keep: tuple[str, ...] = ()
     max_others: float = 0.10
     retries: int = 3
+    memory: bool = False
 
 
 def measure(groups: Sequence[Group], nprocs: int = 2, backend: str = "gloo",
             timeout_s: float = 600.0) -> dict[str, dict[str, Any]]:
     """Launch ``nprocs`` ranks once and time every group in them (see :class:`Group`).
 
-    Returns ``{group name: {"times": {label: [s, …]}, "refined": {label: [s, …]}, "load": {…}}}``:
-    seconds per timing, the slowest rank's; ``load`` says how much CPU time other processes took
-    during the timed rounds (``others_share``: of all cores' time).
+    Returns ``{group name: {"times": {label: [s, …]}, "refined": {label: [s, …]}, "load": {…},
+    "peak_bytes": {label: [rank 0's, rank 1's, …]}}}``: seconds per timing, the slowest rank's;
+    ``load`` says how much CPU time other processes took during the timed rounds
+    (``others_share``: of all cores' time); ``peak_bytes`` (plans only, with ``Group.memory``)
+    is each rank's peak tensor memory in a training step (:func:`peak_memory`).
     """
     return distributed.launch(_rank_main, nprocs, list(groups), backend, timeout_s=timeout_s)[0]
 
@@ -313,7 +318,39 @@ def _run_group(group: Group, device: torch.device, rank: int) -> dict[str, Any]:
         if "others_cpu_s" in load:
             load["others_share"] = load["others_cpu_s"] / (load["wall_s"] * (os.cpu_count() or 1))
     del runners
-    return {"times": times, "refined": refined, "load": load}
+    peaks: dict[str, list[int]] = {}
+    if group.memory:
+        for config in group.configs:
+            if config.plan is not None:
+                peaks[config.label] = peak_memory(config.plan, model, inputs, targets, device)
+    return {"times": times, "refined": refined, "load": load, "peak_bytes": peaks}
+
+
+def peak_memory(plan: Plan, model: nn.Module, inputs: tuple[torch.Tensor, ...], targets: Any,
+                device: torch.device, steps: int = 2) -> list[int]:
+    """Every rank's peak tensor memory (bytes) while a fresh ``Trainer`` of ``plan`` is built
+    and trains ``steps`` steps: its stages' parameters and buffers, plus the highest rise of
+    allocated memory above the level before (gradients, optimizer state, activations in flight,
+    received values; :func:`autosplit.peak_memory.rise_during`). Untimed: the profiler that
+    measures it on a CPU slows the step. Collective: every rank calls it alike."""
+    model.zero_grad(set_to_none=True)  # gradients left by earlier configurations
+    gc.collect()
+
+    def build_and_train() -> Any:
+        trainer = distributed.Trainer(model, plan, distributed.tutorial_loss,
+                                      lambda params: torch.optim.SGD(params, lr=LR), device=device)
+        for _ in range(steps):
+            trainer.step(inputs if trainer.holds_first else None,
+                         targets if trainer.holds_last else None)
+        return trainer
+
+    trainer, rise = rise_during(build_and_train, device)
+    static = tensor_bytes([*trainer.parameters(), *(b for _, b in trainer.named_buffers())])
+    del trainer
+    model.zero_grad(set_to_none=True)
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, static + rise)
+    return [int(x) for x in gathered]
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:

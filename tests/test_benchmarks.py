@@ -283,6 +283,11 @@ def test_schedules_benchmark_smoke(tmp_path) -> None:
         assert {"gpipe", "1f1b"} <= {r["schedule"] for r in plans.values()}
         assert all(r["label"] in model["measured"] and r["predicted_ms"] > 0
                    for r in plans.values())
+        for r in plans.values():  # every rank's peak measured, and set against the plan's
+            assert len(r["measured_peak_bytes"]) == len(r["memory_per_rank_bytes"]) == 2
+            assert all(q > 0 for q in r["measured_peak_bytes"])
+            assert r["memory_errors"] == [(p - q) / q for p, q in zip(
+                r["memory_per_rank_bytes"], r["measured_peak_bytes"])]
         fastest = min(r["block_sum_ms"] for name, r in plans.items()
                       if not name.startswith(("hand split", "autosplit")))
         assert plans["autosplit"]["block_sum_ms"] == fastest  # the best schedule's plan
@@ -291,4 +296,6 @@ def test_schedules_benchmark_smoke(tmp_path) -> None:
                                  / resnet["plans"]["autosplit"]["measured_ms"])
     assert resnet["limited"]["memory_bytes"] < resnet["limited"]["hand_needs_bytes"]
     assert data["goals"]["vs_hand"] == resnet["vs_hand"]
+    assert data["goals"]["memory_error"] == max(
+        abs(e) for m in models.values() for r in m["plans"].values() for e in r["memory_errors"])
     assert "## Goals" in (tmp_path / "schedules_smoke.md").read_text()

@@ -93,9 +93,13 @@ def brute_force(prof: autosplit.Profile, p: int, kw: dict) -> tuple[float, int, 
         for bal in compositions(len(prof.blocks), p):
             bounds = list(itertools.accumulate(bal, initial=0))
             stages = list(itertools.pairwise(bounds))
+            # each stage: weights and gradients, activations in flight, and m receive buffers
+            # for its input (after a cut) and for its output's gradient (before one)
             if caps is not None and any(
                 math.fsum(blk.param_bytes * factor + blk.saved_bytes[k]
                           * in_flight(kw["schedule"], m, p, s) for blk in prof.blocks[a:e])
+                + m * ((prof.cuts[a - 1].bytes[k] if a else 0)
+                       + (prof.cuts[e - 1].bytes[k] if e < len(prof.blocks) else 0))
                 > caps[s] for s, (a, e) in enumerate(stages)
             ):
                 continue

@@ -59,9 +59,14 @@ def _brute_force(prof, devices: int, batch: int, capacity: float | None, schedul
             ends = list(itertools.accumulate(balance))
             starts = [e - c for e, c in zip(ends, balance)]
             blocks = [prof.blocks[s:e] for s, e in zip(starts, ends)]
+            # weights and gradients, activations in flight, and m receive buffers for the
+            # input (after a cut) and for the output's gradient (before one)
             memory = [sum(blk.param_bytes * factor
                           + blk.saved_bytes[k] * in_flight(schedule, m, p, s)
-                          for blk in stage) for s, stage in enumerate(blocks)]
+                          for blk in stage)
+                      + m * ((prof.cuts[a - 1].bytes[k] if a else 0)
+                             + (prof.cuts[e - 1].bytes[k] if e < n else 0))
+                      for s, (stage, a, e) in enumerate(zip(blocks, starts, ends))]
             if capacity is not None and max(memory) > capacity:
                 continue
             fwd = [sum(blk.fwd_ms[k] for blk in stage) for stage in blocks]
@@ -208,7 +213,8 @@ def example_inputs(batch_size=8):
 '''
 
 
-def _model_and_profile(tmp_path, param_bytes: int = 10**5, saved_bytes: int = 10**6):
+def _model_and_profile(tmp_path, param_bytes: int = 10**5, saved_bytes: int = 10**6,
+                       cut_bytes: int = 10**7):
     from autosplit.graph import trace
     from autosplit.modelfile import load_model_file
 
@@ -218,7 +224,7 @@ def _model_and_profile(tmp_path, param_bytes: int = 10**5, saved_bytes: int = 10
     n = len(graph.block_names)
     prof = make_profile([1, 2, 4, 8], [[1.0] * 4] * n, batch_size=8,
                         param_bytes=[param_bytes] * n, saved_bytes_per_sample=[saved_bytes] * n,
-                        cut_bytes_per_sample=[10**7] * (n - 1), fingerprint=graph.fingerprint)
+                        cut_bytes_per_sample=[cut_bytes] * (n - 1), fingerprint=graph.fingerprint)
     prof = dataclasses.replace(prof, blocks=tuple(
         dataclasses.replace(blk, name=name) for blk, name in zip(prof.blocks, graph.block_names)))
     path = tmp_path / "profile.json"
@@ -265,10 +271,11 @@ def test_cli_chooses_data_parallel_when_it_is_faster(tmp_path, capsys) -> None:
 
 
 def test_cli_memory_limit_shows_does_not_fit(tmp_path, capsys) -> None:
-    model, prof = _model_and_profile(tmp_path, param_bytes=3 * 10**6, saved_bytes=10**5)
+    model, prof = _model_and_profile(tmp_path, param_bytes=3 * 10**6, saved_bytes=10**5,
+                                     cut_bytes=10**3)
     # 3 blocks (the ReLU joins a Linear); with SGD a block holds 6 MB of weights and gradients
     # + 0.1 MB saved per sample in flight: one device holding all three needs ≥ 18 MB, a stage
-    # of two blocks at b = 1 with 8 in flight 13.6 MB
+    # of two blocks at b = 1 with 8 in flight 13.6 MB (and 8 receive buffers of 1 kB)
     assert main(["plan", model, "--gpus", "2", "--profile", prof, "--memory", "15000000",
                  "-o", str(tmp_path / "plan.json")]) == 0
     out = capsys.readouterr().out

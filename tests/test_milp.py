@@ -59,12 +59,19 @@ def problems(draw: st.DrawFn) -> PartitionProblem:
         costs = [draw(st.lists(cost, min_size=n, max_size=n)) for _ in range(p)]
     comm = draw(st.one_of(st.none(), st.lists(cost, min_size=n - 1, max_size=n - 1)))
     memory = capacity = None
+    edges: dict[str, tuple[tuple[float, ...], ...]] = {}
     if draw(st.booleans()):
         memory = [draw(st.lists(st.integers(0, 50), min_size=n, max_size=n)) for _ in range(p)]
-        total = max(sum(row) for row in memory)
+        # what a stage holds because it starts (ends) at a block: receive buffers
+        for name in ("memory_first", "memory_last"):
+            if draw(st.booleans()):
+                edges[name] = tuple(tuple(float(x) for x in draw(
+                    st.lists(st.integers(0, 30), min_size=n, max_size=n))) for _ in range(p))
+        total = max(sum(row) for row in memory) + 60
         # from hopeless to roomy, so both feasible and infeasible instances come up
         capacity = [draw(st.integers(0, total)) for _ in range(p)]
-    return PartitionProblem.build(costs, p, comm=comm, memory=memory, capacity=capacity)
+    problem = PartitionProblem.build(costs, p, comm=comm, memory=memory, capacity=capacity)
+    return dataclasses.replace(problem, **edges)
 
 
 @settings(max_examples=150, deadline=None)
@@ -73,6 +80,7 @@ def test_dp_milp_and_brute_force_agree(problem: PartitionProblem) -> None:
     best = brute_force(problem)
     event("infeasible" if best is None else "feasible")
     event("memory limits" if problem.capacity is not None else "no memory limits")
+    event("first and last" if problem.memory_first and problem.memory_last else "not both")
     if best is None:
         with pytest.raises(InfeasiblePlanError) as dp_error:
             solve_dp(problem)

@@ -36,6 +36,8 @@ def _random_problem(rng: random.Random, n: int, m: int, capacity: float | None) 
         first_bytes=row(0, 10), input_bytes=row(1, 20), static_bytes=row(1, 50),
         comm_fwd_ms=row(0, 0.5, n - 1), comm_bwd_ms=row(0, 0.5, n - 1), m=m,
         capacity_bytes=None if capacity is None else (capacity, capacity),
+        split_held_bytes=row(1, 150) if rng.random() < 0.7 else None,
+        cut_bytes=row(0, 30, n - 1) if rng.random() < 0.7 else None,
     )
 
 
@@ -190,3 +192,22 @@ def test_cli_bad_schedule_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
                  "--schedule", "zigzag"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "zigzag" in err
+
+
+def test_a_cut_between_ranks_costs_m_receive_buffers_on_each_side() -> None:
+    # 2 blocks on 2 ranks, GPipe, m = 2: rank 0 keeps its weights (100), 2 micro-batches of
+    # activations (2 × 10) and 2 buffers for the gradients coming back (2 × 7); rank 1 its
+    # weights (200), 2 × 20 and 2 buffers for the activations coming in (2 × 7)
+    def problem(cut_bytes: tuple[float, ...] | None) -> JointProblem:
+        return JointProblem(
+            fwd_ms=(1.0, 1.0), bwd_ms=(2.0, 2.0), input_grad_ms=None, weight_grad_ms=None,
+            saved_bytes=(10.0, 20.0), first_bytes=(0.0, 0.0), input_bytes=None,
+            static_bytes=(100.0, 200.0), comm_fwd_ms=(0.0,), comm_bwd_ms=(0.0,), m=2,
+            cut_bytes=cut_bytes)
+
+    order = torch_order("gpipe", 2, 1, 2)
+    with_buffers = solve_joint(problem((7.0,)), order)
+    assert with_buffers is not None and with_buffers.memory_bytes == (134.0, 254.0)
+    assert brute_force_joint(problem((7.0,)), order).memory_bytes == (134.0, 254.0)
+    without = solve_joint(problem(None), order)
+    assert without is not None and without.memory_bytes == (120.0, 240.0)

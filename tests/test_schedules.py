@@ -206,6 +206,25 @@ def test_interleaved_zero_bubble_two_ranks_two_stages_each() -> None:
     assert result.peak_bytes == (20.0, 10.0)
 
 
+def test_zero_bubble_holds_what_the_weight_pass_needs_between_its_two_passes() -> None:
+    # the order above; between I and W stage s holds 16, 8, 4, 2 bytes instead of 8, 4, 2, 1
+    result = simulate_schedule(
+        "interleaved-zb", 2, 2, 2, costs(4, 1.0, 1.0, 1.0, activation_bytes=(8, 4, 2, 1),
+                                         split_held_bytes=(16, 8, 4, 2)))
+    assert result.memory == (
+        ((0, 0), (1, 8), (2, 16), (3, 18), (4, 20), (6, 22), (7, 18), (8, 20), (9, 16),
+         (10, 24), (11, 8), (12, 16), (13, 0)),
+        ((0, 0), (2, 4), (3, 8), (4, 9), (5, 10), (6, 11), (7, 12), (8, 10), (9, 14),
+         (10, 12), (11, 16), (12, 8), (13, 0)),
+    )
+    assert result.peak_bytes == (24.0, 16.0)
+    # a full backward never splits: the same bytes change nothing for 1F1B
+    plain = costs(2, 1.0, 2.0, activation_bytes=(8, 4))
+    held = costs(2, 1.0, 2.0, activation_bytes=(8, 4), split_held_bytes=(80, 40))
+    assert simulate_schedule("1f1b", 2, 1, 2, held).memory == \
+        simulate_schedule("1f1b", 2, 1, 2, plain).memory
+
+
 def test_zbv_with_transfers_free_at_the_turn_of_the_v() -> None:
     # stages 0, 3 on rank 0 and 1, 2 on rank 1; F = I = W = 1; 0.5 ms over cuts 0 and 2,
     # nothing over cut 1 (stages 1 and 2 share rank 1) although 0.5 is given

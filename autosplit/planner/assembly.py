@@ -72,9 +72,7 @@ def assemble(
     for s, (first, end) in enumerate(part.bounds):
         last = s == p - 1
         send = 0 if last else profile.cuts[end - 1].bytes[k]
-        held = part.stage_memory[s] - twice[s] + max(
-            blk.output_bytes[k] for blk in profile.blocks[first:end]
-        )
+        held = part.stage_memory[s] - twice[s] + transient_bytes(profile, k, first, end)
         stages.append(
             Stage(
                 index=s,

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from autosplit.cost import (
     block_memory_bytes,
     block_time_ms,
+    block_transient_bytes,
     in_flight,
     optimizer_factor,
     transfer_ms,
@@ -33,10 +34,15 @@ def _costs(settings: PlanSettings, profile: Profile, b: int) -> tuple[tuple[floa
     return tuple(rows)
 
 
-def _memory(
-    settings: PlanSettings, profile: Profile, k: int, m: int
-) -> tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]]:
-    """Per-stage memory of each block, and the extra bytes when it is a stage's first block.
+Table = tuple[tuple[float, ...], ...]
+
+
+def _memory(settings: PlanSettings, profile: Profile, k: int, m: int) -> tuple[Table, Table, Table]:
+    """Per-stage memory of each block, and the extra bytes when it is a stage's first block
+    and when it is its last: torch.distributed.pipelining receives each of the m micro-batches
+    into a buffer of its own, held all step — the input of a stage that starts after a cut
+    (which is also the received copy the stage keeps for its backward) and the gradient of
+    the output of a stage that ends before one.
 
     A shared parameter (tied weights) is counted in every block that uses it, so a stage
     holding any of its users counts its copy; a stage holding several users counts it more
@@ -53,11 +59,10 @@ def _memory(
         )
         for s in range(p)
     )
-    first = tuple(
-        tuple((blk.saved_shared_bytes or (0,) * (k + 1))[k] * flights[s] for blk in profile.blocks)
-        for s in range(p)
-    )
-    return held, first
+    cut = [float(c.bytes[k]) for c in profile.cuts]
+    first = (tuple(m * x for x in [0.0, *cut]),) * p
+    last = (tuple(m * x for x in [*cut, 0.0]),) * p
+    return held, first, last
 
 
 def _copy_bytes(profile: Profile) -> list[int]:
@@ -82,20 +87,22 @@ def counted_twice(
     return extra
 
 
-def transient_bytes(profile: Profile, k: int) -> float:
-    """The largest single block output at size index k: memory a stage needs briefly."""
-    return float(max(blk.output_bytes[k] for blk in profile.blocks))
+def transient_bytes(profile: Profile, k: int, first: int = 0, end: int | None = None) -> float:
+    """Memory a stage of blocks [first, end) needs briefly at size index k: the largest
+    :func:`block_transient_bytes` among them (bytes; default: every block of the model, what
+    the planner keeps free on every device)."""
+    return max(block_transient_bytes(blk, k) for blk in profile.blocks[first:end])
 
 
 def partition_problem(settings: PlanSettings, profile: Profile, k: int, m: int) -> PartitionProblem:
     b = profile.microbatch_sizes[k]
     comm = tuple(transfer_ms(cut.bytes[k], settings.bandwidth_bytes_per_s) for cut in profile.cuts)
-    memory, first = _memory(settings, profile, k, m)
+    memory, first, last = _memory(settings, profile, k, m)
     capacity = None
     if settings.capacity_bytes is not None:
         transient = transient_bytes(profile, k)
         capacity = tuple(max(c - transient, 0.0) for c in settings.capacity_bytes)
-    return PartitionProblem(_costs(settings, profile, b), comm, memory, capacity, first)
+    return PartitionProblem(_costs(settings, profile, b), comm, memory, capacity, first, last)
 
 
 def step_problem(settings: PlanSettings, profile: Profile, k: int, m: int,
@@ -112,4 +119,5 @@ def step_problem(settings: PlanSettings, profile: Profile, k: int, m: int,
         bwd.append(tuple(blk.bwd_ms[kk] / speed for blk in prof.blocks))
     half = tuple(c / 2 for c in problem.comm)
     return StepProblem(tuple(fwd), tuple(bwd), half, half, m, settings.schedule,
-                       problem.memory, problem.memory_first, problem.capacity)
+                       problem.memory, problem.memory_first, problem.capacity,
+                       problem.memory_last)

@@ -85,10 +85,16 @@ def joint_problem(settings: PlanSettings, profile: Profile, k: int, m: int) -> J
     return JointProblem(
         fwd_ms=tuple(b.fwd_ms[k] for b in blocks),
         bwd_ms=tuple(b.bwd_ms[k] for b in blocks),
+        split_held_bytes=tuple(float(b.split_held_bytes[k])  # type: ignore[index]
+                               for b in blocks) if split and all(
+            b.split_held_bytes is not None for b in blocks) else None,
         input_grad_ms=_row(blocks, "input_grad_ms", k) if split else None,
         weight_grad_ms=_row(blocks, "weight_grad_ms", k) if split else None,
         saved_bytes=tuple(float(b.saved_bytes[k]) for b in blocks),
-        first_bytes=tuple(float((b.saved_shared_bytes or (0,) * (k + 1))[k]) for b in blocks),
+        # torch.distributed.pipelining receives each micro-batch into a buffer of its own, held
+        # all step (cut_bytes): a stage's received input is that buffer, not another copy
+        first_bytes=(0.0,) * len(blocks),
+        cut_bytes=tuple(float(c.bytes[k]) for c in profile.cuts),
         input_bytes=(float(blocks[0].checkpoint_saved_bytes[k]),  # type: ignore[index]
                      *(float(c.bytes[k]) for c in profile.cuts)) if ckpt else None,
         static_bytes=tuple(float(b.param_bytes * factor + b.buffer_bytes + copies[i] * factor)
@@ -119,7 +125,12 @@ def _assemble(settings: PlanSettings, profile: Profile, k: int, schedule: str, v
     order = torch_order(schedule, p, v, m)
     problem = joint_problem(settings, profile, k, m)
     costs = stage_costs(problem, found.balance, found.checkpoint, order.splits_backward)
-    transient = transient_bytes(profile, k)
+    bounds = [(sum(found.balance[:s]), sum(found.balance[:s + 1]))
+              for s in range(len(found.balance))]
+    transient = [0.0] * p  # per rank: the most any block of its stages needs briefly
+    for s, (first, end) in enumerate(bounds):
+        rank = order.stage_rank[s]
+        transient[rank] = max(transient[rank], transient_bytes(profile, k, first, end))
     names, stages, start = profile.block_names, [], 0
     for s, count in enumerate(found.balance):
         end, last = start + count, s == len(found.balance) - 1
@@ -130,11 +141,9 @@ def _assemble(settings: PlanSettings, profile: Profile, k: int, schedule: str, v
             forward_ms=costs.fwd_ms[s],
             send_bytes=0 if last else int(profile.cuts[end - 1].bytes[k]),
             send_ms=0.0 if last else 2 * costs.comm_fwd_ms[s],
-            memory_bytes=int(found.memory_bytes[rank] + transient),
+            memory_bytes=int(found.memory_bytes[rank] + transient[rank]),
             checkpoint=found.checkpoint[s], weight_grad_ms=costs.bwd_weight_ms[s]))
         start = end
-    bounds = [(sum(found.balance[:s]), sum(found.balance[:s + 1]))
-              for s in range(len(found.balance))]
     shared = shared_weights(settings, profile, bounds)
     single, _ = single_device_ms(profile, settings.batch_size)
     capacity = settings.capacity_bytes

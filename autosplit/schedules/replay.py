@@ -25,7 +25,10 @@ activations ``activation_bytes[s]`` from the end of ``F(s, i)`` until the end of
 backward on s (``B``, or ``W`` when split: the weight gradient still needs the layer inputs),
 half-open ``[F.end, last.end)``. With checkpointing only the stage input ``input_bytes[s]`` is
 kept over that interval, and the recomputed activations ``activation_bytes[s]`` are held from
-the start of the backward (``B`` or ``I``) until the same end.
+the start of the backward (``B`` or ``I``) until the same end. Between the two passes of a split
+backward, ``[I.end, W.end)``, the activations give way to what the weight pass needs,
+``split_held_bytes[s]`` (the activations the weight gradients read and the intermediate
+gradients torch keeps for them).
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ class StageCosts:
         checkpoint: whether stage s recomputes its forward in the backward; default off.
         comm_fwd_ms: forward transfer over each cut (ms); default 0.
         comm_bwd_ms: gradient transfer back over each cut (ms); default 0.
+        split_held_bytes: bytes a micro-batch holds between the input and the weight pass of
+            a split backward, in place of ``activation_bytes`` (bytes); default: the same as
+            ``activation_bytes``.
 
     Raises:
         ArgumentTypeError, InvalidInputError: a value that is not a finite number ≥ 0, or a
@@ -78,6 +84,7 @@ class StageCosts:
     checkpoint: tuple[bool, ...] | None = None
     comm_fwd_ms: tuple[float, ...] | None = None
     comm_bwd_ms: tuple[float, ...] | None = None
+    split_held_bytes: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         fwd = _per("fwd_ms", self.fwd_ms, None, "stage", "ms")
@@ -94,6 +101,8 @@ class StageCosts:
             given = getattr(self, name)
             fields[name] = (0.0,) * length if given is None else _per(name, given, length, per,
                                                                       unit)
+        fields["split_held_bytes"] = fields["activation_bytes"] if self.split_held_bytes is None \
+            else _per("split_held_bytes", self.split_held_bytes, n, "stage", "bytes")
         flags = (False,) * n if self.checkpoint is None else checks.sequence_of(
             "checkpoint", self.checkpoint, _flag, length=n, per="stage")
         for name, value in {**fields, "checkpoint": flags}.items():
@@ -260,13 +269,17 @@ def _memory(
             ckpt = costs.checkpoint[s]  # type: ignore[index]
             act = costs.activation_bytes[s]  # type: ignore[index]
             kept = costs.input_bytes[s] if ckpt else act  # type: ignore[index]
+            between = costs.split_held_bytes[s] - act  # type: ignore[index]
             changes: list[tuple[float, float]] = []
             if ckpt and t.kind in ("B", "I"):
                 changes.append((t.start_ms, act))  # the recomputed activations
             if t.kind == "F":
                 changes.append((t.end_ms, kept))
-            elif last[s, t.microbatch] == t.kind:
-                changes.append((t.end_ms, -kept - (act if ckpt else 0.0)))
+            elif t.kind == "I" and between:
+                changes.append((t.end_ms, between))  # what the weight pass needs instead
+            if t.kind != "F" and last[s, t.microbatch] == t.kind:
+                changes.append((t.end_ms, -kept - (act if ckpt else 0.0)
+                                - (between if t.kind == "W" else 0.0)))
             for when, delta in changes:
                 held += delta
                 peak = max(peak, held)

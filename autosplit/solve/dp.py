@@ -72,10 +72,15 @@ def _stage_time(problem: PartitionProblem) -> StageValue:
 def _stage_memory(problem: PartitionProblem) -> StageValue:
     assert problem.memory is not None
     mem = [_prefix(row) for row in problem.memory]
-    if problem.memory_first is None:
+    if problem.memory_first is None and problem.memory_last is None:
         return lambda s, j, starts: mem[s][j] - mem[s][starts]
-    first = [np.asarray(row, dtype=np.float64) for row in problem.memory_first]
-    return lambda s, j, starts: mem[s][j] - mem[s][starts] + first[s][starts]
+    zeros = [np.zeros(problem.n)] * problem.p
+    first = zeros if problem.memory_first is None else [
+        np.asarray(row, dtype=np.float64) for row in problem.memory_first]
+    last = zeros if problem.memory_last is None else [
+        np.asarray(row, dtype=np.float64) for row in problem.memory_last]
+    # blocks starts … j-1 on stage s: the first is block `starts`, the last block j - 1
+    return lambda s, j, starts: mem[s][j] - mem[s][starts] + first[s][starts] + last[s][j - 1]
 
 
 def _solve(problem: PartitionProblem, use_memory: bool) -> tuple[int, ...] | None:

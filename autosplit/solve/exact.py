@@ -98,6 +98,8 @@ class StepProblem:
             ``capacity``).
         memory_first: ``memory_first[s][i]`` extra bytes when block i starts stage s, or
             ``None``.
+        memory_last: ``memory_last[s][i]`` extra bytes when block i ends stage s, or
+            ``None``.
         capacity: ``capacity[s]`` bytes of device s, or ``None`` (no limit).
         grad_bytes: ``grad_bytes[i]`` gradient bytes of block i, or ``None`` (only used with
             ``grad_limit``).
@@ -115,6 +117,7 @@ class StepProblem:
     memory: tuple[tuple[float, ...], ...] | None = None
     memory_first: tuple[tuple[float, ...], ...] | None = None
     capacity: tuple[float, ...] | None = None
+    memory_last: tuple[tuple[float, ...], ...] | None = None
     grad_bytes: tuple[float, ...] | None = None
     grad_limit: float | None = None
 
@@ -132,8 +135,9 @@ class StepProblem:
             raise InvalidInputError(
                 f"unknown schedule {self.schedule!r}: use one of {', '.join(SCHEDULES)}"
             )
-        if (self.capacity is not None or self.memory_first is not None) and self.memory is None:
-            raise InvalidInputError("capacity and memory_first need memory as well")
+        if (self.capacity is not None or self.memory_first is not None
+                or self.memory_last is not None) and self.memory is None:
+            raise InvalidInputError("capacity, memory_first and memory_last need memory as well")
         if self.grad_limit is not None and (self.grad_bytes is None or len(self.grad_bytes) != n):
             raise InvalidInputError(f"grad_limit needs grad_bytes, one entry per block ({n})")
 

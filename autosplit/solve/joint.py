@@ -9,7 +9,9 @@ The objective is the step of :func:`autosplit.schedules.replay` on the schedule'
 (:class:`~autosplit.schedules.ScheduleOrder`) for the stage costs of a balance (blocks per
 stage) and a checkpoint mask, among those whose memory fits every rank:
 
-    memory_r = Σ_{s on r} static_s + peak in-flight bytes of rank r (the replay's ``peak_bytes``)
+    memory_r = Σ_{s on r} static_s + m · (bytes of each cut between ranks that r sends or
+               receives: torch's receive buffers) + peak in-flight bytes of rank r (the
+               replay's ``peak_bytes``)
 
 The in-flight bytes depend only on the rank's action order, not on the times (a rank runs one
 action at a time), so :class:`_MemoryModel` evaluates them exactly and vectorised over every
@@ -64,6 +66,13 @@ class JointProblem:
         input_bytes: bytes a checkpointed stage that starts at this block keeps (its input),
             or ``None``: checkpointing is not offered.
         static_bytes: weights, gradients, optimizer state and buffers of each block (bytes).
+        split_held_bytes: bytes each block holds between the input and the weight pass of a
+            split backward, per micro-batch (in place of its ``saved_bytes``), or ``None``:
+            the same as ``saved_bytes``.
+        cut_bytes: bytes crossing the cut after each block per micro-batch (N − 1 entries), or
+            ``None``. Given, a cut between stages on different ranks costs the receiving rank
+            m buffers for the activations and the sending rank m buffers for their gradients,
+            held all step (torch.distributed.pipelining allocates one per micro-batch).
         comm_fwd_ms, comm_bwd_ms: transfer over the cut after each block (N − 1 entries, ms).
         m: micro-batches.
         capacity_bytes: memory each rank may use for the above (bytes), or ``None``.
@@ -81,14 +90,19 @@ class JointProblem:
     comm_bwd_ms: tuple[float, ...]
     m: int
     capacity_bytes: tuple[float, ...] | None = None
+    split_held_bytes: tuple[float, ...] | None = None
+    cut_bytes: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.fwd_ms)
         rows = [self.bwd_ms, self.saved_bytes, self.first_bytes, self.static_bytes,
-                *(r for r in (self.input_grad_ms, self.weight_grad_ms, self.input_bytes) if r)]
+                *(r for r in (self.input_grad_ms, self.weight_grad_ms, self.input_bytes,
+                              self.split_held_bytes) if r)]
         if n < 1 or any(len(r) != n for r in rows):
             raise InvalidInputError(f"every per-block row needs {n} ≥ 1 entries")
-        if len(self.comm_fwd_ms) != n - 1 or len(self.comm_bwd_ms) != n - 1:
+        cuts = [self.comm_fwd_ms, self.comm_bwd_ms,
+                *(r for r in (self.cut_bytes,) if r is not None)]
+        if any(len(r) != n - 1 for r in cuts):
             raise InvalidInputError(f"comm rows need one entry per cut ({n - 1})")
         if (self.input_grad_ms is None) != (self.weight_grad_ms is None):
             raise InvalidInputError("input_grad_ms and weight_grad_ms go together")
@@ -133,21 +147,31 @@ def stage_costs(problem: JointProblem, balance: Sequence[int], checkpoint: Seque
     act = tuple(x + problem.first_bytes[a] for x, a in zip(total(problem.saved_bytes), starts))
     keep = (0.0,) * len(balance) if problem.input_bytes is None else tuple(
         problem.input_bytes[a] for a in starts)
+    held = None if problem.split_held_bytes is None else tuple(
+        x + problem.first_bytes[a] for x, a in zip(total(problem.split_held_bytes), starts))
     return StageCosts(
         fwd_ms=total(problem.fwd_ms), bwd_input_ms=bwd_in, bwd_weight_ms=bwd_w,
         activation_bytes=act, input_bytes=keep, checkpoint=tuple(bool(c) for c in checkpoint),
         comm_fwd_ms=tuple(problem.comm_fwd_ms[e - 1] for e in ends[:-1]),
         comm_bwd_ms=tuple(problem.comm_bwd_ms[e - 1] for e in ends[:-1]),
+        split_held_bytes=held,
     )
 
 
 def _rank_static(problem: JointProblem, balance: Sequence[int], stage_rank: Sequence[int],
                  p: int) -> list[float]:
+    """Bytes each rank holds all step: its blocks' ``static_bytes`` and, with ``cut_bytes``,
+    m receive buffers on each side of every cut between ranks."""
     out = [0.0] * p
     start = 0
     for s, count in enumerate(balance):
         out[stage_rank[s]] += math.fsum(problem.static_bytes[start:start + count])
         start += count
+        if problem.cut_bytes is not None and s + 1 < len(balance) \
+                and stage_rank[s] != stage_rank[s + 1]:
+            buffers = problem.m * problem.cut_bytes[start - 1]
+            out[stage_rank[s]] += buffers  # the gradients coming back
+            out[stage_rank[s + 1]] += buffers  # the activations coming in
     return out
 
 
@@ -198,35 +222,46 @@ class _MemoryModel:
     """Peak in-flight bytes per rank for many candidates at once (see the module docstring).
 
     For each rank, after every change the replay applies, the number of micro-batches holding
-    each stage's saved bytes (``held``: from the end of F to the end of the last backward) and
-    recomputed activations (``recomputing``: from the start of B/I to that end)."""
+    each stage's saved bytes (``held``: from the end of F to the end of the last backward),
+    recomputed activations (``recomputing``: from the start of B/I to that end) and what the
+    weight pass needs in their place (``between``: from the end of I to the end of W)."""
 
     def __init__(self, order: ScheduleOrder) -> None:
         last = {(a.stage, a.microbatch): a.kind for row in order.actions for a in row
                 if a.kind in ("B", "W")}
-        self.rows: list[tuple[np.ndarray, np.ndarray]] = []
+        self.rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         for row in order.actions:
-            held, rec = np.zeros(order.n), np.zeros(order.n)
-            snaps_h, snaps_r = [held.copy()], [rec.copy()]
+            counts = np.zeros((3, order.n))  # held, recomputing, between
+            snaps = [counts.copy()]
             for a in row:
                 s = a.stage
                 if a.kind in ("B", "I"):
-                    rec[s] += 1
-                    snaps_h.append(held.copy())
-                    snaps_r.append(rec.copy())
+                    counts[1, s] += 1
+                    snaps.append(counts.copy())
                 if a.kind == "F":
-                    held[s] += 1
-                elif last[s, a.microbatch] == a.kind:
-                    held[s] -= 1
-                    rec[s] -= 1
-                snaps_h.append(held.copy())
-                snaps_r.append(rec.copy())
-            self.rows.append((np.array(snaps_h), np.array(snaps_r)))
+                    counts[0, s] += 1
+                elif a.kind == "I":
+                    counts[2, s] += 1
+                if a.kind != "F" and last[s, a.microbatch] == a.kind:
+                    counts[0, s] -= 1
+                    counts[1, s] -= 1
+                    if a.kind == "W":
+                        counts[2, s] -= 1
+                snaps.append(counts.copy())
+            stacked = np.array(snaps)
+            self.rows.append((stacked[:, 0], stacked[:, 1], stacked[:, 2]))
 
-    def peaks(self, kept: np.ndarray, recomputed: np.ndarray) -> np.ndarray:
-        """``kept``, ``recomputed``: C × S bytes per micro-batch → C × p peak bytes."""
-        return np.stack([np.max(kept @ h.T + recomputed @ r.T, axis=1) for h, r in self.rows],
-                        axis=1)
+    def peaks(self, kept: np.ndarray, recomputed: np.ndarray,
+              between: np.ndarray | None = None) -> np.ndarray:
+        """``kept``, ``recomputed``, ``between`` (the split backward's held bytes less the
+        activations, default 0): C × S bytes per micro-batch → C × p peak bytes."""
+        out = []
+        for h, r, w in self.rows:
+            level = kept @ h.T + recomputed @ r.T
+            if between is not None:
+                level = level + between @ w.T
+            out.append(np.max(level, axis=1))
+        return np.stack(out, axis=1)
 
 
 def _balances(n: int, s: int) -> np.ndarray:
@@ -320,6 +355,8 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
     else:
         g, w = sums(problem.bwd_ms), np.zeros_like(f)
     act = sums(problem.saved_bytes) + np.asarray(problem.first_bytes)[first]
+    between = None if problem.split_held_bytes is None or not split else \
+        sums(problem.split_held_bytes) + np.asarray(problem.first_bytes)[first] - act
     keep = np.zeros_like(act) if problem.input_bytes is None else np.asarray(
         problem.input_bytes, dtype=float)[first]
     place = np.asarray(order.stage_rank)
@@ -332,6 +369,10 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
     model, sequence = _MemoryModel(order), _sequence(order)
     cap = None if problem.capacity_bytes is None else np.asarray(problem.capacity_bytes)
     static = sums(problem.static_bytes)
+    if problem.cut_bytes is not None:  # receive buffers on both sides of a cut between ranks
+        buffers = problem.m * np.asarray(problem.cut_bytes, dtype=float)[cut] * ~same
+        static[:, :-1] += buffers
+        static[:, 1:] += buffers
     static_r = np.stack([static[:, o].sum(axis=1) for o in on], axis=1)
     best: tuple[float, tuple] | None = None
     chosen: tuple[tuple[int, ...], tuple[bool, ...]] | None = None
@@ -342,7 +383,7 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
             break
         c = np.asarray(mask, dtype=float)
         recompute = f * c
-        memory = static_r + model.peaks(act * (1 - c) + keep * c, act * c)
+        memory = static_r + model.peaks(act * (1 - c) + keep * c, act * c, between)
         ok = np.ones(len(f), bool) if cap is None else np.all(memory <= cap * (1 + 1e-12), 1)
         work = problem.m * (f + g + w + recompute)
         bound = np.sum(f + g + recompute, axis=1)

@@ -26,7 +26,8 @@ Constraints (each named, so ``prob.writeLP("partition.lp")`` reads like this lis
 * ``stage{s}_cuts_once``: Σ_i cut[i][s] = 1 for s < p-1 (implied, but tightens the relaxation).
 * ``time_stage{s}``: Σ_i costs[s][i]·on[i][s] + Σ_i comm[i]·cut[i][s] ≤ T.
 * ``memory_stage{s}``: Σ_i memory[s][i]·on[i][s] + the first block's ``memory_first[s][i]``
-  (through the cut variables) ≤ capacity[s] (only with memory limits).
+  and the last block's ``memory_last[s][i]`` (through the cut variables) ≤ capacity[s] (only
+  with memory limits).
 
 The flow rows form a shortest-path structure over a (block × stage) grid, so the LP relaxation
 without the time rows is integral and CBC closes small instances at the root.
@@ -160,6 +161,13 @@ def build_milp(problem: PartitionProblem) -> pulp.LpProblem:
                 if s == 0:
                     starts.append(problem.memory_first[0][0])
                 held = held + pulp.lpSum(starts)
+            if problem.memory_last is not None:
+                # block i ends stage s < p-1 exactly when the cut after it leaves s
+                ends = [problem.memory_last[s][i] * var
+                        for (i, t), var in cut.items() if t == s]
+                if s == p - 1:
+                    ends.append(problem.memory_last[s][n - 1])
+                held = held + pulp.lpSum(ends)
             prob += held <= problem.capacity[s], f"memory_stage{s}"
     return prob
 

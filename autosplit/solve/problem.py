@@ -7,8 +7,9 @@ contiguous, non-empty range of blocks. A *balance* is the number of blocks per s
 Time of stage s = Σ costs[s][i] over its blocks + comm[j] where j is the last block of the stage
 (the cost of sending what crosses the cut after block j); the last stage sends nothing.
 Memory of stage s = Σ memory[s][i] over its blocks + memory_first[s][j] for its first block j
-(what a stage holds only because it starts there, e.g. its received copy of a tensor that the
-previous block also keeps), which must not exceed capacity[s].
+(what a stage holds only because it starts there, e.g. the buffers it receives its input in)
++ memory_last[s][k] for its last block k (what it holds only because it ends there, e.g. the
+buffers it receives the gradients of its output in), which must not exceed capacity[s].
 Costs are per-device so that heterogeneous devices and stage-dependent memory (1F1B keeps
 p − s micro-batches in flight on stage s) are the same problem.
 """
@@ -41,6 +42,8 @@ class PartitionProblem:
         capacity: ``capacity[s]`` bytes available on stage s's device, or ``None`` (no limit).
         memory_first: ``memory_first[s][i]`` extra bytes when block i is the first block of
             stage s, or ``None`` (zero); only used together with ``memory``.
+        memory_last: ``memory_last[s][i]`` extra bytes when block i is the last block of
+            stage s, or ``None`` (zero); only used together with ``memory``.
     """
 
     costs: tuple[tuple[float, ...], ...]
@@ -48,6 +51,7 @@ class PartitionProblem:
     memory: tuple[tuple[float, ...], ...] | None = None
     capacity: tuple[float, ...] | None = None
     memory_first: tuple[tuple[float, ...], ...] | None = None
+    memory_last: tuple[tuple[float, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         p = len(self.costs)
@@ -69,11 +73,14 @@ class PartitionProblem:
         if self.memory is not None:
             if len(self.memory) != p or any(len(row) != n for row in self.memory):
                 raise InvalidInputError("memory must be a p × n table (one row per stage)")
-        if self.memory_first is not None:
+        for name in ("memory_first", "memory_last"):
+            table = getattr(self, name)
+            if table is None:
+                continue
             if self.memory is None:
-                raise InvalidInputError("memory_first needs memory as well")
-            if len(self.memory_first) != p or any(len(row) != n for row in self.memory_first):
-                raise InvalidInputError("memory_first must be a p × n table (one row per stage)")
+                raise InvalidInputError(f"{name} needs memory as well")
+            if len(table) != p or any(len(row) != n for row in table):
+                raise InvalidInputError(f"{name} must be a p × n table (one row per stage)")
         if self.capacity is not None and len(self.capacity) != p:
             raise InvalidInputError(f"capacity must have one entry per stage ({p})")
 
@@ -183,6 +190,8 @@ def evaluate(problem: PartitionProblem, balance: Sequence[int]) -> Partition:
         held = math.fsum(problem.memory[s][start:end]) if problem.memory else 0.0
         if problem.memory_first is not None:
             held += problem.memory_first[s][start]
+        if problem.memory_last is not None:
+            held += problem.memory_last[s][end - 1]
         mems.append(held)
         start = end
     return Partition(balance, tuple(times), tuple(mems), max(times))

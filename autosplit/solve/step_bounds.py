@@ -32,6 +32,7 @@ class StepProblem(Protocol):
     schedule: str
     memory: Sequence[Sequence[float]] | None
     memory_first: Sequence[Sequence[float]] | None
+    memory_last: Sequence[Sequence[float]] | None
     capacity: Sequence[float] | None
     grad_bytes: Sequence[float] | None
     grad_limit: float | None
@@ -188,9 +189,11 @@ class Tables:
             return out
         for s in range(p):
             mem = np.concatenate(([0.0], np.cumsum(problem.memory[s])))
-            first = np.zeros(n + 1)
+            first, last = np.zeros(n + 1), np.zeros(n + 1)
             if problem.memory_first is not None:
-                first[:n] = problem.memory_first[s]
-            held = mem[None, :] - mem[:, None] + first[:, None]
+                first[:n] = problem.memory_first[s]  # first[i]: block i starts the stage
+            if problem.memory_last is not None:
+                last[1:] = problem.memory_last[s]  # last[e]: block e - 1 ends the stage
+            held = mem[None, :] - mem[:, None] + first[:, None] + last[None, :]
             out[s] &= held <= problem.capacity[s] * (1 + MEMORY_RTOL)
         return out
