@@ -84,3 +84,22 @@ def test_without_a_measured_peak_the_transient_is_the_blocks_outputs() -> None:
     for block in profile.blocks:
         assert block.peak_bytes is None
         assert block_transient_bytes(block, 1) == block.output_bytes[1]
+
+
+def test_a_stage_needs_a_blocks_peak_less_what_the_blocks_after_it_save() -> None:
+    import dataclasses
+
+    from synthetic import make_profile
+
+    from autosplit.planner.problems import stage_transient_bytes, transient_bytes
+
+    profile = make_profile([1], [[1.0]] * 3, batch_size=1)
+    saved, peak = (10, 20, 30), (100, 25, 40)  # each block needs 90, 5, 10 beyond its own
+    profile = dataclasses.replace(profile, blocks=tuple(
+        dataclasses.replace(b, saved_bytes=(s,), peak_bytes=(q,), output_bytes=(1,))
+        for b, s, q in zip(profile.blocks, saved, peak)))
+    # block 0 runs while blocks 1 and 2 hold nothing of its micro-batch: 90 − (20 + 30)
+    assert stage_transient_bytes(profile, 0, 0, 3) == 40
+    assert stage_transient_bytes(profile, 0, 1, 3) == 10  # block 2's, with nothing after it
+    assert stage_transient_bytes(profile, 0, 0, 1) == 90
+    assert transient_bytes(profile, 0) == 90  # whatever the cuts: the most any block needs

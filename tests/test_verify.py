@@ -117,8 +117,9 @@ def test_profile_sizes_take_turns_round_after_round(fake_clock: None) -> None:
     # the whole model once (untimed, at the first size), then the recorder's block: sizes take
     # turns, the order rotating each round (warm-up round, then three timed ones, whose spread
     # is 0: no more); right after each run of the first size, 2, its backward is timed again
-    # in two passes (input, then weight gradient)
-    assert CALLS == [2, 2, 2, 3, 6, 3, 6, 2, 2, 6, 2, 2, 3, 2, 2, 3, 6]
+    # in two passes (input, then weight gradient); last, one untimed run of each size for its
+    # peak memory (the model's own input needs no gradient: no split backward to hold)
+    assert CALLS == [2, 2, 2, 3, 6, 3, 6, 2, 2, 6, 2, 2, 3, 2, 2, 3, 6, 2, 3, 6]
     for block in prof.blocks:
         assert block.fwd_ms == block.bwd_ms == (1000.0, 1000.0, 1000.0)
         assert block.fwd_iqr_ms == block.bwd_iqr_ms == (0.0, 0.0, 0.0)
@@ -139,8 +140,9 @@ def test_profile_repeats_until_the_spread_is_small_or_the_cap(monkeypatch) -> No
     graph = trace(Recorded(), leaf_modules=[Recorder])
     profiler.profile_graph(graph, torch.randn(4, 4), microbatch_sizes=[2, 4], warmup=0,
                            repeats=3, max_repeats=5, budget_s=None)
-    # 5 rounds: the cap; the backward split is timed at size 2 in the first 3 (repeats) only
-    assert CALLS[1:] == [2, 2, 4, 4, 2, 2, 2, 2, 4, 4, 2, 2, 4]
+    # 5 rounds: the cap; the backward split is timed at size 2 in the first 3 (repeats) only;
+    # then one untimed run per size for its peak memory
+    assert CALLS[1:] == [2, 2, 4, 4, 2, 2, 2, 2, 4, 4, 2, 2, 4, 2, 4]
 
 
 def test_profiles_without_spreads_still_load(tmp_path) -> None:

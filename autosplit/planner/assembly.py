@@ -20,7 +20,12 @@ from autosplit.cost import (
 from autosplit.errors import (
     InfeasiblePlanError,
 )
-from autosplit.planner.problems import counted_twice, partition_problem, transient_bytes
+from autosplit.planner.problems import (
+    counted_twice,
+    partition_problem,
+    stage_transient_bytes,
+    transient_bytes,
+)
 from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile, SharedWeight, Stage
 from autosplit.simulator import simulate_plan
@@ -72,7 +77,7 @@ def assemble(
     for s, (first, end) in enumerate(part.bounds):
         last = s == p - 1
         send = 0 if last else profile.cuts[end - 1].bytes[k]
-        held = part.stage_memory[s] - twice[s] + transient_bytes(profile, k, first, end)
+        held = part.stage_memory[s] - twice[s] + stage_transient_bytes(profile, k, first, end)
         stages.append(
             Stage(
                 index=s,

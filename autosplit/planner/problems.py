@@ -22,7 +22,8 @@ from autosplit.records import Profile
 from autosplit.solve import PartitionProblem
 from autosplit.solve.exact import StepProblem
 
-__all__ = ["counted_twice", "partition_problem", "step_problem", "transient_bytes"]
+__all__ = ["counted_twice", "partition_problem", "stage_transient_bytes", "step_problem",
+           "transient_bytes"]
 
 
 def _costs(settings: PlanSettings, profile: Profile, b: int) -> tuple[tuple[float, ...], ...]:
@@ -87,11 +88,26 @@ def counted_twice(
     return extra
 
 
-def transient_bytes(profile: Profile, k: int, first: int = 0, end: int | None = None) -> float:
-    """Memory a stage of blocks [first, end) needs briefly at size index k: the largest
-    :func:`block_transient_bytes` among them (bytes; default: every block of the model, what
-    the planner keeps free on every device)."""
-    return max(block_transient_bytes(blk, k) for blk in profile.blocks[first:end])
+def transient_bytes(profile: Profile, k: int) -> float:
+    """The most any stage may need briefly at size index k, beyond the activations it keeps
+    (bytes): the largest :func:`block_transient_bytes`, what the planner keeps free on every
+    device whatever the cuts."""
+    return max(block_transient_bytes(blk, k) for blk in profile.blocks)
+
+
+def stage_transient_bytes(profile: Profile, k: int, first: int, end: int) -> float:
+    """What a stage of blocks [first, end) needs briefly at size index k, beyond the
+    activations it keeps for every micro-batch in flight (bytes).
+
+    While block j runs a micro-batch, the blocks after it in the stage do not hold that
+    micro-batch's activations yet (forward) or any more (backward), though the memory in
+    flight counts them: block j's need (:func:`block_transient_bytes`) less what those later
+    blocks save, the largest over the stage's blocks, and at least 0."""
+    need, later = 0.0, 0.0
+    for blk in reversed(profile.blocks[first:end]):
+        need = max(need, block_transient_bytes(blk, k) - later)
+        later += blk.saved_bytes[k]
+    return need
 
 
 def partition_problem(settings: PlanSettings, profile: Profile, k: int, m: int) -> PartitionProblem:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from autosplit.cost import optimizer_factor, single_device_ms, transfer_ms
 from autosplit.errors import AutosplitError, InvalidInputError
 from autosplit.planner.assembly import explain_infeasible, shared_weights
-from autosplit.planner.problems import _copy_bytes, transient_bytes
+from autosplit.planner.problems import _copy_bytes, stage_transient_bytes, transient_bytes
 from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile, Stage
 from autosplit.schedules import SPLIT_BACKWARD, torch_order
@@ -130,7 +130,7 @@ def _assemble(settings: PlanSettings, profile: Profile, k: int, schedule: str, v
     transient = [0.0] * p  # per rank: the most any block of its stages needs briefly
     for s, (first, end) in enumerate(bounds):
         rank = order.stage_rank[s]
-        transient[rank] = max(transient[rank], transient_bytes(profile, k, first, end))
+        transient[rank] = max(transient[rank], stage_transient_bytes(profile, k, first, end))
     names, stages, start = profile.block_names, [], 0
     for s, count in enumerate(found.balance):
         end, last = start + count, s == len(found.balance) - 1
