@@ -225,6 +225,21 @@ def test_zero_bubble_holds_what_the_weight_pass_needs_between_its_two_passes() -
         simulate_schedule("1f1b", 2, 1, 2, plain).memory
 
 
+def test_each_input_pass_leaves_the_inputs_gradient_until_the_step_ends() -> None:
+    # the order above; each I of stages 1, 2, 3 leaves 1 byte (torch keeps the gradient of a
+    # received input as its buffer's .grad until the next step)
+    result = simulate_schedule(
+        "interleaved-zb", 2, 2, 2, costs(4, 1.0, 1.0, 1.0, activation_bytes=(8, 4, 2, 1),
+                                         input_grad_bytes=(0, 1, 1, 1)))
+    assert result.memory == (
+        ((0, 0), (1, 8), (2, 16), (3, 18), (4, 20), (6, 21), (7, 19), (8, 20), (9, 18),
+         (11, 10), (13, 2)),
+        ((0, 0), (2, 4), (3, 8), (4, 9), (5, 10), (6, 11), (7, 12), (8, 11), (9, 12),
+         (10, 11), (11, 12), (12, 8), (13, 4)),
+    )
+    assert result.peak_bytes == (21.0, 12.0)
+
+
 def test_zbv_with_transfers_free_at_the_turn_of_the_v() -> None:
     # stages 0, 3 on rank 0 and 1, 2 on rank 1; F = I = W = 1; 0.5 ms over cuts 0 and 2,
     # nothing over cut 1 (stages 1 and 2 share rank 1) although 0.5 is given
@@ -307,3 +322,18 @@ def test_costs_must_cover_every_stage_of_the_order() -> None:
     with pytest.raises(InvalidInputError, match=r"p·v = 2·2 = 4"):
         replay(torch_order("interleaved-1f1b", 2, 2, 2), costs(2, 1.0, 1.0))
 
+
+
+def test_what_the_runtime_sends_is_kept_until_it_waits_for_the_sends() -> None:
+    # ScheduleGPipe waits for its backward sends at the end of the step, Schedule1F1B one
+    # step of its loop later (nothing kept), the action-list runtime for every send at the end
+    sends = {"output_bytes": (5.0, 0.0), "input_grad_bytes": (0.0, 3.0)}
+    gpipe = simulate_schedule("gpipe", 2, 1, 2, costs(2, 1.0, 2.0, **sends))
+    assert gpipe.peak_bytes == (0.0, 6.0) and gpipe.memory[1][-1][1] == 6.0
+    assert simulate_schedule("1f1b", 2, 1, 2, costs(2, 1.0, 2.0, **sends)).peak_bytes == (0, 0)
+    # interleaved 1F1B: stages 0, 2 on rank 0 and 1, 3 on rank 1; each forward but the last
+    # stage's sends 1 byte, each backward but stage 0's sends 1 byte back: all kept
+    interleaved = simulate_schedule("interleaved-1f1b", 2, 2, 2, costs(
+        4, 1.0, 2.0, output_bytes=(1, 1, 1, 0), input_grad_bytes=(0, 1, 1, 1)))
+    assert interleaved.peak_bytes == (6.0, 6.0)
+    assert [curve[-1][1] for curve in interleaved.memory] == [6.0, 6.0]

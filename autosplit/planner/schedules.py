@@ -124,7 +124,7 @@ def _assemble(settings: PlanSettings, profile: Profile, k: int, schedule: str, v
     p = settings.gpus
     order = torch_order(schedule, p, v, m)
     problem = joint_problem(settings, profile, k, m)
-    costs = stage_costs(problem, found.balance, found.checkpoint, order.splits_backward)
+    costs = stage_costs(problem, found.balance, found.checkpoint, order)
     bounds = [(sum(found.balance[:s]), sum(found.balance[:s + 1]))
               for s in range(len(found.balance))]
     transient = [0.0] * p  # per rank: the most any block of its stages needs briefly

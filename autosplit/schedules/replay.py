@@ -28,7 +28,11 @@ kept over that interval, and the recomputed activations ``activation_bytes[s]`` 
 the start of the backward (``B`` or ``I``) until the same end. Between the two passes of a split
 backward, ``[I.end, W.end)``, the activations give way to what the weight pass needs,
 ``split_held_bytes[s]`` (the activations the weight gradients read and the intermediate
-gradients torch keeps for them).
+gradients torch keeps for them). What a stage sends is held until the step ends where the
+runtime waits for its sends only then (:attr:`ScheduleOrder.holds_sends`): the output of each
+forward, ``output_bytes[s]``, and the gradient of the input of each backward (``B`` or ``I``),
+``input_grad_bytes[s]``; a split backward's input pass also leaves that gradient on the buffer
+the input was received in (its ``.grad``) until the step ends, whatever the runtime.
 """
 
 from __future__ import annotations
@@ -70,6 +74,9 @@ class StageCosts:
         split_held_bytes: bytes a micro-batch holds between the input and the weight pass of
             a split backward, in place of ``activation_bytes`` (bytes); default: the same as
             ``activation_bytes``.
+        output_bytes: bytes each forward sends to the next stage (bytes); default 0 each.
+        input_grad_bytes: bytes each backward sends to the previous stage, the gradient of
+            the stage's input (bytes); default 0 each.
 
     Raises:
         ArgumentTypeError, InvalidInputError: a value that is not a finite number ≥ 0, or a
@@ -85,6 +92,8 @@ class StageCosts:
     comm_fwd_ms: tuple[float, ...] | None = None
     comm_bwd_ms: tuple[float, ...] | None = None
     split_held_bytes: tuple[float, ...] | None = None
+    output_bytes: tuple[float, ...] | None = None
+    input_grad_bytes: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         fwd = _per("fwd_ms", self.fwd_ms, None, "stage", "ms")
@@ -95,7 +104,9 @@ class StageCosts:
         }
         for name, length, per, unit in (
             ("bwd_weight_ms", n, "stage", "ms"), ("activation_bytes", n, "stage", "bytes"),
-            ("input_bytes", n, "stage", "bytes"), ("comm_fwd_ms", n - 1, "cut", "ms"),
+            ("input_bytes", n, "stage", "bytes"), ("output_bytes", n, "stage", "bytes"),
+            ("input_grad_bytes", n, "stage", "bytes"),
+            ("comm_fwd_ms", n - 1, "cut", "ms"),
             ("comm_bwd_ms", n - 1, "cut", "ms"),
         ):
             given = getattr(self, name)
@@ -260,6 +271,7 @@ def _memory(
     """
     last = {(a.stage, a.microbatch): a.kind for row in order.actions for a in row
             if a.kind in ("B", "W")}
+    fwd_held, bwd_held = order.holds_sends
     curves, peaks = [], []
     for row in timed:
         held = peak = 0.0
@@ -273,13 +285,17 @@ def _memory(
             changes: list[tuple[float, float]] = []
             if ckpt and t.kind in ("B", "I"):
                 changes.append((t.start_ms, act))  # the recomputed activations
+            end = 0.0  # every change at the action's end, as one
             if t.kind == "F":
-                changes.append((t.end_ms, kept))
-            elif t.kind == "I" and between:
-                changes.append((t.end_ms, between))  # what the weight pass needs instead
+                end += kept + (costs.output_bytes[s] if fwd_held else 0.0)  # type: ignore[index]
+            elif t.kind == "I" or (t.kind == "B" and bwd_held):
+                end += costs.input_grad_bytes[s]  # type: ignore[index]  # kept until the end
+            if t.kind == "I":
+                end += between  # what the weight pass needs instead of the activations
             if t.kind != "F" and last[s, t.microbatch] == t.kind:
-                changes.append((t.end_ms, -kept - (act if ckpt else 0.0)
-                                - (between if t.kind == "W" else 0.0)))
+                end -= kept + (act if ckpt else 0.0) + (between if t.kind == "W" else 0.0)
+            if end:
+                changes.append((t.end_ms, end))
             for when, delta in changes:
                 held += delta
                 peak = max(peak, held)

@@ -106,6 +106,20 @@ class ScheduleOrder:
         """Whether some backward runs as ``I`` then ``W`` (zero-bubble schedules)."""
         return any(a.kind == "W" for row in self.actions for a in row)
 
+    @property
+    def holds_sends(self) -> tuple[bool, bool]:
+        """Whether the runtime keeps what it sends forward (a stage's outputs) and backward
+        (the gradients of its inputs) until the step ends: an asynchronous send holds its
+        tensor until it is waited for, and the action-list runtime of the multi-stage classes
+        waits for every send at the end of the step; ``ScheduleGPipe`` waits for its forward
+        sends when its forwards are done and for its backward sends at the end;
+        ``Schedule1F1B`` waits for each send one step of its loop later."""
+        if self.torch_class == "ScheduleGPipe":
+            return False, True
+        if self.torch_class == "Schedule1F1B":
+            return False, False
+        return True, True
+
 
 def torch_class_name(schedule: str, v: int) -> str:
     """The torch class that runs ``schedule`` with v stages per rank.

@@ -72,7 +72,9 @@ class JointProblem:
         cut_bytes: bytes crossing the cut after each block per micro-batch (N − 1 entries), or
             ``None``. Given, a cut between stages on different ranks costs the receiving rank
             m buffers for the activations and the sending rank m buffers for their gradients,
-            held all step (torch.distributed.pipelining allocates one per micro-batch).
+            held all step (torch.distributed.pipelining allocates one per micro-batch), and a
+            split backward's input pass leaves the gradient of the stage's input on its buffer
+            until the end of the step.
         comm_fwd_ms, comm_bwd_ms: transfer over the cut after each block (N − 1 entries, ms).
         m: micro-batches.
         capacity_bytes: memory each rank may use for the above (bytes), or ``None``.
@@ -131,8 +133,12 @@ class JointSolution:
 
 
 def stage_costs(problem: JointProblem, balance: Sequence[int], checkpoint: Sequence[bool],
-                split: bool) -> StageCosts:
-    """The replay's :class:`StageCosts` of ``balance`` (a split backward when ``split``)."""
+                order: ScheduleOrder) -> StageCosts:
+    """The replay's :class:`StageCosts` of ``balance`` for ``order`` (its split backward; with
+    ``cut_bytes``, what each stage sends forward to a stage on another rank and the gradient of
+    its input, which it sends back or passes to its predecessor on the same rank)."""
+    split = order.splits_backward
+    place = order.stage_rank
     ends = list(itertools.accumulate(balance))
     starts = [0, *ends[:-1]]
 
@@ -149,12 +155,18 @@ def stage_costs(problem: JointProblem, balance: Sequence[int], checkpoint: Seque
         problem.input_bytes[a] for a in starts)
     held = None if problem.split_held_bytes is None else tuple(
         x + problem.first_bytes[a] for x, a in zip(total(problem.split_held_bytes), starts))
+    sent_out = sent_back = None
+    if problem.cut_bytes is not None:  # only what crosses to another rank is sent
+        sent_out = tuple(problem.cut_bytes[e - 1] if s + 1 < len(ends)
+                         and place[s] != place[s + 1] else 0.0 for s, e in enumerate(ends))
+        # the gradient of a stage's input, sent back or (next to its predecessor) passed on
+        sent_back = tuple(problem.cut_bytes[a - 1] if s else 0.0 for s, a in enumerate(starts))
     return StageCosts(
         fwd_ms=total(problem.fwd_ms), bwd_input_ms=bwd_in, bwd_weight_ms=bwd_w,
         activation_bytes=act, input_bytes=keep, checkpoint=tuple(bool(c) for c in checkpoint),
         comm_fwd_ms=tuple(problem.comm_fwd_ms[e - 1] for e in ends[:-1]),
         comm_bwd_ms=tuple(problem.comm_bwd_ms[e - 1] for e in ends[:-1]),
-        split_held_bytes=held,
+        split_held_bytes=held, output_bytes=sent_out, input_grad_bytes=sent_back,
     )
 
 
@@ -178,7 +190,7 @@ def _rank_static(problem: JointProblem, balance: Sequence[int], stage_rank: Sequ
 def _replayed(problem: JointProblem, order: ScheduleOrder, balance: Sequence[int],
               mask: Sequence[bool]) -> tuple[float, tuple[float, ...]]:
     """Replayed step (ms) and memory per rank (bytes) of one candidate."""
-    timeline = replay(order, stage_costs(problem, balance, mask, order.splits_backward))
+    timeline = replay(order, stage_costs(problem, balance, mask, order))
     static = _rank_static(problem, balance, order.stage_rank, order.p)
     return timeline.step_ms, tuple(a + b for a, b in zip(static, timeline.peak_bytes))
 
@@ -223,15 +235,19 @@ class _MemoryModel:
 
     For each rank, after every change the replay applies, the number of micro-batches holding
     each stage's saved bytes (``held``: from the end of F to the end of the last backward),
-    recomputed activations (``recomputing``: from the start of B/I to that end) and what the
-    weight pass needs in their place (``between``: from the end of I to the end of W)."""
+    recomputed activations (``recomputing``: from the start of B/I to that end), what the
+    weight pass needs in their place (``between``: from the end of I to the end of W), and
+    what was sent and is kept until the step ends (:attr:`ScheduleOrder.holds_sends`):
+    ``sent_out``, forwards ended, and ``sent_back``, input gradients (every I; every B where
+    the runtime keeps its backward sends)."""
 
     def __init__(self, order: ScheduleOrder) -> None:
         last = {(a.stage, a.microbatch): a.kind for row in order.actions for a in row
                 if a.kind in ("B", "W")}
-        self.rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        fwd_held, bwd_held = order.holds_sends
+        self.rows: list[tuple[np.ndarray, ...]] = []
         for row in order.actions:
-            counts = np.zeros((3, order.n))  # held, recomputing, between
+            counts = np.zeros((5, order.n))  # held, recomputing, between, sent out, sent back
             snaps = [counts.copy()]
             for a in row:
                 s = a.stage
@@ -240,8 +256,12 @@ class _MemoryModel:
                     snaps.append(counts.copy())
                 if a.kind == "F":
                     counts[0, s] += 1
+                    counts[3, s] += fwd_held
                 elif a.kind == "I":
                     counts[2, s] += 1
+                    counts[4, s] += 1
+                elif a.kind == "B":
+                    counts[4, s] += bwd_held
                 if a.kind != "F" and last[s, a.microbatch] == a.kind:
                     counts[0, s] -= 1
                     counts[1, s] -= 1
@@ -249,17 +269,20 @@ class _MemoryModel:
                         counts[2, s] -= 1
                 snaps.append(counts.copy())
             stacked = np.array(snaps)
-            self.rows.append((stacked[:, 0], stacked[:, 1], stacked[:, 2]))
+            self.rows.append(tuple(stacked[:, j] for j in range(5)))
 
-    def peaks(self, kept: np.ndarray, recomputed: np.ndarray,
-              between: np.ndarray | None = None) -> np.ndarray:
-        """``kept``, ``recomputed``, ``between`` (the split backward's held bytes less the
-        activations, default 0): C × S bytes per micro-batch → C × p peak bytes."""
+    def peaks(self, kept: np.ndarray, recomputed: np.ndarray, between: np.ndarray | None = None,
+              sent_out: np.ndarray | None = None, sent_back: np.ndarray | None = None
+              ) -> np.ndarray:
+        """C × S bytes per micro-batch → C × p peak bytes: ``kept``, ``recomputed``,
+        ``between`` (the split backward's held bytes less the activations), ``sent_out`` and
+        ``sent_back`` (what each stage sends forward and backward; the last three default 0)."""
         out = []
-        for h, r, w in self.rows:
+        for h, r, w, f, g in self.rows:
             level = kept @ h.T + recomputed @ r.T
-            if between is not None:
-                level = level + between @ w.T
+            for row, counts in ((between, w), (sent_out, f), (sent_back, g)):
+                if row is not None:
+                    level = level + row @ counts.T
             out.append(np.max(level, axis=1))
         return np.stack(out, axis=1)
 
@@ -364,6 +387,11 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
     cut = end[:, :-1] - 1  # the block each cut follows
     hop_f = np.where(same, 0.0, np.asarray(problem.comm_fwd_ms, dtype=float)[cut])
     hop_b = np.where(same, 0.0, np.asarray(problem.comm_bwd_ms, dtype=float)[cut])
+    sent_out = sent_back = None
+    if problem.cut_bytes is not None:  # what each stage sends to another rank, per micro-batch
+        at_cut = np.asarray(problem.cut_bytes, dtype=float)[cut]  # C × (S − 1)
+        sent_out = np.hstack([at_cut * ~same, np.zeros((len(at_cut), 1))])
+        sent_back = np.hstack([np.zeros((len(at_cut), 1)), at_cut])
     on = [place == r for r in range(order.p)]
     below = [np.arange(order.n) < np.flatnonzero(o).min() for o in on]
     model, sequence = _MemoryModel(order), _sequence(order)
@@ -383,7 +411,8 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
             break
         c = np.asarray(mask, dtype=float)
         recompute = f * c
-        memory = static_r + model.peaks(act * (1 - c) + keep * c, act * c, between)
+        memory = static_r + model.peaks(act * (1 - c) + keep * c, act * c, between,
+                                        sent_out, sent_back)
         ok = np.ones(len(f), bool) if cap is None else np.all(memory <= cap * (1 + 1e-12), 1)
         work = problem.m * (f + g + w + recompute)
         bound = np.sum(f + g + recompute, axis=1)
