@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from autosplit.graph import BlockGraph, Segment
-from autosplit.peak_memory import change_during, rise_during
-from autosplit.tensors import fresh_leaves, nbytes, tensor_leaves
+from autosplit.block_memory import split_held_bytes, working_bytes
+from autosplit.tensors import backward_from, fresh_leaves, nbytes, tensor_leaves
 
 __all__ = [
     "SPREAD_TOLERANCE",
@@ -124,19 +124,6 @@ Loss = Callable[[Any], torch.Tensor]
 """``loss(outputs) -> scalar``, run after the last block (:func:`autosplit.losses.timing_loss`)."""
 
 
-def _backward(outputs: Any, loss: Loss | None) -> bool:
-    """Backward from ``loss(outputs)``, or from a gradient of ones on every output that needs
-    one; False when nothing needs a gradient."""
-    grads_for = [t for t in tensor_leaves(outputs) if t.requires_grad]
-    if not grads_for:
-        return False
-    if loss is not None:
-        loss(outputs).backward()
-    else:
-        torch.autograd.backward(grads_for, [torch.ones_like(t) for t in grads_for])
-    return True
-
-
 def timed_run(seg: Segment, args: Sequence[Any], dev: torch.device,
               hooks: Any = None, loss: Loss | None = None) -> tuple[Any, float, float]:
     """Forward and backward of one block: (outputs, forward ms, backward ms).
@@ -153,7 +140,7 @@ def timed_run(seg: Segment, args: Sequence[Any], dev: torch.device,
     if value is not None:
         value.backward()
     else:
-        _backward(outputs, None)
+        backward_from(outputs, None)
     t3 = _clock(dev)
     return outputs, _elapsed_ms(t0, t1, dev), _elapsed_ms(t2, t3, dev) if needs_grad else 0.0
 
@@ -200,7 +187,7 @@ def warm_up(graph: BlockGraph, segments: Sequence[Segment], state: SizeState,
         args = segment_args(graph, env, seg)
         t0 = _wall(dev)
         outputs = seg.module(*args)
-        _backward(outputs, loss if seg is segments[-1] else None)
+        backward_from(outputs, loss if seg is segments[-1] else None)
         estimate.append((_wall(dev) - t0) * 1000.0)
         env.update(zip(seg.outputs, (o.detach() if isinstance(o, torch.Tensor) else o
                                      for o in outputs)))
@@ -336,8 +323,8 @@ def measure_interleaved(
             run += 1
         held_between = None
         for b, state in states.items():
-            peak[b] = _working_bytes(seg, state.args(graph, seg), dev,
-                                     loss if seg is segments[-1] else None)
+            peak[b] = working_bytes(seg, state.args(graph, seg), dev,
+                                    loss if seg is segments[-1] else None)
             if b == split_at and split_ms:
                 held_between = split_held_bytes(seg, state.args(graph, seg), dev)
         for k, (b, state) in enumerate(states.items()):
@@ -378,53 +365,6 @@ def measure_interleaved(
                 progress(i * len(states) + k + 1, total,
                          f"{graph.blocks[i].name} @ b={b}")
     return {b: state.result for b, state in states.items()}
-
-
-def split_held_bytes(seg: Segment, args: Sequence[Any], dev: torch.device) -> int | None:
-    """Bytes one micro-batch of ``seg`` holds between the two passes of a split backward
-    (untimed: :func:`autosplit.peak_memory.change_during`): what its forward and input pass
-    (``stage_backward_input``, as :func:`timed_split_run`) leave allocated for the weight pass —
-    the activations the weight gradients read and the intermediate gradients torch keeps for
-    them — less the gradient of its inputs (sent upstream); the inputs it keeps were allocated
-    before and are not counted here. ``None`` when the block has no
-    input pass (none of its inputs needs a gradient, or torch cannot split its backward): it
-    then holds what it saves until its one backward pass."""
-    from torch.distributed.pipelining._backward import stage_backward_input
-
-    if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-        return None
-
-    def forward_and_input_pass() -> tuple[Any, int] | None:
-        outputs = [t.clone() if t._is_view() else t
-                   for t in tensor_leaves(seg.module(*args)) if t.requires_grad]
-        if not outputs:
-            return None
-        grads = [torch.ones_like(t) for t in outputs]
-        input_grads, groups = stage_backward_input(outputs, grads, list(args),
-                                                   seg.module.parameters())
-        return groups, nbytes([g for g in input_grads if g is not None])
-
-    try:
-        kept, (_, net) = change_during(forward_and_input_pass, dev)
-    except Exception:  # noqa: BLE001  torch cannot split it: one piece
-        return None
-    if kept is None:
-        return None
-    held = max(0, net - kept[1])
-    del kept
-    return held
-
-
-def _working_bytes(seg: Segment, args: Sequence[Any], dev: torch.device,
-                   loss: Loss | None) -> int:
-    """The highest rise of allocated memory during one more forward and backward of ``seg``
-    (bytes, untimed: :func:`autosplit.peak_memory.rise_during`), run after the timed ones so
-    that the block's parameters already hold gradients, as in every micro-batch of a step but
-    the first: the activations it saves, its outputs and their gradient, the gradient of its
-    inputs, and the temporaries of both passes (new weight gradients before they are added to
-    the held ones, weights reordered for the kernels, workspaces)."""
-    _, rise = rise_during(lambda: timed_run(seg, args, dev, None, loss)[1:], dev)
-    return rise
 
 
 def _clock(dev: torch.device) -> Any:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
-__all__ = ["tensor_leaves", "nbytes", "fresh_leaves"]
+__all__ = ["backward_from", "fresh_leaves", "nbytes", "tensor_leaves"]
 
 
 def tensor_leaves(value: Any) -> list[torch.Tensor]:
@@ -37,3 +37,16 @@ def fresh_leaves(values: Sequence[Any], needs_grad: Sequence[bool] | None = None
                 v.requires_grad_(True)
         out.append(v)
     return out
+
+
+def backward_from(outputs: Any, loss: Callable[[Any], torch.Tensor] | None) -> bool:
+    """Backward from ``loss(outputs)``, or from a gradient of ones on every output that needs
+    one; False when nothing needs a gradient."""
+    grads_for = [t for t in tensor_leaves(outputs) if t.requires_grad]
+    if not grads_for:
+        return False
+    if loss is not None:
+        loss(outputs).backward()
+    else:
+        torch.autograd.backward(grads_for, [torch.ones_like(t) for t in grads_for])
+    return True

@@ -96,10 +96,8 @@ class StepProblem:
         schedule: ``"gpipe"`` or ``"1f1b"``.
         memory: ``memory[s][i]`` bytes block i holds on stage s, or ``None`` (only used with
             ``capacity``).
-        memory_first: ``memory_first[s][i]`` extra bytes when block i starts stage s, or
-            ``None``.
-        memory_last: ``memory_last[s][i]`` extra bytes when block i ends stage s, or
-            ``None``.
+        memory_first, memory_last: ``memory_first[s][i]`` (``memory_last[s][i]``) extra
+            bytes when block i starts (ends) stage s, or ``None``.
         capacity: ``capacity[s]`` bytes of device s, or ``None`` (no limit).
         grad_bytes: ``grad_bytes[i]`` gradient bytes of block i, or ``None`` (only used with
             ``grad_limit``).
@@ -132,11 +130,10 @@ class StepProblem:
         if isinstance(self.m, bool) or not isinstance(self.m, int) or self.m < 1:
             raise InvalidInputError(f"m (micro-batches) must be a positive integer, got {self.m!r}")
         if self.schedule not in SCHEDULES:
-            raise InvalidInputError(
-                f"unknown schedule {self.schedule!r}: use one of {', '.join(SCHEDULES)}"
-            )
-        if (self.capacity is not None or self.memory_first is not None
-                or self.memory_last is not None) and self.memory is None:
+            raise InvalidInputError(f"unknown schedule {self.schedule!r}: use one of "
+                                    f"{', '.join(SCHEDULES)}")
+        if self.memory is None and any(x is not None for x in (
+                self.capacity, self.memory_first, self.memory_last)):
             raise InvalidInputError("capacity, memory_first and memory_last need memory as well")
         if self.grad_limit is not None and (self.grad_bytes is None or len(self.grad_bytes) != n):
             raise InvalidInputError(f"grad_limit needs grad_bytes, one entry per block ({n})")
