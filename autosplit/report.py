@@ -144,7 +144,7 @@ def schedule_table(choice: Any, chosen: Plan) -> Table:
             f"{sum(s.checkpoint for s in plan.stages)}/{len(plan.stages)}",
             format_ms(plan.predicted_step_ms),
             format_bytes(max(s.memory_bytes for s in plan.stages)),
-            "chosen" if mine else "",
+            "; ".join(x for x in ("chosen" if mine else "", option.why) if x),
         )
     return table
 

@@ -199,3 +199,26 @@ def test_checkpoint_must_be_a_bool(tmp_path: Path, drop_norm, value: object) -> 
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(PlanFileError, match=r"stages\[1\]\.checkpoint is .*expected true or"):
         Plan.load(tmp_path / "bad.json")
+
+
+def test_torchs_weight_pass_recomputes_a_checkpointed_forward_per_parameter_group() -> None:
+    # why the planner offers no recomputation with a split backward: if torch stops doing
+    # this, recomputation can be searched with the zero-bubble schedules again
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+    from torch.utils.checkpoint import checkpoint
+
+    calls = [0]
+    layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        for layer in layers:
+            x = torch.relu(layer(x))
+        return x
+
+    x = torch.randn(2, 4, requires_grad=True)
+    y = checkpoint(forward, x, use_reentrant=False)
+    _, groups = stage_backward_input([y], [torch.ones_like(y)], [x], layers.parameters())
+    assert calls[0] == 2  # the forward, and once for the input gradient
+    stage_backward_weight(layers.parameters(), groups)
+    assert len(groups) == 3 and calls[0] == 2 + 3  # once more per parameter group

@@ -211,3 +211,20 @@ def test_a_cut_between_ranks_costs_m_receive_buffers_on_each_side() -> None:
     assert brute_force_joint(problem((7.0,)), order).memory_bytes == (134.0, 254.0)
     without = solve_joint(problem(None), order)
     assert without is not None and without.memory_bytes == (120.0, 240.0)
+
+
+def test_split_backward_schedules_are_planned_without_recomputation() -> None:
+    # torch's weight pass would run a checkpointed stage's forward once per parameter group
+    from autosplit.planner.schedules import NO_RECOMPUTE
+
+    profile = _split(make_profile([1, 2, 4], EVEN, batch_size=8,
+                                  saved_bytes_per_sample=[100] * 8))
+    short = _choose(profile, memory_per_gpu=500)
+    for option in short.options:
+        if option.schedule in ("interleaved-zb", "zbv"):
+            assert option.why.endswith(NO_RECOMPUTE)
+            assert option.plan is None or not any(s.checkpoint for s in option.plan.stages)
+        elif option.plan is not None:
+            assert option.why == ""
+    assert any(s.checkpoint for s in short.best.stages) and short.best.schedule not in (
+        "interleaved-zb", "zbv")

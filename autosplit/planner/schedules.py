@@ -11,8 +11,10 @@ transient). The plan is the fastest over all of them (ties: smaller b, then the 
 
 What is not offered, and why (:attr:`ScheduleOption.why`): zero-bubble schedules when the
 profile has no input/weight split of the backward (``input_grad_ms``), checkpointing when it
-has no ``checkpoint_saved_bytes``, a (schedule, v) that torch's class refuses for (p, m), and
-more stages than blocks. Devices of different speeds or profiles are planned with GPipe and
+has no ``checkpoint_saved_bytes``, checkpointing with a split backward (:data:`NO_RECOMPUTE`:
+torch's weight pass runs the checkpointed forward again once per group of parameters it
+differentiates, so the stage's forward is paid many times over), a (schedule, v) that torch's
+class refuses for (p, m), and more stages than blocks. Devices of different speeds or profiles are planned with GPipe and
 1F1B only (:func:`autosplit.planner.plan`), as are layouts with replicas.
 """
 
@@ -44,6 +46,11 @@ JOINT_LIMIT_S = 60.0
 """Time limit (s) of one exact search (one schedule, v and b); reached: best found."""
 
 
+NO_RECOMPUTE = ("no recomputation: torch's weight pass would run a checkpointed stage's "
+                "forward again for each group of parameters")
+"""The note of a split-backward schedule, planned without recomputation."""
+
+
 @dataclass(frozen=True, slots=True)
 class ScheduleOption:
     """The best plan of one (schedule, v), or why it has none.
@@ -51,7 +58,8 @@ class ScheduleOption:
     Attributes:
         schedule: the schedule's name; v: stages per rank.
         plan: its best plan over cuts, b and recomputation, ``None`` when none.
-        why: why there is no plan (not offered, or nothing fits), else ``""``.
+        why: why there is no plan (not offered, or nothing fits), or what its search left
+            out (:data:`NO_RECOMPUTE`), else ``""``.
     """
 
     schedule: str
@@ -185,14 +193,16 @@ def plan_schedules(settings: PlanSettings, profile: Profile, sizes: list[int],
             except AutosplitError as exc:
                 refused.append(f"b = {profile.microbatch_sizes[k]}: {exc}")
                 continue
-            found = solve_joint(joint_problem(settings, profile, k, m), order, checkpointing,
-                                JOINT_LIMIT_S)
+            found = solve_joint(joint_problem(settings, profile, k, m), order,
+                                checkpointing and not order.splits_backward, JOINT_LIMIT_S)
             if found is not None and not found.proven:
                 unproven.append(profile.microbatch_sizes[k])
             if found is not None and (best is None or found.step_ms < best[0] * (1 - 1e-9)):
                 best = (found.step_ms, k, found)
+        note = NO_RECOMPUTE if checkpointing and schedule in SPLIT else ""
         if best is None:
-            why = why or (refused[0] if len(refused) == len(sizes) else "does not fit")
+            why = why or (refused[0] if len(refused) == len(sizes) else
+                          "; ".join(x for x in ("does not fit", note) if x))
             options.append(ScheduleOption(schedule, v, None, why))
             continue
         label = "joint search (schedule, v, cuts, b, recomputation; replay of torch's order)"
@@ -200,7 +210,7 @@ def plan_schedules(settings: PlanSettings, profile: Profile, sizes: list[int],
             label += (f" + search stopped after {JOINT_LIMIT_S:g} s at b = "
                       f"{', '.join(map(str, unproven))}: best found, not proven optimal")
         options.append(ScheduleOption(schedule, v, _assemble(
-            settings, profile, best[1], schedule, v, best[2], label, labels)))
+            settings, profile, best[1], schedule, v, best[2], label, labels), note))
     planned = [o.plan for o in options if o.plan is not None]
     if not planned:
         k = sizes[-1]
