@@ -9,11 +9,11 @@ Symbols: p stages, m micro-batches, b micro-batch size, B = m·b batch size, s s
   in p − 1 ticks and then emits one micro-batch per tick (GPipe, Huang et al. 2019, §2.3).
 * Memory of stage s (bytes) = parameters · (2 + optimizer state factor) (weights, gradients and
   the optimizer's state) + buffers + bytes saved for backward · micro-batches in flight
-  (GPipe: m; 1F1B: min(m, p − s)) + the transient: the most any one of its blocks needs
-  beyond what it saves while it runs a micro-batch (:func:`block_transient_bytes`), less what
-  the blocks after it in the stage save (not yet saved in its forward, freed before its
-  backward), and m receive buffers on each side of a cut between devices (the input and the
-  gradient of the output, one per micro-batch: torch.distributed.pipelining's).
+  (GPipe: m; 1F1B: min(m, p − s)) + m receive buffers at each of its cuts (its input, and
+  the gradient of its output: torch.distributed.pipelining allocates one per micro-batch) + the
+  transient: the most any one of its blocks needs beyond what it saves while it runs a
+  micro-batch (:func:`block_transient_bytes`), less what the blocks after it in the stage save
+  (not yet saved in its forward, freed before its backward).
 * Replicas (a layout of p stages × d data-parallel replicas, d | B): each replica of a stage
   runs B/d samples in micro-batches of b, then the stage's d replicas all-reduce its gradients
   (:func:`replica_sync_ms`). Step = pipeline step of B/d + the all-reduce of the stage with the

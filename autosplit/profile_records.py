@@ -73,8 +73,9 @@ class BlockProfile:
             one, weights reordered for the kernels). ``None`` for profiles that did not
             measure it (analytic ones, older ones, and older CPU ones).
         saved_shared_bytes: bytes of this block's inputs that it keeps for backward and that
-            the block producing them keeps too; a stage whose first block this is holds them
-            again (its received copy). ``None`` means zero.
+            the block producing them keeps too (a stage whose first block this is keeps them
+            in the buffers it receives them in, which the planner counts as such). ``None``
+            means zero.
         fwd_iqr_ms: interquartile range of the forward repeats at each size (ms): the spread
             of ``fwd_ms``; ``None`` for profiles that did not record it (older or analytic).
         bwd_iqr_ms: the same for ``bwd_ms``.

@@ -167,8 +167,7 @@ def _runner(config: Config, model: nn.Module, inputs: tuple[torch.Tensor, ...], 
             return time.perf_counter() - start
 
         return run_single
-    trainer = distributed.Trainer(model, config.plan, distributed.tutorial_loss,
-                        lambda params: torch.optim.SGD(params, lr=LR), device=device)
+    trainer = _trainer(config.plan, model, device)
 
     def run_pipeline() -> float:
         dist.barrier()
@@ -181,6 +180,12 @@ def _runner(config: Config, model: nn.Module, inputs: tuple[torch.Tensor, ...], 
         return time.perf_counter() - start
 
     return run_pipeline
+
+
+def _trainer(plan: Plan, model: nn.Module, device: torch.device) -> Any:
+    """This rank's ``Trainer`` of ``plan``: the tutorial's loss, SGD at its learning rate."""
+    return distributed.Trainer(model, plan, distributed.tutorial_loss,
+                               lambda params: torch.optim.SGD(params, lr=LR), device=device)
 
 
 def machine_cpu_seconds() -> tuple[float, float] | None:
@@ -337,8 +342,7 @@ def peak_memory(plan: Plan, model: nn.Module, inputs: tuple[torch.Tensor, ...], 
     gc.collect()
 
     def build_and_train() -> Any:
-        trainer = distributed.Trainer(model, plan, distributed.tutorial_loss,
-                                      lambda params: torch.optim.SGD(params, lr=LR), device=device)
+        trainer = _trainer(plan, model, device)
         for _ in range(steps):
             trainer.step(inputs if trainer.holds_first else None,
                          targets if trainer.holds_last else None)

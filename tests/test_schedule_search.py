@@ -33,7 +33,7 @@ def _random_problem(rng: random.Random, n: int, m: int, capacity: float | None) 
     return JointProblem(
         fwd_ms=row(0.1, 3), bwd_ms=tuple(a + b for a, b in zip(grad_in, grad_w)),
         input_grad_ms=grad_in, weight_grad_ms=grad_w, saved_bytes=row(1, 100),
-        first_bytes=row(0, 10), input_bytes=row(1, 20), static_bytes=row(1, 50),
+        input_bytes=row(1, 20), static_bytes=row(1, 50),
         comm_fwd_ms=row(0, 0.5, n - 1), comm_bwd_ms=row(0, 0.5, n - 1), m=m,
         capacity_bytes=None if capacity is None else (capacity, capacity),
         split_held_bytes=row(1, 150) if rng.random() < 0.7 else None,
@@ -201,7 +201,7 @@ def test_a_cut_between_ranks_costs_m_receive_buffers_on_each_side() -> None:
     def problem(cut_bytes: tuple[float, ...] | None) -> JointProblem:
         return JointProblem(
             fwd_ms=(1.0, 1.0), bwd_ms=(2.0, 2.0), input_grad_ms=None, weight_grad_ms=None,
-            saved_bytes=(10.0, 20.0), first_bytes=(0.0, 0.0), input_bytes=None,
+            saved_bytes=(10.0, 20.0), input_bytes=None,
             static_bytes=(100.0, 200.0), comm_fwd_ms=(0.0,), comm_bwd_ms=(0.0,), m=2,
             cut_bytes=cut_bytes)
 

@@ -5,17 +5,18 @@ For every searched (schedule, v) (:data:`SEARCHED`) and every measured b ≤ B, 
 of :func:`autosplit.solve.joint.solve_joint` finds the cuts into p·v stages and the stages to
 checkpoint with the smallest step of the replay of torch's own order
 (:mod:`autosplit.schedules`), within memory per rank: weights, gradients and optimizer state
-of the rank's stages + the replay's peak bytes in flight + the largest block output (the
-transient). The plan is the fastest over all of them (ties: smaller b, then the order of
-:data:`SEARCHED`); each schedule's best is kept for the "why" table.
+of the rank's stages + torch's receive buffers at its cuts + the replay's peak bytes in flight
++ what its stages need briefly (the transient, from the blocks' measured peaks). The plan is
+the fastest over all of them (ties: smaller b, then the order of :data:`SEARCHED`); each
+schedule's best is kept for the "why" table.
 
 What is not offered, and why (:attr:`ScheduleOption.why`): zero-bubble schedules when the
 profile has no input/weight split of the backward (``input_grad_ms``), checkpointing when it
 has no ``checkpoint_saved_bytes``, checkpointing with a split backward (:data:`NO_RECOMPUTE`:
 torch's weight pass runs the checkpointed forward again once per group of parameters it
 differentiates, so the stage's forward is paid many times over), a (schedule, v) that torch's
-class refuses for (p, m), and more stages than blocks. Devices of different speeds or profiles are planned with GPipe and
-1F1B only (:func:`autosplit.planner.plan`), as are layouts with replicas.
+class refuses for (p, m), and more stages than blocks. Devices of different speeds or profiles
+are planned with GPipe and 1F1B only (:func:`autosplit.planner.plan`), as are layouts with replicas.
 """
 
 from __future__ import annotations
@@ -99,9 +100,6 @@ def joint_problem(settings: PlanSettings, profile: Profile, k: int, m: int) -> J
         input_grad_ms=_row(blocks, "input_grad_ms", k) if split else None,
         weight_grad_ms=_row(blocks, "weight_grad_ms", k) if split else None,
         saved_bytes=tuple(float(b.saved_bytes[k]) for b in blocks),
-        # torch.distributed.pipelining receives each micro-batch into a buffer of its own, held
-        # all step (cut_bytes): a stage's received input is that buffer, not another copy
-        first_bytes=(0.0,) * len(blocks),
         cut_bytes=tuple(float(c.bytes[k]) for c in profile.cuts),
         input_bytes=(float(blocks[0].checkpoint_saved_bytes[k]),  # type: ignore[index]
                      *(float(c.bytes[k]) for c in profile.cuts)) if ckpt else None,

@@ -61,8 +61,6 @@ class JointProblem:
         input_grad_ms, weight_grad_ms: the backward's input and weight parts (ms), or
             ``None`` when not measured (then no schedule may split the backward).
         saved_bytes: bytes each block keeps for backward per micro-batch.
-        first_bytes: extra bytes a stage keeps when it starts at this block (its received
-            copy of inputs the previous stage keeps too).
         input_bytes: bytes a checkpointed stage that starts at this block keeps (its input),
             or ``None``: checkpointing is not offered.
         static_bytes: weights, gradients, optimizer state and buffers of each block (bytes).
@@ -72,9 +70,11 @@ class JointProblem:
         cut_bytes: bytes crossing the cut after each block per micro-batch (N − 1 entries), or
             ``None``. Given, a cut between stages on different ranks costs the receiving rank
             m buffers for the activations and the sending rank m buffers for their gradients,
-            held all step (torch.distributed.pipelining allocates one per micro-batch), and a
-            split backward's input pass leaves the gradient of the stage's input on its buffer
-            until the end of the step.
+            held all step (torch.distributed.pipelining allocates one per micro-batch; a
+            stage's received input is that buffer); what a stage sends is kept as the runtime
+            keeps it (:attr:`~autosplit.schedules.ScheduleOrder.holds_sends`), and a split
+            backward's input pass leaves the gradient of the stage's input on its buffer until
+            the end of the step.
         comm_fwd_ms, comm_bwd_ms: transfer over the cut after each block (N − 1 entries, ms).
         m: micro-batches.
         capacity_bytes: memory each rank may use for the above (bytes), or ``None``.
@@ -85,7 +85,6 @@ class JointProblem:
     input_grad_ms: tuple[float, ...] | None
     weight_grad_ms: tuple[float, ...] | None
     saved_bytes: tuple[float, ...]
-    first_bytes: tuple[float, ...]
     input_bytes: tuple[float, ...] | None
     static_bytes: tuple[float, ...]
     comm_fwd_ms: tuple[float, ...]
@@ -97,7 +96,7 @@ class JointProblem:
 
     def __post_init__(self) -> None:
         n = len(self.fwd_ms)
-        rows = [self.bwd_ms, self.saved_bytes, self.first_bytes, self.static_bytes,
+        rows = [self.bwd_ms, self.saved_bytes, self.static_bytes,
                 *(r for r in (self.input_grad_ms, self.weight_grad_ms, self.input_bytes,
                               self.split_held_bytes) if r)]
         if n < 1 or any(len(r) != n for r in rows):
@@ -105,7 +104,8 @@ class JointProblem:
         cuts = [self.comm_fwd_ms, self.comm_bwd_ms,
                 *(r for r in (self.cut_bytes,) if r is not None)]
         if any(len(r) != n - 1 for r in cuts):
-            raise InvalidInputError(f"comm rows need one entry per cut ({n - 1})")
+            raise InvalidInputError(f"comm_fwd_ms, comm_bwd_ms and cut_bytes need one entry "
+                                    f"per cut ({n - 1})")
         if (self.input_grad_ms is None) != (self.weight_grad_ms is None):
             raise InvalidInputError("input_grad_ms and weight_grad_ms go together")
 
@@ -150,11 +150,10 @@ def stage_costs(problem: JointProblem, balance: Sequence[int], checkpoint: Seque
         bwd_in, bwd_w = total(problem.input_grad_ms), total(problem.weight_grad_ms)
     else:
         bwd_in, bwd_w = total(problem.bwd_ms), (0.0,) * len(balance)
-    act = tuple(x + problem.first_bytes[a] for x, a in zip(total(problem.saved_bytes), starts))
+    act = total(problem.saved_bytes)
     keep = (0.0,) * len(balance) if problem.input_bytes is None else tuple(
         problem.input_bytes[a] for a in starts)
-    held = None if problem.split_held_bytes is None else tuple(
-        x + problem.first_bytes[a] for x, a in zip(total(problem.split_held_bytes), starts))
+    held = None if problem.split_held_bytes is None else total(problem.split_held_bytes)
     sent_out = sent_back = None
     if problem.cut_bytes is not None:  # only what crosses to another rank is sent
         sent_out = tuple(problem.cut_bytes[e - 1] if s + 1 < len(ends)
@@ -377,9 +376,9 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
         g, w = sums(problem.input_grad_ms), sums(problem.weight_grad_ms)  # type: ignore[arg-type]
     else:
         g, w = sums(problem.bwd_ms), np.zeros_like(f)
-    act = sums(problem.saved_bytes) + np.asarray(problem.first_bytes)[first]
+    act = sums(problem.saved_bytes)
     between = None if problem.split_held_bytes is None or not split else \
-        sums(problem.split_held_bytes) + np.asarray(problem.first_bytes)[first] - act
+        sums(problem.split_held_bytes) - act
     keep = np.zeros_like(act) if problem.input_bytes is None else np.asarray(
         problem.input_bytes, dtype=float)[first]
     place = np.asarray(order.stage_rank)
@@ -387,18 +386,18 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
     cut = end[:, :-1] - 1  # the block each cut follows
     hop_f = np.where(same, 0.0, np.asarray(problem.comm_fwd_ms, dtype=float)[cut])
     hop_b = np.where(same, 0.0, np.asarray(problem.comm_bwd_ms, dtype=float)[cut])
-    sent_out = sent_back = None
-    if problem.cut_bytes is not None:  # what each stage sends to another rank, per micro-batch
-        at_cut = np.asarray(problem.cut_bytes, dtype=float)[cut]  # C × (S − 1)
-        sent_out = np.hstack([at_cut * ~same, np.zeros((len(at_cut), 1))])
-        sent_back = np.hstack([np.zeros((len(at_cut), 1)), at_cut])
+    at_cut = sent_out = sent_back = None
+    if problem.cut_bytes is not None:  # per micro-batch, C × (S − 1)
+        at_cut = np.asarray(problem.cut_bytes, dtype=float)[cut]
+        sent_out = np.hstack([at_cut * ~same, np.zeros((len(at_cut), 1))])  # to another rank
+        sent_back = np.hstack([np.zeros((len(at_cut), 1)), at_cut])  # its input's gradient
     on = [place == r for r in range(order.p)]
     below = [np.arange(order.n) < np.flatnonzero(o).min() for o in on]
     model, sequence = _MemoryModel(order), _sequence(order)
     cap = None if problem.capacity_bytes is None else np.asarray(problem.capacity_bytes)
     static = sums(problem.static_bytes)
-    if problem.cut_bytes is not None:  # receive buffers on both sides of a cut between ranks
-        buffers = problem.m * np.asarray(problem.cut_bytes, dtype=float)[cut] * ~same
+    if at_cut is not None:  # receive buffers on both sides of a cut between ranks
+        buffers = problem.m * at_cut * ~same
         static[:, :-1] += buffers
         static[:, 1:] += buffers
     static_r = np.stack([static[:, o].sum(axis=1) for o in on], axis=1)
