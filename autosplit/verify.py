@@ -11,9 +11,11 @@ drift hits all of them alike, and rounds go on while a stage's interquartile ran
 
 Each plan is then predicted again by the same simulator (:mod:`autosplit.simulator`) from
 these stage times; transfers keep the plan's modelled link time. The whole model is timed in
-one piece too, for the "over one device" figure: on the whole batch at once on a CPU (as one
-device runs it; accumulating micro-batches would be slower there and flatter the pipeline),
-at the profile's best micro-batch size on a GPU.
+one piece too, for the "over one device" figure, the fastest way one device can run the
+batch: at the profile's best micro-batch size, accumulated, and on a CPU also on the whole
+batch at once (which of the two is faster depends on the machine: on one of the development
+machines the whole batch, on the other the micro-batches); on a GPU the whole batch may not
+fit.
 
 Spreads are relative: half the interquartile range over the median (a fraction).
 """
@@ -239,8 +241,9 @@ def verify_plans(
     ``block_sum_ms`` from the search and ``verified_spread``; ``predicted_step_ms`` is the
     schedule simulation of those times (plus the replicas' gradient all-reduce, from the cost
     model, for a plan with replicas), ``step_spread`` its spread (the simulation of every
-    stage at median ± spread), ``single_device_ms`` the whole model timed in one piece (the whole
-    batch on a CPU, the profile's best micro-batch size, accumulated, on a GPU), and ``verification`` says how. ``options`` are
+    stage at median ± spread), ``single_device_ms`` the whole model timed in one piece (the
+    faster of the profile's best micro-batch size, accumulated, and, on a CPU, the whole batch
+    at once), and ``verification`` says how. ``options`` are
     :func:`time_stages`'s keyword arguments.
 
     Raises:
@@ -252,13 +255,14 @@ def verify_plans(
         plan.check_model(graph.fingerprint, graph.model_name)
     n = len(graph.blocks)
     whole = _whole_batch_fits(example_inputs, options.get("device"))
-    singles = {}
+    singles: dict[str, list[StageRun]] = {}  # the ways one device may run each plan's batch
     for name, plan in plans.items():
         _, b_one = single_device_ms(profile, plan.batch_size)
-        if whole(plan.batch_size):
-            b_one = plan.batch_size  # one device runs the batch in one piece
-        singles[name] = (0, n, b_one)
-    runs = [r for plan in plans.values() for r in _stage_runs(plan)] + list(singles.values())
+        singles[name] = [(0, n, b_one)]
+        if whole(plan.batch_size) and b_one != plan.batch_size:
+            singles[name].append((0, n, plan.batch_size))
+    runs = [r for plan in plans.values() for r in _stage_runs(plan)]
+    runs += [r for ways in singles.values() for r in ways]
     times = time_stages(graph, example_inputs, runs, **{"loss": profile.loss, **options})
     rounds = min(t.rounds for t in times.values())
     distinct = len(dict.fromkeys(runs))
@@ -270,14 +274,14 @@ def verify_plans(
         sync = plan.replica_sync_ms if plan.replicas > 1 else 0.0  # not timed: the model's
         step = simulate_plan(mid).step_ms + sync
         spread = (simulate_plan(high).step_ms - simulate_plan(low).step_ms) / 2 / step
-        one = times[singles[name]]
-        m_one = math.ceil(plan.batch_size / singles[name][2])
+        one_ms, one = min(((math.ceil(plan.batch_size / r[2]) * times[r].compute_ms, times[r])
+                           for r in singles[name]), key=lambda way: way[0])
         p = len(plan.stages)
         out[name] = dataclasses.replace(
             mid,
             predicted_step_ms=step,
             step_spread=spread,
-            single_device_ms=m_one * one.compute_ms,
+            single_device_ms=one_ms,
             single_device_spread=one.spread,
             bound_step_ms=(plan.microbatches + p - 1)
             * max(s.compute_ms + s.send_ms for s in mid.stages),

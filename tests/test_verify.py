@@ -14,9 +14,9 @@ from models import LongSkip
 from torch import nn
 
 import autosplit
-from autosplit import measurement, profiler
-from autosplit.cli import main
+from autosplit import measurement, profiler, verify
 from autosplit.claims import ratio_with_spread, spread_text
+from autosplit.cli import main
 from autosplit.comparison import manual_plan
 from autosplit.cost import single_device_ms
 from autosplit.graph import trace
@@ -210,12 +210,36 @@ def test_verified_plans_record_their_stage_times(small, fake_clock) -> None:
         # the fake clock makes every forward and every backward last 1 s
         assert all(s.compute_ms == 2000.0 and s.forward_ms == 1000.0 for s in plan.stages)
         assert all(s.block_sum_ms is not None and s.verified_spread == 0.0 for s in plan.stages)
-        # one device runs the whole batch (8 samples, all in x) in one piece on a CPU
+        # one device: the faster of the whole batch (8 samples, all in x) in one piece on a
+        # CPU and the best micro-batch size accumulated — here the whole batch, one run of 2 s
         assert plan.batch_size == x.shape[0] and plan.single_device_ms == 2000.0
     # equal stage times: the step is the simulation of them, (m + p − 1) · 2 s for GPipe
     assert checked.predicted_step_ms == pytest.approx((checked.microbatches + 1) * 2000.0, abs=1)
     # the fewest micro-batches wins when every stage costs the same, whatever the block sums
     assert best.microbatches == min(c.microbatches for c in candidates)
+
+
+def test_one_device_is_the_faster_of_the_whole_batch_and_accumulated_micro_batches(
+        small, monkeypatch) -> None:
+    model, x, _ = small
+    prof = autosplit.profile(model, x, microbatch_sizes=[2, 4], warmup=0, repeats=1)
+    plan = autosplit.plan(prof, 2)
+    b_one = single_device_ms(prof, plan.batch_size)[1]
+    assert b_one < plan.batch_size == x.shape[0]
+    timed: list[tuple[int, int, int]] = []
+
+    def stage_times(graph, inputs, runs, **options):  # noqa: ARG001
+        timed.extend(runs)
+        # per sample, the whole batch at once costs 3 ms, smaller micro-batches 1 ms
+        return {r: verify.StageTime(r[2] * (3.0 if r[2] == plan.batch_size else 1.0) / 2,
+                                    r[2] * (3.0 if r[2] == plan.batch_size else 1.0) / 2,
+                                    0.0, 1) for r in runs}
+
+    monkeypatch.setattr(verify, "time_stages", stage_times)
+    verified = verify_plans(trace(model), x, prof, {"p": plan})["p"]
+    n = len(prof.blocks)
+    assert (0, n, b_one) in timed and (0, n, plan.batch_size) in timed  # both ways timed
+    assert verified.single_device_ms == pytest.approx(plan.batch_size * 1.0)  # accumulated
 
 
 def test_one_device_accumulates_where_the_examples_hold_less_than_the_batch(small,
