@@ -19,7 +19,7 @@ from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile
 from autosplit.schedules import torch_order
 from autosplit.simulator import simulate_plan
-from autosplit.solve.joint import JointProblem, brute_force_joint, solve_joint
+from autosplit.solve.joint import JointProblem, brute_force_joint, solve_joint, stage_costs
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-zb", 2), ("zbv", 2)]
@@ -30,6 +30,7 @@ def _random_problem(rng: random.Random, n: int, m: int, capacity: float | None) 
         return tuple(rng.uniform(low, high) for _ in range(k))
 
     grad_in, grad_w = row(0.1, 3), row(0.1, 3)
+    cut = row(0, 30, n - 1) if rng.random() < 0.7 else None
     return JointProblem(
         fwd_ms=row(0.1, 3), bwd_ms=tuple(a + b for a, b in zip(grad_in, grad_w)),
         input_grad_ms=grad_in, weight_grad_ms=grad_w, saved_bytes=row(1, 100),
@@ -37,7 +38,10 @@ def _random_problem(rng: random.Random, n: int, m: int, capacity: float | None) 
         comm_fwd_ms=row(0, 0.5, n - 1), comm_bwd_ms=row(0, 0.5, n - 1), m=m,
         capacity_bytes=None if capacity is None else (capacity, capacity),
         split_held_bytes=row(1, 150) if rng.random() < 0.7 else None,
-        cut_bytes=row(0, 30, n - 1) if rng.random() < 0.7 else None,
+        cut_bytes=cut, output_saved_bytes=None if cut is None or rng.random() < 0.3 else tuple(
+            rng.uniform(0, 1.2) * c for c in cut),
+        final_output_bytes=rng.uniform(0, 20), transient_bytes=row(0, 80)
+        if rng.random() < 0.7 else None,
     )
 
 
@@ -196,8 +200,9 @@ def test_cli_bad_schedule_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def test_a_cut_between_ranks_costs_m_receive_buffers_on_each_side() -> None:
     # 2 blocks on 2 ranks, GPipe, m = 2: rank 0 keeps its weights (100), 2 micro-batches of
-    # activations (2 × 10) and 2 buffers for the gradients coming back (2 × 7); rank 1 its
-    # weights (200), 2 × 20 and 2 buffers for the activations coming in (2 × 7)
+    # activations (2 × 10), their outputs in its stage's cache until their backwards (2 × 7)
+    # and 2 buffers for the gradients coming back (2 × 7); rank 1 its weights (200), 2 × 20
+    # and 2 buffers for the activations coming in (2 × 7)
     def problem(cut_bytes: tuple[float, ...] | None) -> JointProblem:
         return JointProblem(
             fwd_ms=(1.0, 1.0), bwd_ms=(2.0, 2.0), input_grad_ms=None, weight_grad_ms=None,
@@ -207,8 +212,8 @@ def test_a_cut_between_ranks_costs_m_receive_buffers_on_each_side() -> None:
 
     order = torch_order("gpipe", 2, 1, 2)
     with_buffers = solve_joint(problem((7.0,)), order)
-    assert with_buffers is not None and with_buffers.memory_bytes == (134.0, 254.0)
-    assert brute_force_joint(problem((7.0,)), order).memory_bytes == (134.0, 254.0)
+    assert with_buffers is not None and with_buffers.memory_bytes == (148.0, 254.0)
+    assert brute_force_joint(problem((7.0,)), order).memory_bytes == (148.0, 254.0)
     without = solve_joint(problem(None), order)
     assert without is not None and without.memory_bytes == (120.0, 240.0)
 
@@ -228,3 +233,21 @@ def test_split_backward_schedules_are_planned_without_recomputation() -> None:
             assert option.why == ""
     assert any(s.checkpoint for s in short.best.stages) and short.best.schedule not in (
         "interleaved-zb", "zbv")
+
+
+
+def test_the_first_stage_runs_its_backward_whole_in_the_weight_pass() -> None:
+    # torch's first stage has no input gradient to compute: its input pass does nothing and
+    # its weight pass is the whole backward (2 + 2 ms, not the split parts' 2.5 + 2.5), with
+    # nothing held in place of its activations in between
+    problem = JointProblem(
+        fwd_ms=(1.0,) * 5, bwd_ms=(2.0,) * 5, input_grad_ms=(0.0, 1.5, 1.5, 1.5, 1.5),
+        weight_grad_ms=(2.5, 1.0, 1.0, 1.0, 1.0), saved_bytes=(10.0,) * 5, input_bytes=None,
+        static_bytes=(0.0,) * 5, comm_fwd_ms=(0.0,) * 4, comm_bwd_ms=(0.0,) * 4, m=2,
+        split_held_bytes=(30.0,) * 5)
+    costs = stage_costs(problem, (2, 1, 1, 1), (False,) * 4, torch_order("zbv", 2, 2, 2))
+    assert costs.bwd_input_ms == (0.0, 1.5, 1.5, 1.5)
+    assert costs.bwd_weight_ms == (4.0, 1.0, 1.0, 1.0)
+    assert costs.split_held_bytes == (20.0, 30.0, 30.0, 30.0)
+    assert solve_joint(problem, torch_order("zbv", 2, 2, 2)) == brute_force_joint(
+        problem, torch_order("zbv", 2, 2, 2))

@@ -326,14 +326,48 @@ def test_costs_must_cover_every_stage_of_the_order() -> None:
 
 def test_what_the_runtime_sends_is_kept_until_it_waits_for_the_sends() -> None:
     # ScheduleGPipe waits for its backward sends at the end of the step, Schedule1F1B one
-    # step of its loop later (nothing kept), the action-list runtime for every send at the end
+    # step of its loop later (nothing kept), the action-list runtime for every send at the end;
+    # every runtime keeps a stage's output in its cache from the forward to the backward
     sends = {"output_bytes": (5.0, 0.0), "input_grad_bytes": (0.0, 3.0)}
     gpipe = simulate_schedule("gpipe", 2, 1, 2, costs(2, 1.0, 2.0, **sends))
-    assert gpipe.peak_bytes == (0.0, 6.0) and gpipe.memory[1][-1][1] == 6.0
-    assert simulate_schedule("1f1b", 2, 1, 2, costs(2, 1.0, 2.0, **sends)).peak_bytes == (0, 0)
+    # rank 0: both outputs cached after the forwards (10), gone after the backwards
+    assert gpipe.peak_bytes == (10.0, 6.0)
+    assert [curve[-1][1] for curve in gpipe.memory] == [0.0, 6.0]
+    one_f_one_b = simulate_schedule("1f1b", 2, 1, 2, costs(2, 1.0, 2.0, **sends))
+    assert one_f_one_b.peak_bytes == (10.0, 0.0)
+    assert [curve[-1][1] for curve in one_f_one_b.memory] == [0.0, 0.0]
     # interleaved 1F1B: stages 0, 2 on rank 0 and 1, 3 on rank 1; each forward but the last
     # stage's sends 1 byte, each backward but stage 0's sends 1 byte back: all kept
     interleaved = simulate_schedule("interleaved-1f1b", 2, 2, 2, costs(
         4, 1.0, 2.0, output_bytes=(1, 1, 1, 0), input_grad_bytes=(0, 1, 1, 1)))
     assert interleaved.peak_bytes == (6.0, 6.0)
     assert [curve[-1][1] for curve in interleaved.memory] == [6.0, 6.0]
+
+
+def test_an_output_the_stage_saves_is_counted_once() -> None:
+    # stage 0 saves 8 bytes per micro-batch, its whole output (5 bytes) among them: GPipe
+    # holds 2 × 8 after the forwards, not 2 × (8 + 5)
+    saved = {"activation_bytes": (8.0, 0.0), "output_bytes": (5.0, 0.0),
+             "output_saved_bytes": (5.0, 0.0)}
+    assert simulate_schedule("gpipe", 2, 1, 2, costs(2, 1.0, 2.0, **saved)).peak_bytes == \
+        (16.0, 0.0)
+    # the action-list runtime keeps what it sent until the step ends: the 5 output bytes of
+    # each of rank 0's 4 forwards (stages 0 and 2) and of rank 1's 2 (stage 1) outlive the
+    # activations; at most 4 × 8 on rank 0 while the activations are held
+    interleaved = simulate_schedule("interleaved-1f1b", 2, 2, 2, costs(
+        4, 1.0, 2.0, activation_bytes=(8, 8, 8, 0), output_bytes=(5, 5, 5, 0),
+        output_saved_bytes=(5, 5, 5, 0)))
+    assert interleaved.peak_bytes == (32.0, 16.0)
+    assert [curve[-1][1] for curve in interleaved.memory] == [20.0, 10.0]
+    with pytest.raises(InvalidInputError, match=r"output_saved_bytes\[0\] = 6"):
+        costs(2, 1.0, 1.0, activation_bytes=(8, 0), output_bytes=(5, 0),
+              output_saved_bytes=(6, 0))
+
+
+def test_a_backward_needs_its_transient_bytes_above_what_is_held_when_it_starts() -> None:
+    # GPipe, m = 2: rank 0 holds 2 × 8 when its first backward starts (16 + 3); rank 1 2 × 4
+    # (8 + 100); neither is held after the step
+    timeline = simulate_schedule("gpipe", 2, 1, 2, costs(
+        2, 1.0, 2.0, activation_bytes=(8.0, 4.0), transient_bytes=(3.0, 100.0)))
+    assert timeline.peak_bytes == (19.0, 108.0)
+    assert [max(level for _, level in curve) for curve in timeline.memory] == [16.0, 8.0]

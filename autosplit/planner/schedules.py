@@ -25,10 +25,10 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from autosplit.cost import optimizer_factor, single_device_ms, transfer_ms
+from autosplit.cost import block_transient_bytes, optimizer_factor, single_device_ms, transfer_ms
 from autosplit.errors import AutosplitError, InvalidInputError
 from autosplit.planner.assembly import explain_infeasible, shared_weights
-from autosplit.planner.problems import _copy_bytes, stage_transient_bytes, transient_bytes
+from autosplit.planner.problems import _copy_bytes
 from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile, Stage
 from autosplit.schedules import SPLIT_BACKWARD, torch_order
@@ -78,8 +78,9 @@ class ScheduleChoice:
 
 
 def joint_problem(settings: PlanSettings, profile: Profile, k: int, m: int) -> JointProblem:
-    """The numbers of size index k for :func:`solve_joint` (ms, bytes), capacity per rank
-    without the transient."""
+    """The numbers of size index k for :func:`solve_joint` (ms, bytes): each block's
+    transient need (:func:`~autosplit.cost.block_transient_bytes`) is part of the replay, so
+    the capacity is each device's whole memory."""
     blocks = profile.blocks
     factor = optimizer_factor(settings.optimizer)
     copies = _copy_bytes(profile)
@@ -87,10 +88,8 @@ def joint_problem(settings: PlanSettings, profile: Profile, k: int, m: int) -> J
     ckpt = all(b.checkpoint_saved_bytes is not None for b in blocks)
     half = tuple(transfer_ms(c.bytes[k], settings.bandwidth_bytes_per_s) / 2
                  for c in profile.cuts)
-    capacity = None
-    if settings.capacity_bytes is not None:
-        transient = transient_bytes(profile, k)
-        capacity = tuple(max(c - transient, 0.0) for c in settings.capacity_bytes)
+    capacity = None if settings.capacity_bytes is None else tuple(
+        float(c) for c in settings.capacity_bytes)
     return JointProblem(
         fwd_ms=tuple(b.fwd_ms[k] for b in blocks),
         bwd_ms=tuple(b.bwd_ms[k] for b in blocks),
@@ -103,9 +102,16 @@ def joint_problem(settings: PlanSettings, profile: Profile, k: int, m: int) -> J
         cut_bytes=tuple(float(c.bytes[k]) for c in profile.cuts),
         input_bytes=(float(blocks[0].checkpoint_saved_bytes[k]),  # type: ignore[index]
                      *(float(c.bytes[k]) for c in profile.cuts)) if ckpt else None,
-        static_bytes=tuple(float(b.param_bytes * factor + b.buffer_bytes + copies[i] * factor)
+        # the weight gradients come and go with each step (grad_bytes), the rest stays
+        static_bytes=tuple(float((b.param_bytes + copies[i]) * (factor - 1) + b.buffer_bytes)
                            for i, b in enumerate(blocks)),
+        grad_bytes=tuple(float(b.param_bytes + copies[i]) for i, b in enumerate(blocks)),
         comm_fwd_ms=half, comm_bwd_ms=half, m=m, capacity_bytes=capacity,
+        # what crosses a cut and a block after it saves was saved before it, by the sender
+        output_saved_bytes=tuple(float((b.saved_shared_bytes or (0,) * (k + 1))[k])
+                                 for b in blocks[1:]),
+        final_output_bytes=float(blocks[-1].output_bytes[k]),
+        transient_bytes=tuple(block_transient_bytes(b, k) for b in blocks),
     )
 
 
@@ -133,10 +139,6 @@ def _assemble(settings: PlanSettings, profile: Profile, k: int, schedule: str, v
     costs = stage_costs(problem, found.balance, found.checkpoint, order)
     bounds = [(sum(found.balance[:s]), sum(found.balance[:s + 1]))
               for s in range(len(found.balance))]
-    transient = [0.0] * p  # per rank: the most any block of its stages needs briefly
-    for s, (first, end) in enumerate(bounds):
-        rank = order.stage_rank[s]
-        transient[rank] = max(transient[rank], stage_transient_bytes(profile, k, first, end))
     names, stages, start = profile.block_names, [], 0
     for s, count in enumerate(found.balance):
         end, last = start + count, s == len(found.balance) - 1
@@ -147,7 +149,7 @@ def _assemble(settings: PlanSettings, profile: Profile, k: int, schedule: str, v
             forward_ms=costs.fwd_ms[s],
             send_bytes=0 if last else int(profile.cuts[end - 1].bytes[k]),
             send_ms=0.0 if last else 2 * costs.comm_fwd_ms[s],
-            memory_bytes=int(found.memory_bytes[rank] + transient[rank]),
+            memory_bytes=int(found.memory_bytes[rank]),
             checkpoint=found.checkpoint[s], weight_grad_ms=costs.bwd_weight_ms[s]))
         start = end
     shared = shared_weights(settings, profile, bounds)

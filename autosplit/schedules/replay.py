@@ -28,11 +28,25 @@ kept over that interval, and the recomputed activations ``activation_bytes[s]`` 
 the start of the backward (``B`` or ``I``) until the same end. Between the two passes of a split
 backward, ``[I.end, W.end)``, the activations give way to what the weight pass needs,
 ``split_held_bytes[s]`` (the activations the weight gradients read and the intermediate
-gradients torch keeps for them). What a stage sends is held until the step ends where the
-runtime waits for its sends only then (:attr:`ScheduleOrder.holds_sends`): the output of each
-forward, ``output_bytes[s]``, and the gradient of the input of each backward (``B`` or ``I``),
-``input_grad_bytes[s]``; a split backward's input pass also leaves that gradient on the buffer
-the input was received in (its ``.grad``) until the step ends, whatever the runtime.
+gradients torch keeps for them).
+
+A stage's output, ``output_bytes[s]`` (the last stage's: the model's output), is kept by
+torch's stage from the end of its forward until the end of its backward (``B`` or ``I``: the
+stage's ``fwd_cache``), and, where the next stage is on another rank and the runtime waits for
+its sends only when the step ends (:attr:`ScheduleOrder.holds_sends`), until the step ends.
+The part of it the stage saves for backward anyway, ``output_saved_bytes[s]`` (an output its
+last layer keeps, as a ReLU does), is counted once: within the activations while they are
+held, then by the send. The gradient of the input of each backward (``B`` or ``I``),
+``input_grad_bytes[s]``, is held until the step ends where the runtime keeps its backward
+sends so; a split backward's input pass also leaves that gradient on the buffer the input was
+received in (its ``.grad``) until the step ends, whatever the runtime.
+
+A backward (``B`` or ``I``) needs ``transient_bytes[s]`` more while it runs, above what the
+rank holds when it starts (the gradients and temporaries of its layers); that is part of the
+peak, not of the level after it. The stage's weight gradients, ``grad_bytes[s]``, are there
+from the end of its first action that computes them (``B``, or ``W`` when split) until the
+step ends: a step starts without them (``zero_grad(set_to_none=True)``, as
+:class:`autosplit.distributed.Trainer` does).
 """
 
 from __future__ import annotations
@@ -45,7 +59,7 @@ from autosplit import checks
 from autosplit.errors import ArgumentTypeError, InvalidInputError
 from autosplit.schedules.torch_order import Kind, ScheduleOrder, torch_order
 
-__all__ = ["StageCosts", "TimedAction", "Timeline", "replay", "simulate_schedule"]
+__all__ = ["StageCosts", "TimedAction", "Timeline", "replay", "sends_held", "simulate_schedule"]
 
 
 def _per(
@@ -74,9 +88,16 @@ class StageCosts:
         split_held_bytes: bytes a micro-batch holds between the input and the weight pass of
             a split backward, in place of ``activation_bytes`` (bytes); default: the same as
             ``activation_bytes``.
-        output_bytes: bytes each forward sends to the next stage (bytes); default 0 each.
+        output_bytes: bytes of each stage's output, what it sends to the next stage (the last
+            stage's: the model's output) (bytes); default 0 each.
+        output_saved_bytes: the part of ``output_bytes`` within ``activation_bytes`` (bytes,
+            at most either); default 0 each.
         input_grad_bytes: bytes each backward sends to the previous stage, the gradient of
             the stage's input (bytes); default 0 each.
+        transient_bytes: bytes a backward of the stage needs briefly above what the rank
+            holds when it starts (bytes); default 0 each.
+        grad_bytes: bytes of the stage's weight gradients, allocated by its first weight
+            gradient pass of the step (bytes); default 0 each.
 
     Raises:
         ArgumentTypeError, InvalidInputError: a value that is not a finite number ≥ 0, or a
@@ -94,6 +115,9 @@ class StageCosts:
     split_held_bytes: tuple[float, ...] | None = None
     output_bytes: tuple[float, ...] | None = None
     input_grad_bytes: tuple[float, ...] | None = None
+    output_saved_bytes: tuple[float, ...] | None = None
+    transient_bytes: tuple[float, ...] | None = None
+    grad_bytes: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         fwd = _per("fwd_ms", self.fwd_ms, None, "stage", "ms")
@@ -106,12 +130,19 @@ class StageCosts:
             ("bwd_weight_ms", n, "stage", "ms"), ("activation_bytes", n, "stage", "bytes"),
             ("input_bytes", n, "stage", "bytes"), ("output_bytes", n, "stage", "bytes"),
             ("input_grad_bytes", n, "stage", "bytes"),
+            ("output_saved_bytes", n, "stage", "bytes"), ("transient_bytes", n, "stage", "bytes"),
+            ("grad_bytes", n, "stage", "bytes"),
             ("comm_fwd_ms", n - 1, "cut", "ms"),
             ("comm_bwd_ms", n - 1, "cut", "ms"),
         ):
             given = getattr(self, name)
             fields[name] = (0.0,) * length if given is None else _per(name, given, length, per,
                                                                       unit)
+        for s, (out, saved) in enumerate(zip(fields["output_bytes"], fields["output_saved_bytes"])):
+            if saved > min(out, fields["activation_bytes"][s]) * (1 + 1e-12):
+                raise InvalidInputError(
+                    f"output_saved_bytes[{s}] = {saved} is more than output_bytes[{s}] or "
+                    f"activation_bytes[{s}]: it is the part of the output the stage saves")
         fields["split_held_bytes"] = fields["activation_bytes"] if self.split_held_bytes is None \
             else _per("split_held_bytes", self.split_held_bytes, n, "stage", "bytes")
         flags = (False,) * n if self.checkpoint is None else checks.sequence_of(
@@ -267,33 +298,48 @@ def _memory(
 
     Changes are applied in each rank's execution order (an action's start, then its end), so
     at equal times a free at one action's end comes before an allocation at the next one's
-    start, and the peak counts bytes held even for an instant (a zero-time action).
+    start, and the peak counts bytes held even for an instant (a zero-time action) and a
+    backward's transient bytes on top of what is held when it starts.
     """
     last = {(a.stage, a.microbatch): a.kind for row in order.actions for a in row
             if a.kind in ("B", "W")}
-    fwd_held, bwd_held = order.holds_sends
+    sent = sends_held(order)
+    bwd_held = order.holds_sends[1]
     curves, peaks = [], []
     for row in timed:
         held = peak = 0.0
+        graded: set[int] = set()  # stages whose weight gradients this step has made
         curve = [(0.0, 0.0)]
         for t in row:
             s = t.stage
             ckpt = costs.checkpoint[s]  # type: ignore[index]
             act = costs.activation_bytes[s]  # type: ignore[index]
+            out = costs.output_bytes[s]  # type: ignore[index]
+            both = 0.0 if ckpt else costs.output_saved_bytes[s]  # type: ignore[index]
             kept = costs.input_bytes[s] if ckpt else act  # type: ignore[index]
             between = costs.split_held_bytes[s] - act  # type: ignore[index]
             changes: list[tuple[float, float]] = []
-            if ckpt and t.kind in ("B", "I"):
-                changes.append((t.start_ms, act))  # the recomputed activations
+            if t.kind in ("B", "I"):
+                if ckpt:
+                    changes.append((t.start_ms, act))  # the recomputed activations
+                brief = costs.transient_bytes[s]  # type: ignore[index]
+                peak = max(peak, held + (act if ckpt else 0.0) + brief)
             end = 0.0  # every change at the action's end, as one
             if t.kind == "F":
-                end += kept + (costs.output_bytes[s] if fwd_held else 0.0)  # type: ignore[index]
+                end += kept + out - both  # the output: in the stage's cache, or sent
             elif t.kind == "I" or (t.kind == "B" and bwd_held):
                 end += costs.input_grad_bytes[s]  # type: ignore[index]  # kept until the end
+            if t.kind in ("B", "I") and not sent[s]:
+                end -= out - both  # the stage's cache lets the output go
             if t.kind == "I":
                 end += between  # what the weight pass needs instead of the activations
+            if t.kind in ("B", "W") and s not in graded:
+                graded.add(s)
+                end += costs.grad_bytes[s]  # type: ignore[index]  # until the step ends
             if t.kind != "F" and last[s, t.microbatch] == t.kind:
                 end -= kept + (act if ckpt else 0.0) + (between if t.kind == "W" else 0.0)
+                if sent[s]:
+                    end += both  # the send still holds the part of the output saved
             if end:
                 changes.append((t.end_ms, end))
             for when, delta in changes:
@@ -306,3 +352,10 @@ def _memory(
         curves.append(tuple(curve))
         peaks.append(peak)
     return tuple(curves), tuple(peaks)
+
+
+def sends_held(order: ScheduleOrder) -> tuple[bool, ...]:
+    """Per stage: whether its output goes to a stage on another rank by a send that the
+    runtime holds until the step ends (:attr:`ScheduleOrder.holds_sends`)."""
+    place, held = order.stage_rank, order.holds_sends[0]
+    return tuple(held and s + 1 < order.n and place[s] != place[s + 1] for s in range(order.n))

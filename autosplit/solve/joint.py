@@ -3,7 +3,9 @@
 Symbols: N blocks, p ranks, v stages per rank, S = p·v stages, m micro-batches, s a stage,
 r a rank, c_s ∈ {0, 1} whether stage s is checkpointed. Per stage, summed over its blocks
 (ms per micro-batch): F_s forward, B_s full backward, I_s / W_s its input / weight parts
-(zero-bubble schedules); a checkpointed stage recomputes F_s in its backward.
+(zero-bubble schedules); a checkpointed stage recomputes F_s in its backward. The first
+stage's input needs no gradient, so torch's stage runs its whole backward in the weight pass:
+I_0 = 0, W_0 = B_0, and nothing is held in place of its activations between the two.
 
 The objective is the step of :func:`autosplit.schedules.replay` on the schedule's own order
 (:class:`~autosplit.schedules.ScheduleOrder`) for the stage costs of a balance (blocks per
@@ -11,7 +13,8 @@ stage) and a checkpoint mask, among those whose memory fits every rank:
 
     memory_r = Σ_{s on r} static_s + m · (bytes of each cut between ranks that r sends or
                receives: torch's receive buffers) + peak in-flight bytes of rank r (the
-               replay's ``peak_bytes``)
+               replay's ``peak_bytes``: activations, outputs and gradients held, and a
+               backward's transient bytes while it runs)
 
 The in-flight bytes depend only on the rank's action order, not on the times (a rank runs one
 action at a time), so :class:`_MemoryModel` evaluates them exactly and vectorised over every
@@ -37,13 +40,19 @@ import itertools
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from autosplit.errors import InvalidInputError
-from autosplit.schedules.replay import StageCosts, replay
+from autosplit.schedules.replay import replay
 from autosplit.schedules.torch_order import ScheduleOrder
+from autosplit.solve.in_flight import InFlight, stage_transients
+from autosplit.solve.joint_problem import (
+    JointProblem,
+    JointSolution,
+    rank_static_bytes,
+    stage_costs,
+)
 
 __all__ = ["JointProblem", "JointSolution", "brute_force_joint", "solve_joint", "stage_costs"]
 
@@ -52,145 +61,11 @@ MAX_BALANCES = 2_000_000
 """More balances than this are not enumerated (:class:`InvalidInputError`)."""
 
 
-@dataclass(frozen=True, slots=True)
-class JointProblem:
-    """The numbers of one micro-batch size; every row has one entry per block (N).
-
-    Attributes:
-        fwd_ms, bwd_ms: forward and full backward time of each block (ms per micro-batch).
-        input_grad_ms, weight_grad_ms: the backward's input and weight parts (ms), or
-            ``None`` when not measured (then no schedule may split the backward).
-        saved_bytes: bytes each block keeps for backward per micro-batch.
-        input_bytes: bytes a checkpointed stage that starts at this block keeps (its input),
-            or ``None``: checkpointing is not offered.
-        static_bytes: weights, gradients, optimizer state and buffers of each block (bytes).
-        split_held_bytes: bytes each block holds between the input and the weight pass of a
-            split backward, per micro-batch (in place of its ``saved_bytes``), or ``None``:
-            the same as ``saved_bytes``.
-        cut_bytes: bytes crossing the cut after each block per micro-batch (N − 1 entries), or
-            ``None``. Given, a cut between stages on different ranks costs the receiving rank
-            m buffers for the activations and the sending rank m buffers for their gradients,
-            held all step (torch.distributed.pipelining allocates one per micro-batch; a
-            stage's received input is that buffer); what a stage sends is kept as the runtime
-            keeps it (:attr:`~autosplit.schedules.ScheduleOrder.holds_sends`), and a split
-            backward's input pass leaves the gradient of the stage's input on its buffer until
-            the end of the step.
-        comm_fwd_ms, comm_bwd_ms: transfer over the cut after each block (N − 1 entries, ms).
-        m: micro-batches.
-        capacity_bytes: memory each rank may use for the above (bytes), or ``None``.
-    """
-
-    fwd_ms: tuple[float, ...]
-    bwd_ms: tuple[float, ...]
-    input_grad_ms: tuple[float, ...] | None
-    weight_grad_ms: tuple[float, ...] | None
-    saved_bytes: tuple[float, ...]
-    input_bytes: tuple[float, ...] | None
-    static_bytes: tuple[float, ...]
-    comm_fwd_ms: tuple[float, ...]
-    comm_bwd_ms: tuple[float, ...]
-    m: int
-    capacity_bytes: tuple[float, ...] | None = None
-    split_held_bytes: tuple[float, ...] | None = None
-    cut_bytes: tuple[float, ...] | None = None
-
-    def __post_init__(self) -> None:
-        n = len(self.fwd_ms)
-        rows = [self.bwd_ms, self.saved_bytes, self.static_bytes,
-                *(r for r in (self.input_grad_ms, self.weight_grad_ms, self.input_bytes,
-                              self.split_held_bytes) if r)]
-        if n < 1 or any(len(r) != n for r in rows):
-            raise InvalidInputError(f"every per-block row needs {n} ≥ 1 entries")
-        cuts = [self.comm_fwd_ms, self.comm_bwd_ms,
-                *(r for r in (self.cut_bytes,) if r is not None)]
-        if any(len(r) != n - 1 for r in cuts):
-            raise InvalidInputError(f"comm_fwd_ms, comm_bwd_ms and cut_bytes need one entry "
-                                    f"per cut ({n - 1})")
-        if (self.input_grad_ms is None) != (self.weight_grad_ms is None):
-            raise InvalidInputError("input_grad_ms and weight_grad_ms go together")
-
-    @property
-    def n(self) -> int:
-        """Number of blocks N."""
-        return len(self.fwd_ms)
-
-
-@dataclass(frozen=True, slots=True)
-class JointSolution:
-    """The best balance and checkpoint mask of one schedule order.
-
-    Attributes:
-        balance: blocks per stage (S entries); checkpoint: per stage.
-        step_ms: the replayed step (ms); memory_bytes: per rank, static + peak in flight.
-        proven: ``False`` when the time limit stopped the search (best found).
-    """
-
-    balance: tuple[int, ...]
-    checkpoint: tuple[bool, ...]
-    step_ms: float
-    memory_bytes: tuple[float, ...]
-    proven: bool = True
-
-
-def stage_costs(problem: JointProblem, balance: Sequence[int], checkpoint: Sequence[bool],
-                order: ScheduleOrder) -> StageCosts:
-    """The replay's :class:`StageCosts` of ``balance`` for ``order`` (its split backward; with
-    ``cut_bytes``, what each stage sends forward to a stage on another rank and the gradient of
-    its input, which it sends back or passes to its predecessor on the same rank)."""
-    split = order.splits_backward
-    place = order.stage_rank
-    ends = list(itertools.accumulate(balance))
-    starts = [0, *ends[:-1]]
-
-    def total(row: Sequence[float]) -> tuple[float, ...]:
-        return tuple(math.fsum(row[a:b]) for a, b in zip(starts, ends))
-
-    if split:
-        assert problem.input_grad_ms is not None and problem.weight_grad_ms is not None
-        bwd_in, bwd_w = total(problem.input_grad_ms), total(problem.weight_grad_ms)
-    else:
-        bwd_in, bwd_w = total(problem.bwd_ms), (0.0,) * len(balance)
-    act = total(problem.saved_bytes)
-    keep = (0.0,) * len(balance) if problem.input_bytes is None else tuple(
-        problem.input_bytes[a] for a in starts)
-    held = None if problem.split_held_bytes is None else total(problem.split_held_bytes)
-    sent_out = sent_back = None
-    if problem.cut_bytes is not None:  # only what crosses to another rank is sent
-        sent_out = tuple(problem.cut_bytes[e - 1] if s + 1 < len(ends)
-                         and place[s] != place[s + 1] else 0.0 for s, e in enumerate(ends))
-        # the gradient of a stage's input, sent back or (next to its predecessor) passed on
-        sent_back = tuple(problem.cut_bytes[a - 1] if s else 0.0 for s, a in enumerate(starts))
-    return StageCosts(
-        fwd_ms=total(problem.fwd_ms), bwd_input_ms=bwd_in, bwd_weight_ms=bwd_w,
-        activation_bytes=act, input_bytes=keep, checkpoint=tuple(bool(c) for c in checkpoint),
-        comm_fwd_ms=tuple(problem.comm_fwd_ms[e - 1] for e in ends[:-1]),
-        comm_bwd_ms=tuple(problem.comm_bwd_ms[e - 1] for e in ends[:-1]),
-        split_held_bytes=held, output_bytes=sent_out, input_grad_bytes=sent_back,
-    )
-
-
-def _rank_static(problem: JointProblem, balance: Sequence[int], stage_rank: Sequence[int],
-                 p: int) -> list[float]:
-    """Bytes each rank holds all step: its blocks' ``static_bytes`` and, with ``cut_bytes``,
-    m receive buffers on each side of every cut between ranks."""
-    out = [0.0] * p
-    start = 0
-    for s, count in enumerate(balance):
-        out[stage_rank[s]] += math.fsum(problem.static_bytes[start:start + count])
-        start += count
-        if problem.cut_bytes is not None and s + 1 < len(balance) \
-                and stage_rank[s] != stage_rank[s + 1]:
-            buffers = problem.m * problem.cut_bytes[start - 1]
-            out[stage_rank[s]] += buffers  # the gradients coming back
-            out[stage_rank[s + 1]] += buffers  # the activations coming in
-    return out
-
-
 def _replayed(problem: JointProblem, order: ScheduleOrder, balance: Sequence[int],
               mask: Sequence[bool]) -> tuple[float, tuple[float, ...]]:
     """Replayed step (ms) and memory per rank (bytes) of one candidate."""
     timeline = replay(order, stage_costs(problem, balance, mask, order))
-    static = _rank_static(problem, balance, order.stage_rank, order.p)
+    static = rank_static_bytes(problem, balance, order.stage_rank, order.p)
     return timeline.step_ms, tuple(a + b for a, b in zip(static, timeline.peak_bytes))
 
 
@@ -227,63 +102,6 @@ def brute_force_joint(problem: JointProblem, order: ScheduleOrder,
             if _fits(problem, memory) and _better(step, key, best):
                 best, found = (step, key), JointSolution(balance, mask, step, memory)
     return found
-
-
-class _MemoryModel:
-    """Peak in-flight bytes per rank for many candidates at once (see the module docstring).
-
-    For each rank, after every change the replay applies, the number of micro-batches holding
-    each stage's saved bytes (``held``: from the end of F to the end of the last backward),
-    recomputed activations (``recomputing``: from the start of B/I to that end), what the
-    weight pass needs in their place (``between``: from the end of I to the end of W), and
-    what was sent and is kept until the step ends (:attr:`ScheduleOrder.holds_sends`):
-    ``sent_out``, forwards ended, and ``sent_back``, input gradients (every I; every B where
-    the runtime keeps its backward sends)."""
-
-    def __init__(self, order: ScheduleOrder) -> None:
-        last = {(a.stage, a.microbatch): a.kind for row in order.actions for a in row
-                if a.kind in ("B", "W")}
-        fwd_held, bwd_held = order.holds_sends
-        self.rows: list[tuple[np.ndarray, ...]] = []
-        for row in order.actions:
-            counts = np.zeros((5, order.n))  # held, recomputing, between, sent out, sent back
-            snaps = [counts.copy()]
-            for a in row:
-                s = a.stage
-                if a.kind in ("B", "I"):
-                    counts[1, s] += 1
-                    snaps.append(counts.copy())
-                if a.kind == "F":
-                    counts[0, s] += 1
-                    counts[3, s] += fwd_held
-                elif a.kind == "I":
-                    counts[2, s] += 1
-                    counts[4, s] += 1
-                elif a.kind == "B":
-                    counts[4, s] += bwd_held
-                if a.kind != "F" and last[s, a.microbatch] == a.kind:
-                    counts[0, s] -= 1
-                    counts[1, s] -= 1
-                    if a.kind == "W":
-                        counts[2, s] -= 1
-                snaps.append(counts.copy())
-            stacked = np.array(snaps)
-            self.rows.append(tuple(stacked[:, j] for j in range(5)))
-
-    def peaks(self, kept: np.ndarray, recomputed: np.ndarray, between: np.ndarray | None = None,
-              sent_out: np.ndarray | None = None, sent_back: np.ndarray | None = None
-              ) -> np.ndarray:
-        """C × S bytes per micro-batch → C × p peak bytes: ``kept``, ``recomputed``,
-        ``between`` (the split backward's held bytes less the activations), ``sent_out`` and
-        ``sent_back`` (what each stage sends forward and backward; the last three default 0)."""
-        out = []
-        for h, r, w, f, g in self.rows:
-            level = kept @ h.T + recomputed @ r.T
-            for row, counts in ((between, w), (sent_out, f), (sent_back, g)):
-                if row is not None:
-                    level = level + row @ counts.T
-            out.append(np.max(level, axis=1))
-        return np.stack(out, axis=1)
 
 
 def _balances(n: int, s: int) -> np.ndarray:
@@ -372,13 +190,19 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
         return prefix[end] - prefix[first]
 
     f = sums(problem.fwd_ms)
+    act = sums(problem.saved_bytes)
+    between = None
     if split:
         g, w = sums(problem.input_grad_ms), sums(problem.weight_grad_ms)  # type: ignore[arg-type]
+        g[:, 0], w[:, 0] = 0.0, sums(problem.bwd_ms)[:, 0]  # the first stage: one weight pass
+        if problem.split_held_bytes is not None:
+            between = sums(problem.split_held_bytes) - act
+            if problem.cut_bytes is not None:  # the gradients between the stage's blocks
+                inner = np.concatenate([[0.0], np.cumsum(problem.cut_bytes)])
+                between += inner[end - 1] - inner[first]
+            between[:, 0] = 0.0
     else:
         g, w = sums(problem.bwd_ms), np.zeros_like(f)
-    act = sums(problem.saved_bytes)
-    between = None if problem.split_held_bytes is None or not split else \
-        sums(problem.split_held_bytes) - act
     keep = np.zeros_like(act) if problem.input_bytes is None else np.asarray(
         problem.input_bytes, dtype=float)[first]
     place = np.asarray(order.stage_rank)
@@ -386,14 +210,22 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
     cut = end[:, :-1] - 1  # the block each cut follows
     hop_f = np.where(same, 0.0, np.asarray(problem.comm_fwd_ms, dtype=float)[cut])
     hop_b = np.where(same, 0.0, np.asarray(problem.comm_bwd_ms, dtype=float)[cut])
-    at_cut = sent_out = sent_back = None
+    at_cut = sent_back = None
+    output = np.full(act.shape, float(problem.final_output_bytes))  # each stage's, C × S
+    saved_out = np.zeros(act.shape)  # the part of it the stage saves anyway
     if problem.cut_bytes is not None:  # per micro-batch, C × (S − 1)
         at_cut = np.asarray(problem.cut_bytes, dtype=float)[cut]
-        sent_out = np.hstack([at_cut * ~same, np.zeros((len(at_cut), 1))])  # to another rank
+        output[:, :-1] = at_cut
+        if problem.output_saved_bytes is not None:
+            saved_out[:, :-1] = np.asarray(problem.output_saved_bytes, dtype=float)[cut]
+            saved_out = np.minimum(np.minimum(saved_out, output), act)
         sent_back = np.hstack([np.zeros((len(at_cut), 1)), at_cut])  # its input's gradient
+    sent = np.append(~same, False) & order.holds_sends[0]  # outputs held until the step ends
+    running = stage_transients(problem, first, end, output)
+    grads = None if problem.grad_bytes is None else sums(problem.grad_bytes)
     on = [place == r for r in range(order.p)]
     below = [np.arange(order.n) < np.flatnonzero(o).min() for o in on]
-    model, sequence = _MemoryModel(order), _sequence(order)
+    model, sequence = InFlight(order), _sequence(order)
     cap = None if problem.capacity_bytes is None else np.asarray(problem.capacity_bytes)
     static = sums(problem.static_bytes)
     if at_cut is not None:  # receive buffers on both sides of a cut between ranks
@@ -410,8 +242,10 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
             break
         c = np.asarray(mask, dtype=float)
         recompute = f * c
-        memory = static_r + model.peaks(act * (1 - c) + keep * c, act * c, between,
-                                        sent_out, sent_back)
+        both = saved_out * (1 - c)  # counted once: in the activations, then by the send
+        memory = static_r + model.peaks(act * (1 - c) + keep * c - both * sent, act * c,
+                                        between, output * sent, sent_back, running,
+                                        (output - both) * ~sent, grads)
         ok = np.ones(len(f), bool) if cap is None else np.all(memory <= cap * (1 + 1e-12), 1)
         work = problem.m * (f + g + w + recompute)
         bound = np.sum(f + g + recompute, axis=1)
