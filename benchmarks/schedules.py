@@ -7,8 +7,9 @@ search of ``schedule="auto"`` (``autosplit.planner.schedules.plan_schedules``: s
 per rank, cuts, micro-batch size and per-stage recomputation) gives the best plan of every
 schedule, and autosplit's choice is the fastest; the hand split (examples/resnet50.py's, GPipe,
 split 20) is scored on the same profile. Every plan's stages are then timed as they run
-(``autosplit.verify.verify_plans``) and its step predicted again from them. Measured
-interleaved on 2 gloo ranks (``harness.py``: a ``Trainer`` per rank on torch's own schedule
+(``autosplit.verify.verify_plans``) and its step predicted again from them. Measured right
+after (each model's plans measured before the next model is profiled, so that the machine's
+drift between prediction and measurement is that of minutes), interleaved on 2 gloo ranks (``harness.py``: a ``Trainer`` per rank on torch's own schedule
 classes, rounds A B … B A after a warm-up round, a timing disturbed by other processes taken
 again). A memory-limited case plans again with each device's memory set below what the hand
 split with GPipe needs, and reports what autosplit chooses then (predicted).
@@ -143,7 +144,9 @@ def plan_row(plan: Plan, block_sums: Plan, names: Sequence[str]) -> dict[str, An
 
 def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
     started = time.perf_counter()
-    models, groups = [], []
+    models: list[dict[str, Any]] = []
+    results: dict[str, Any] = {}
+    measure_s = 0.0
     for case in cases:
         print(f"{case.label} ({case.spec.describe}): profile, plan, verify …", flush=True)
         found = plans_of(case, args)
@@ -160,13 +163,14 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
                        "plan_and_verify_s": found["plan_and_verify_s"], "plans": rows,
                        "not_offered": found["why"], "limited": found["limited"],
                        "backward_split": found["backward_split"]})
-        groups.append(Group(case.label, case.spec, configs, rounds=args.rounds, warmup=1,
-                            max_others=args.max_others, retries=args.retries, memory=True))
-    print(f"planned in {time.perf_counter() - started:.0f} s; measuring "
-          f"{sum(len(g.configs) for g in groups)} configurations …", flush=True)
-    start = time.perf_counter()
-    results = measure(groups, nprocs=2, backend="gloo", timeout_s=args.timeout)
-    measure_s = time.perf_counter() - start
+        group = Group(case.label, case.spec, configs, rounds=args.rounds, warmup=1,
+                      max_others=args.max_others, retries=args.retries, memory=True)
+        # measured right after its plans were verified: the machine's drift between the
+        # prediction and the measurement is that of a few minutes, not of the whole run
+        print(f"  measuring {len(configs)} configurations …", flush=True)
+        start = time.perf_counter()
+        results.update(measure([group], nprocs=2, backend="gloo", timeout_s=args.timeout))
+        measure_s += time.perf_counter() - start
     for m in models:
         got = results[m["model"]]
         m["measured"] = {label: {**spread(t), "seconds": t} for label, t in got["times"].items()}
