@@ -187,6 +187,10 @@ class Profile:
             of the nearest of them, scaled by the ratio of the block's ``bwd_ms``),
             ``"estimated"`` (analytic profiles: see :mod:`autosplit.analytic`), or ``""``
             (not recorded: older profiles).
+        action_ms: what torch's pipeline runtime costs per action beyond the stages' compute,
+            per schedule, measured on this machine's backend (``(schedule, ms)`` pairs,
+            :func:`autosplit.runtime_cost.measure_action_ms`); empty when not measured (then
+            0 is assumed).
     """
 
     model: str
@@ -207,6 +211,7 @@ class Profile:
     loss: str = "none"
     allreduce_bytes_per_s: float | None = None
     backward_split: str = ""
+    action_ms: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         checked(self, lambda p: check_profile(

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autosplit.errors import PlanMismatchError
+from autosplit.plan_blocks import check_plan_blocks
 from autosplit.plan_text import plan_text, summary_lines
 from autosplit.profile_records import (
     BlockProfile,
@@ -37,7 +38,6 @@ from autosplit.record_json import FORMAT_VERSION, load_record, save_record
 from autosplit.units import format_bytes, format_ms
 from autosplit.validation import (
     check_plan,
-    check_plan_blocks,
     check_shared_weight,
     check_stage,
     checked,
@@ -191,6 +191,9 @@ class Plan:
         devices_per_node: G of the topology planned for, ``None`` without one.
         stages_per_rank: v, the stages each pipeline rank holds (stage s on rank s mod p/v;
             ZB-V and DualPipeV place them in a V); 1: one stage per rank.
+        action_ms: what torch's pipeline runtime costs per action beyond the stages' compute
+            (ms, ``Profile.action_ms`` of the plan's schedule), in every action of the
+            predicted step; 0 when not measured (plans saved before this field load with 0).
     """
 
     model: str
@@ -218,6 +221,7 @@ class Plan:
     placement: str = ""
     devices_per_node: int | None = None
     stages_per_rank: int = 1
+    action_ms: float = 0.0
 
     def __post_init__(self) -> None:
         checked(self, lambda p: check_plan(

@@ -239,7 +239,8 @@ def simulate_plan(plan: Plan) -> SimResult:
     activations going forward, half for the gradients coming back).
 
     GPipe and 1F1B with one stage per device and no checkpointed stage: :func:`simulate`.
-    Any other plan: the replay of torch's own order (:func:`autosplit.schedules.replay`),
+    Any other plan (or one with a runtime cost per action, ``Plan.action_ms``): the replay
+    of torch's own order (:func:`autosplit.schedules.replay`),
     one row of ``events`` per rank (``I`` and ``W`` shown as ``"B"``), each stage's
     recomputation and split backward (``Stage.weight_grad_ms``) included.
 
@@ -249,7 +250,7 @@ def simulate_plan(plan: Plan) -> SimResult:
     """
     checks.instance_of("plan", plan, Plan, "an autosplit Plan")
     comm = [s.send_ms / 2 for s in plan.stages[:-1]]
-    if (plan.schedule not in SIMULATED or plan.stages_per_rank > 1
+    if (plan.schedule not in SIMULATED or plan.stages_per_rank > 1 or plan.action_ms > 0
             or any(s.checkpoint for s in plan.stages)):
         return _replayed(plan, comm)
     return simulate(
@@ -273,7 +274,7 @@ def _replayed(plan: Plan, comm: list[float]) -> SimResult:
                            for s in plan.stages),
         bwd_weight_ms=tuple(s.weight_grad_ms for s in plan.stages),
         checkpoint=tuple(s.checkpoint for s in plan.stages),
-        comm_fwd_ms=tuple(comm), comm_bwd_ms=tuple(comm),
+        comm_fwd_ms=tuple(comm), comm_bwd_ms=tuple(comm), action_ms=plan.action_ms,
     )
     timeline = simulate_schedule(plan.schedule, len(plan.stages) // v, v, plan.microbatches,
                                  costs)

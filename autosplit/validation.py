@@ -17,7 +17,7 @@ import reprlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from autosplit.errors import InvalidInputError, PlanMismatchError
+from autosplit.errors import InvalidInputError
 
 __all__ = [
     "KNOWN_SCHEDULES",
@@ -46,7 +46,6 @@ __all__ = [
     "check_stage",
     "check_shared_weight",
     "check_plan",
-    "check_plan_blocks",
 ]
 
 KNOWN_SCHEDULES = ("gpipe", "1f1b", "looped-bfs", "interleaved-1f1b", "interleaved-zb", "zbv",
@@ -140,6 +139,22 @@ def check_ms(value: Any, path: str, what: str = "times") -> None:
                                 "finite numbers ≥ 0")
     if not (math.isfinite(value) and value >= 0):
         raise RecordError(path, f"is {value}: {what} must be finite and ≥ 0")
+
+
+def _check_action_ms(pairs: Any) -> None:
+    """``(schedule, ms)`` pairs: each a known schedule once, with a finite number ≥ 0."""
+    if not isinstance(pairs, tuple):
+        raise RecordError("action_ms", f"is {show(pairs)}: expected a list of pairs")
+    seen = set()
+    for i, pair in enumerate(pairs):
+        where = f"action_ms[{i}]"
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise RecordError(where, f"is {show(pair)}: expected [schedule, ms]")
+        check_choice(pair[0], f"{where}[0]", KNOWN_SCHEDULES)
+        if pair[0] in seen:
+            raise RecordError(f"{where}[0]", f"is {pair[0]!r} again: one entry per schedule")
+        seen.add(pair[0])
+        check_ms(pair[1], f"{where}[1]")
 
 
 def _check_bandwidth(value: Any, path: str) -> None:
@@ -293,6 +308,7 @@ def check_profile(p: Any, *, block_type: type, cut_type: type, device_type: type
     check_ms(p.seconds, "seconds")
     _check_bandwidth(p.allreduce_bytes_per_s, "allreduce_bytes_per_s")
     check_text(p.backward_split, "backward_split", empty=True)
+    _check_action_ms(p.action_ms)
     split = [b.input_grad_ms is None for b in p.blocks] + [
         b.weight_grad_ms is None for b in p.blocks]
     if len(set(split)) > 1:
@@ -371,7 +387,8 @@ def check_plan(p: Any, *, stage_type: type, weight_type: type) -> None:
         raise RecordError("stages_per_rank", f"is {p.stages_per_rank}: it must divide the "
                                              f"{len(p.stages)} stages")
     check_choice(p.optimizer, "optimizer", KNOWN_OPTIMIZERS)
-    for field in ("predicted_step_ms", "single_device_ms", "bound_step_ms", "replica_sync_ms"):
+    for field in ("predicted_step_ms", "single_device_ms", "bound_step_ms", "replica_sync_ms",
+                  "action_ms"):
         check_ms(getattr(p, field), field)
     _check_bandwidth(p.allreduce_bytes_per_s, "allreduce_bytes_per_s")
     check_choice(p.placement, "placement", ("", "pp-inner", "dp-inner"))
@@ -404,45 +421,3 @@ def is_a(cls: type) -> Callable[[Any, str], None]:
             raise RecordError(path, f"is {show(value)}: expected a {cls.__name__}")
 
     return check
-
-
-def check_plan_blocks(stages: Sequence[Any], block_names: Sequence[str], model: str = "") -> None:
-    """Raise :class:`PlanMismatchError` unless the ``stages``' blocks, concatenated in order,
-    are exactly ``block_names`` (the traced model's blocks); ``model`` names it in messages.
-
-    The message names the stage and the block: one the model does not have, one held twice,
-    one out of order, or a model block that no stage holds.
-    """
-    names = list(block_names)
-    known = set(names)
-    planned = {name for stage in stages for name in stage.blocks}
-    fix = ": make a new plan for this model"
-    of = f"the model{' ' + model if model else ''}"
-    held: dict[str, int] = {}
-    pos = 0
-    for stage in stages:
-        s = stage.index
-        for name in stage.blocks:
-            if name not in known:
-                raise PlanMismatchError(f"stage {s} holds block {name!r}, which {of} does "
-                                        f"not have (its blocks: {show(names)}){fix}")
-            if name in held:
-                raise PlanMismatchError(f"stage {s} holds block {name!r} again (stage "
-                                        f"{held[name]} holds it){fix}")
-            held[name] = s
-            expected = names[pos]  # pos < len(names): the names so far are distinct and known
-            if name != expected and expected not in planned:
-                raise PlanMismatchError(f"block {expected!r} of {of} is in no stage (stage "
-                                        f"{s} holds {name!r} in its place){fix}")
-            if name != expected:
-                raise PlanMismatchError(f"stage {s} holds block {name!r} where {of} has "
-                                        f"{expected!r}: the plan's blocks are out of "
-                                        f"order{fix}")
-            pos += 1
-    if pos < len(names):
-        missing, last = names[pos:], stages[-1]
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise PlanMismatchError(
-            f"block {missing[0]!r}{more} of {of} is in no stage (the last, stage "
-            f"{last.index}, ends with {last.blocks[-1]!r}){fix}"
-        )

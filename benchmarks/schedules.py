@@ -30,6 +30,7 @@ predicted peak memory per rank within 10 % of the measured peak.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -52,6 +53,7 @@ from autosplit.planner.schedules import plan_schedules
 from autosplit.planner.search import candidate_sizes
 from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile
+from autosplit.runtime_cost import measure_action_ms
 from autosplit.verify import verify_plans
 
 AUTO, HAND, LIMITED = "autosplit", "hand split (GPipe)", "autosplit, memory-limited"
@@ -103,6 +105,8 @@ def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     include = [case.hand[1]] if case.hand is not None else []
     profile = autosplit.profile(model, inputs, include=include, microbatch_sizes=args.sizes,
                                 budget_s=args.profile_budget)
+    # the runtime's cost per action, measured as `autosplit plan` measures it
+    profile = dataclasses.replace(profile, action_ms=measure_action_ms())
     profile_s = time.perf_counter() - start
     best, by_schedule, why = schedule_plans(profile)
     others: dict[str, Plan] = {AUTO: best, **by_schedule}
@@ -121,7 +125,8 @@ def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     verified = verify_plans(graph, inputs, profile, others, budget_s=args.verify_budget)
     return {"plans": verified, "block_sums": others, "why": why, "limited": limited,
             "profile_s": profile_s, "plan_and_verify_s": time.perf_counter() - start - profile_s,
-            "names": profile.block_names, "backward_split": profile.backward_split}
+            "names": profile.block_names, "backward_split": profile.backward_split,
+            "action_ms": dict(profile.action_ms)}
 
 
 def rank_memory(plan: Plan, ranks: int = 2) -> list[int]:
@@ -162,7 +167,8 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
                        "profile_s": found["profile_s"],
                        "plan_and_verify_s": found["plan_and_verify_s"], "plans": rows,
                        "not_offered": found["why"], "limited": found["limited"],
-                       "backward_split": found["backward_split"]})
+                       "backward_split": found["backward_split"],
+                       "action_ms": found["action_ms"]})
         group = Group(case.label, case.spec, configs, rounds=args.rounds, warmup=1,
                       max_others=args.max_others, retries=args.retries, memory=True)
         # measured right after its plans were verified: the machine's drift between the
@@ -269,6 +275,9 @@ def markdown(data: dict[str, Any]) -> str:
                            f"{lim['hand_needs_bytes'] / 2**20:.0f} MiB: {what}.")]
         if "vs_hand" in m:
             lines += ["", f"autosplit's choice: ×{m['vs_hand']:.2f} the hand split, measured."]
+        cost = ", ".join(f"{k} {v:.2f} ms" for k, v in m.get("action_ms", {}).items())
+        lines += ["", (f"Runtime cost per action, measured (`autosplit.runtime_cost`) and in "
+                       f"every prediction: {cost or 'not measured'}.")]
         lines += ["", (f"Backward split: {m['backward_split'] or 'none'}. Profile "
                        f"{m['profile_s']:.0f} s, plan and verification "
                        f"{m['plan_and_verify_s']:.0f} s. {load_sentence(m['load'])}")]

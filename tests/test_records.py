@@ -154,6 +154,7 @@ PLAN_CASES = {
     "stage not an object": (_set("stages[0]", 3), "stages[0] is 3: expected an object"),
     "blocks a string": (_set("stages[0].blocks", "block0"), "stages[0].blocks is 'block0'"),
     "nested list": (_set("stages[0].blocks", [[["block0"]]]), "stages[0].blocks[0] is"),
+    "negative action cost": (_set("action_ms", -1.0), "action_ms is -1.0"),
 }
 
 PROFILE_CASES = {
@@ -177,6 +178,13 @@ PROFILE_CASES = {
     "repeated size": (_set("microbatch_sizes", [1, 2, 2]), "microbatch_sizes is [1, 2, 2]"),
     "no sizes": (_set("microbatch_sizes", []), "microbatch_sizes is empty"),
     "batch size 0": (_set("batch_size", 0), "batch_size is 0"),
+    "unknown schedule's action cost": (_set("action_ms", [["zigzag", 1.0]]),
+                                       "action_ms[0][0] is 'zigzag'"),
+    "negative action cost": (_set("action_ms", [["gpipe", -1.0]]), "action_ms[0][1] is -1.0"),
+    "action cost twice": (_set("action_ms", [["gpipe", 1.0], ["gpipe", 2.0]]),
+                          "action_ms[1][0] is 'gpipe' again"),
+    "action cost not a pair": (_set("action_ms", [["gpipe", 1.0, 2.0]]),
+                               "action_ms[0] has 3 items: expected 2"),
     "missing cut": (_drop_last_cut, "cuts has 2 entries for 4 blocks"),
     "cut number": (_set("cuts[1].index", 5), "cuts[1].index is 5"),
     "repeated block name": (_set("blocks[2].name", "block0"),

@@ -101,7 +101,8 @@ def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, cons
 
 def _with_allreduce(prof: Profile, stages: int, console: Console) -> Profile:
     """``prof`` with the measured all-reduce bandwidth of 2 local ranks (gloo between CPU
-    workers, NCCL between GPUs), when planning for more than one device."""
+    workers, NCCL between GPUs) and, between CPU workers, the pipeline runtime's cost per
+    action (:mod:`autosplit.runtime_cost`), when planning for more than one device."""
     import dataclasses
 
     import torch
@@ -114,7 +115,15 @@ def _with_allreduce(prof: Profile, stages: int, console: Console) -> Profile:
     backend = "gloo between 2 CPU workers" if prof.device.kind == "cpu" else "NCCL, 2 GPUs"
     console.print(f"measured DDP's gradient all-reduce ({backend}, 32 MiB): "
                   f"{width / 1e9:.2f} GB/s bus bandwidth")
-    return dataclasses.replace(prof, allreduce_bytes_per_s=width)
+    prof = dataclasses.replace(prof, allreduce_bytes_per_s=width)
+    if prof.device.kind != "cpu":  # measured between CPU workers (gloo) only, so far
+        return prof
+    from autosplit.runtime_cost import measure_action_ms
+
+    cost = measure_action_ms()
+    console.print("measured torch's pipeline runtime per action (gloo, 2 CPU workers): "
+                  + ", ".join(f"{name} {ms:.2f} ms" for name, ms in cost))
+    return dataclasses.replace(prof, action_ms=cost)
 
 
 def profile_for(args: argparse.Namespace, source: Any, model: Any, inputs: Any,

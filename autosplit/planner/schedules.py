@@ -4,9 +4,11 @@ Symbols: p ranks, v stages per rank, p·v stages, b the micro-batch size, m = ce
 For every searched (schedule, v) (:data:`SEARCHED`) and every measured b ≤ B, the exact search
 of :func:`autosplit.solve.joint.solve_joint` finds the cuts into p·v stages and the stages to
 checkpoint with the smallest step of the replay of torch's own order
-(:mod:`autosplit.schedules`), within memory per rank: weights, gradients and optimizer state
-of the rank's stages + torch's receive buffers at its cuts + the replay's peak bytes in flight
-+ what its stages need briefly (the transient, from the blocks' measured peaks). The plan is
+(:mod:`autosplit.schedules`, every action with the runtime's measured cost per action of that
+schedule, ``Profile.action_ms``), within memory per rank: weights and optimizer state of the
+rank's stages + torch's receive buffers at its cuts + the replay's peak bytes in flight
+(activations, outputs, gradients, and a backward's transient on top of what is held when it
+starts, from the blocks' measured peaks). The plan is
 the fastest over all of them (ties: smaller b, then the order of :data:`SEARCHED`); each
 schedule's best is kept for the "why" table.
 
@@ -31,6 +33,7 @@ from autosplit.planner.assembly import explain_infeasible, shared_weights
 from autosplit.planner.problems import _copy_bytes
 from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile, Stage
+from autosplit.runtime_cost import action_ms_for
 from autosplit.schedules import SPLIT_BACKWARD, torch_order
 from autosplit.solve.joint import JointProblem, JointSolution, solve_joint, stage_costs
 
@@ -162,6 +165,7 @@ def _assemble(settings: PlanSettings, profile: Profile, k: int, schedule: str, v
         single_device_ms=single, solver=label, candidates=sizes, profile=profile.describe(),
         memory_limit_bytes=None if capacity is None else int(min(capacity)),
         optimizer=settings.optimizer, shared=shared, stages_per_rank=v,
+        action_ms=action_ms_for(profile.action_ms, schedule),
     )
 
 
@@ -193,8 +197,10 @@ def plan_schedules(settings: PlanSettings, profile: Profile, sizes: list[int],
             except AutosplitError as exc:
                 refused.append(f"b = {profile.microbatch_sizes[k]}: {exc}")
                 continue
-            found = solve_joint(joint_problem(settings, profile, k, m), order,
-                                checkpointing and not order.splits_backward, JOINT_LIMIT_S)
+            problem = dataclasses.replace(joint_problem(settings, profile, k, m),
+                                          action_ms=action_ms_for(profile.action_ms, schedule))
+            found = solve_joint(problem, order, checkpointing and not order.splits_backward,
+                                JOINT_LIMIT_S)
             if found is not None and not found.proven:
                 unproven.append(profile.microbatch_sizes[k])
             if found is not None and (best is None or found.step_ms < best[0] * (1 - 1e-9)):

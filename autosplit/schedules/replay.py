@@ -98,6 +98,8 @@ class StageCosts:
             holds when it starts (bytes); default 0 each.
         grad_bytes: bytes of the stage's weight gradients, allocated by its first weight
             gradient pass of the step (bytes); default 0 each.
+        action_ms: what the runtime costs per action beyond the stage's compute (ms, in every
+            action's duration; :mod:`autosplit.runtime_cost`); default 0.
 
     Raises:
         ArgumentTypeError, InvalidInputError: a value that is not a finite number ≥ 0, or a
@@ -118,6 +120,7 @@ class StageCosts:
     output_saved_bytes: tuple[float, ...] | None = None
     transient_bytes: tuple[float, ...] | None = None
     grad_bytes: tuple[float, ...] | None = None
+    action_ms: float = 0.0
 
     def __post_init__(self) -> None:
         fwd = _per("fwd_ms", self.fwd_ms, None, "stage", "ms")
@@ -147,6 +150,7 @@ class StageCosts:
             else _per("split_held_bytes", self.split_held_bytes, n, "stage", "bytes")
         flags = (False,) * n if self.checkpoint is None else checks.sequence_of(
             "checkpoint", self.checkpoint, _flag, length=n, per="stage")
+        fields["action_ms"] = checks.non_negative_finite("action_ms", self.action_ms, "ms")
         for name, value in {**fields, "checkpoint": flags}.items():
             object.__setattr__(self, name, value)
 
@@ -156,14 +160,15 @@ class StageCosts:
         return len(self.fwd_ms)
 
     def duration_ms(self, kind: Kind, s: int) -> float:
-        """Time of one action of ``kind`` on stage s (ms), recomputation included."""
+        """Time of one action of ``kind`` on stage s (ms), recomputation and the runtime's
+        cost per action included."""
         recompute = self.fwd_ms[s] if self.checkpoint[s] else 0.0  # type: ignore[index]
         if kind == "F":
-            return self.fwd_ms[s]
+            return self.fwd_ms[s] + self.action_ms
         if kind == "W":
-            return self.bwd_weight_ms[s]  # type: ignore[index]
+            return self.bwd_weight_ms[s] + self.action_ms  # type: ignore[index]
         full = self.bwd_weight_ms[s] if kind == "B" else 0.0  # type: ignore[index]
-        return recompute + self.bwd_input_ms[s] + full
+        return recompute + self.bwd_input_ms[s] + full + self.action_ms
 
 
 def _flag(name: str, value: object) -> bool:

@@ -23,7 +23,8 @@ balance. The search:
 * enumerates every balance (numpy, C(N−1, S−1) of them) and every checkpoint mask (no mask
   when checkpointing is not offered), keeping those that fit;
 * bounds each from below by the larger of (a) the busiest rank, max_r (head_r + m · Σ_{s on r}
-  (F_s + D_s + c_s F_s) + tail_r), with D_s = B_s (or I_s + W_s when the backward is split),
+  (F_s + D_s + c_s F_s) + tail_r), with D_s = B_s (or I_s + W_s when the backward is split;
+  F_s and B_s or I_s each with the runtime's cost per action, ``action_ms``),
   head_r = Σ_{s < s_min(r)} F_s (rank r's first forward waits for the stages before it) and,
   for schedules that do not split the backward, tail_r = Σ_{s < s_min(r)} (B_s + c_s F_s)
   (its last backward still has to reach stage 0), and (b) one micro-batch's round trip
@@ -247,20 +248,22 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
                                         between, output * sent, sent_back, running,
                                         (output - both) * ~sent, grads)
         ok = np.ones(len(f), bool) if cap is None else np.all(memory <= cap * (1 + 1e-12), 1)
-        work = problem.m * (f + g + w + recompute)
-        bound = np.sum(f + g + recompute, axis=1)
+        # every micro-batch has an F and a B or I on each stage, each with the runtime's cost
+        fo, go, o = f + problem.action_ms, g + problem.action_ms, problem.action_ms
+        work = problem.m * (fo + go + w + recompute)
+        bound = np.sum(fo + go + recompute, axis=1)
         for r in range(order.p):
-            rank = work[:, on[r]].sum(axis=1) + (f * below[r]).sum(axis=1)
+            rank = work[:, on[r]].sum(axis=1) + (fo * below[r]).sum(axis=1)
             if not split:
-                rank = rank + ((g + recompute) * below[r]).sum(axis=1)
+                rank = rank + ((go + recompute) * below[r]).sum(axis=1)
             bound = np.maximum(bound, rank)
         if best is not None:
             ok &= bound <= best[0] * (1 + TIE_RTOL)
         rows = np.flatnonzero(ok)
         if not len(rows):
             continue
-        dur = {"F": f[rows], "W": w[rows], "I": recompute[rows] + g[rows],
-               "B": recompute[rows] + g[rows] + w[rows]}
+        dur = {"F": fo[rows], "W": w[rows] + o, "I": recompute[rows] + go[rows],
+               "B": recompute[rows] + go[rows] + w[rows]}
         steps = _steps(order, sequence, dur, hop_f[rows], hop_b[rows])
         low = steps.min()
         row = int(rows[np.flatnonzero(steps <= low * (1 + TIE_RTOL))[0]])

@@ -64,6 +64,8 @@ class JointProblem:
         grad_bytes: bytes of each block's weight gradients (N entries), there from the end
             of its stage's first weight-gradient pass of the step (B, or W when split) until
             the step ends; or ``None``: counted in ``static_bytes``.
+        action_ms: what the runtime costs per action beyond the compute (ms; in every F, B,
+            I and W of the replay, :mod:`autosplit.runtime_cost`).
     """
 
     fwd_ms: tuple[float, ...]
@@ -83,6 +85,7 @@ class JointProblem:
     final_output_bytes: float = 0.0
     transient_bytes: tuple[float, ...] | None = None
     grad_bytes: tuple[float, ...] | None = None
+    action_ms: float = 0.0
 
     def __post_init__(self) -> None:
         n = len(self.fwd_ms)
@@ -101,6 +104,9 @@ class JointProblem:
             raise InvalidInputError("output_saved_bytes goes with cut_bytes")
         if (self.input_grad_ms is None) != (self.weight_grad_ms is None):
             raise InvalidInputError("input_grad_ms and weight_grad_ms go together")
+        if not (math.isfinite(self.action_ms) and self.action_ms >= 0):
+            raise InvalidInputError(f"action_ms must be a finite number ≥ 0, got "
+                                    f"{self.action_ms}")
 
     @property
     def n(self) -> int:
@@ -169,6 +175,7 @@ def stage_costs(problem: JointProblem, balance: Sequence[int], checkpoint: Seque
         transient_bytes=tuple(stage_transient(problem, a, e, o)
                               for a, e, o in zip(starts, ends, out)),
         grad_bytes=None if problem.grad_bytes is None else total(problem.grad_bytes),
+        action_ms=problem.action_ms,
     )
 
 

@@ -1,0 +1,86 @@
+"""The pipeline runtime's cost per action: fitted through the replay, measured on 2 ranks, and
+in every action of the plans that the schedule search makes and verifies."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from autosplit import simulator
+from autosplit.planner.schedules import plan_schedules
+from autosplit.planner.search import candidate_sizes
+from autosplit.planner.settings import PlanSettings
+from autosplit.runtime_cost import MEASURED, action_ms_for, fit_action_ms, measure_action_ms
+from autosplit.schedules import StageCosts, simulate_schedule, torch_order
+from autosplit.solve.joint import JointProblem, brute_force_joint, solve_joint
+from synthetic import make_profile
+
+
+def test_every_action_costs_the_runtime_once() -> None:
+    # GPipe, 2 stages, m = 2, F = 1, B = 2, 0.5 ms per action: rank 0 F F (0–3), rank 1 F
+    # after rank 0's first (1.5–3), F (3–4.5), B (4.5–7), B (7–9.5); rank 0's backwards wait for
+    # rank 1's: B (7–9.5), B (9.5–12)
+    costs = StageCosts((1.0, 1.0), (2.0, 2.0), action_ms=0.5)
+    timeline = simulate_schedule("gpipe", 2, 1, 2, costs)
+    assert timeline.step_ms == pytest.approx(12.0)
+    assert [(a.kind, a.start_ms, a.end_ms) for a in timeline.actions[1]] == [
+        ("F", 1.5, 3.0), ("F", 3.0, 4.5), ("B", 4.5, 7.0), ("B", 7.0, 9.5)]
+
+
+@pytest.mark.parametrize(("schedule", "v"), MEASURED)
+def test_the_fitted_cost_replays_the_measured_step(schedule: str, v: int) -> None:
+    o = fit_action_ms(schedule, v, 8, 30.0)
+    n = 2 * v
+    split = schedule in ("interleaved-zb", "zbv")
+    zero = (0.0,) * n
+    costs = StageCosts(zero, zero, zero, action_ms=o)
+    assert simulate_schedule(schedule, 2, v, 8, costs).step_ms == pytest.approx(30.0)
+    # more actions per micro-batch (I and W), or more stages per rank: a smaller cost each
+    assert o < fit_action_ms("gpipe", 1, 8, 30.0) or (not split and v == 1)
+
+
+def test_the_search_with_a_cost_per_action_equals_brute_force() -> None:
+    rng = random.Random(7)
+    for schedule, v in MEASURED:
+        n, m = 6, 4
+        order = torch_order(schedule, 2, v, m)
+        row = lambda: tuple(rng.uniform(0.1, 3) for _ in range(n))  # noqa: E731
+        grad_in, grad_w = row(), row()
+        problem = JointProblem(
+            fwd_ms=row(), bwd_ms=tuple(a + b for a, b in zip(grad_in, grad_w)),
+            input_grad_ms=grad_in, weight_grad_ms=grad_w, saved_bytes=row(), input_bytes=row(),
+            static_bytes=row(), comm_fwd_ms=row()[:n - 1], comm_bwd_ms=row()[:n - 1], m=m,
+            action_ms=rng.uniform(0.5, 2.0))
+        ckpt = not order.splits_backward
+        found, oracle = solve_joint(problem, order, ckpt), brute_force_joint(problem, order, ckpt)
+        assert found is not None and oracle is not None
+        assert found.step_ms == pytest.approx(oracle.step_ms, rel=1e-9)
+        assert (found.balance, found.checkpoint) == (oracle.balance, oracle.checkpoint)
+        cheaper = solve_joint(dataclasses.replace(problem, action_ms=0.0), order, ckpt)
+        assert cheaper is not None and cheaper.step_ms < found.step_ms
+
+
+def test_plans_carry_the_cost_and_predict_with_it() -> None:
+    prof = make_profile([2, 4], [[1.0, 1.0]] * 6, batch_size=8)
+    costly = dataclasses.replace(prof, action_ms=(("gpipe", 3.0), ("1f1b", 2.0)))
+    settings = PlanSettings.check(costly, 2, schedule="auto")
+    sizes = candidate_sizes(costly, None, settings.batch_size, "the batch")
+    choice = plan_schedules(settings, costly, sizes, (("gpipe", 1), ("1f1b", 1)))
+    free = plan_schedules(PlanSettings.check(prof, 2, schedule="auto"), prof, sizes,
+                          (("gpipe", 1), ("1f1b", 1)))
+    for option, plain in zip(choice.options, free.options):
+        assert option.plan is not None and plain.plan is not None
+        assert option.plan.action_ms == action_ms_for(costly.action_ms, option.schedule)
+        # the plan's own prediction is the simulation of the plan, with the cost in it
+        assert simulator.simulate_plan(option.plan).step_ms == pytest.approx(
+            option.plan.predicted_step_ms)
+        assert option.plan.predicted_step_ms > plain.plan.predicted_step_ms
+
+
+def test_measured_on_two_ranks() -> None:
+    # tiny stages on 2 gloo ranks: every schedule's step takes time, so each action costs some
+    measured = dict(measure_action_ms())
+    assert set(measured) == {schedule for schedule, _ in MEASURED}
+    assert all(0.0 < ms < 1000.0 for ms in measured.values())
