@@ -13,7 +13,9 @@ thread); for each profile the plans below, predicted by autosplit from that prof
   autosplit's best candidate by block sums;
 * one device (predicted: the verification's whole-model timing).
 
-Every distinct plan of every profile is then trained for real, one process per stage
+Every distinct plan of every profile is then trained for real, right after the model's
+profiles (before the next model is profiled: less drift between prediction and measurement),
+one process per stage
 (``harness.py``: two gloo ranks, GPipe, interleaved rounds A B … B A after a warm-up round, a
 timing disturbed by other processes taken again). Reported: the median and p90 of
 |predicted − measured| / measured over every (profile, plan); each profile's predicted ratio
@@ -147,7 +149,9 @@ def predicted_ms(model: dict[str, Any], label: str) -> float:
 def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
     device = torch.device("cpu")
     started = time.perf_counter()
-    models, groups = [], []
+    models: list[dict[str, Any]] = []
+    results: dict[str, Any] = {}
+    measure_s = 0.0
     for case in cases:
         labels: dict[tuple[tuple[int, ...], int], str] = {}
         configs = [Config(ONE, None)]
@@ -162,16 +166,17 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
                        "hand": None if case.hand is None else
                        {"cut_before": list(case.hand[0]), "split_size": case.hand[1]},
                        "profiles": profiles})
-        groups.append(Group(case.label, case.spec, tuple(configs), rounds=args.rounds, warmup=1,
-                            max_others=args.max_others, retries=args.retries))
-    predicted = sum(predicted_ms(m, c.label) for m, g in zip(models, groups) for c in g.configs)
-    print(f"planned in {time.perf_counter() - started:.0f} s; measuring "
-          f"{sum(len(g.configs) for g in groups)} configurations, {args.rounds} rounds + warm-up "
-          f"(about {(args.rounds + 1) * predicted / 1000 * 1.2:.0f} s more by the predictions) …",
-          flush=True)
-    start = time.perf_counter()
-    results = measure(groups, nprocs=2, backend="gloo", timeout_s=args.timeout)
-    measure_s = time.perf_counter() - start
+        group = Group(case.label, case.spec, tuple(configs), rounds=args.rounds, warmup=1,
+                      max_others=args.max_others, retries=args.retries)
+        # measured right after its profiles: the machine's drift between prediction and
+        # measurement is that of this model's profiles and measurement, not of the whole run
+        predicted = sum(predicted_ms(models[-1], c.label) for c in group.configs)
+        print(f"  measuring {len(group.configs)} configurations, {args.rounds} rounds + warm-up "
+              f"(about {(args.rounds + 1) * predicted / 1000 * 1.2:.0f} s by the "
+              f"predictions) …", flush=True)
+        start = time.perf_counter()
+        results.update(measure([group], nprocs=2, backend="gloo", timeout_s=args.timeout))
+        measure_s += time.perf_counter() - start
     for model in models:
         got = results[model["model"]]
         model["measured"] = {label: {**spread(times), "seconds": times}

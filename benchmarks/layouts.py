@@ -7,7 +7,9 @@ synchronises a backward (``autosplit.collectives``); then, as ``autosplit plan -
 the best plan of every layout (``plan_layouts``: 2 stages × 1, 1 stage × 2 replicas) and the
 best pipelines by block sums (``plan_candidates``), all verified together stage by stage
 (``autosplit.verify.verify_and_choose``), the fastest verified plan being autosplit's choice.
-Measured interleaved on 2 gloo ranks (``harness.py``: ``Trainer`` per rank, DDP along the
+Each model's plans are measured right after they are verified (before the next model is
+profiled: the machine's drift between prediction and measurement is that of minutes),
+interleaved on 2 gloo ranks (``harness.py``: ``Trainer`` per rank, DDP along the
 replicas, rounds A B … B A after a warm-up round, a timing disturbed by other processes taken
 again): data parallelism (1 stage × 2 replicas), the best verified pipeline (2 stages), the hand
 split where there is one (examples/resnet50.py's) and autosplit's choice (one of those, or
@@ -116,7 +118,9 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
     width = measure_allreduce_bandwidth(2)
     print(f"DDP's gradient all-reduce on 2 gloo ranks: {width / 1e9:.2f} GB/s (bus bandwidth)",
           flush=True)
-    models, groups = [], []
+    models: list[dict[str, Any]] = []
+    results: dict[str, Any] = {}
+    measure_s = 0.0
     for case in cases:
         print(f"{case.label} ({case.spec.describe}): profile, plan, verify …", flush=True)
         found = plans_of(case, args, width)
@@ -131,13 +135,14 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
                        "profile_s": found["profile_s"],
                        "plan_and_verify_s": found["plan_and_verify_s"],
                        "microbatch_sizes": found["microbatch_sizes"], "plans": rows})
-        groups.append(Group(case.label, case.spec, configs, rounds=args.rounds, warmup=1,
-                            max_others=args.max_others, retries=args.retries))
-    print(f"planned in {time.perf_counter() - started:.0f} s; measuring "
-          f"{sum(len(g.configs) for g in groups)} configurations …", flush=True)
-    start = time.perf_counter()
-    results = measure(groups, nprocs=2, backend="gloo", timeout_s=args.timeout)
-    measure_s = time.perf_counter() - start
+        group = Group(case.label, case.spec, configs, rounds=args.rounds, warmup=1,
+                      max_others=args.max_others, retries=args.retries)
+        # measured right after its plans were verified: the machine's drift between the
+        # prediction and the measurement is that of a few minutes, not of the whole run
+        print(f"  measuring {len(configs)} configurations …", flush=True)
+        start = time.perf_counter()
+        results.update(measure([group], nprocs=2, backend="gloo", timeout_s=args.timeout))
+        measure_s += time.perf_counter() - start
     for m in models:
         got = results[m["model"]]
         m["measured"] = {label: {**spread(t), "seconds": t} for label, t in got["times"].items()}
