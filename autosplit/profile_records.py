@@ -237,6 +237,11 @@ class Profile:
                 f"microbatch_sizes=[…, {b}]"
             ) from None
 
+    def action_ms_of(self, schedule: str) -> float:
+        """The runtime's cost per action of ``schedule`` (ms; :attr:`action_ms`), 0 when it
+        was not measured."""
+        return dict(self.action_ms).get(schedule, 0.0)
+
     def describe(self) -> str:
         """One line: how and where this profile was made."""
         return f"{self.source} on {self.device.name}, torch {self.torch_version}"

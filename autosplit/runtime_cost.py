@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from autosplit import checks
+from autosplit.planner.schedules import SEARCHED
 from autosplit.schedules import SPLIT_BACKWARD, StageCosts, simulate_schedule, torch_class_name
 
-__all__ = ["MEASURED", "action_ms_for", "fit_action_ms", "measure_action_ms"]
+__all__ = ["MEASURED", "fit_action_ms", "measure_action_ms"]
 
-MEASURED: tuple[tuple[str, int], ...] = (
-    ("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-zb", 2), ("zbv", 2))
+MEASURED = SEARCHED
 """The (schedule, stages per rank) pairs measured: those ``schedule="auto"`` searches."""
 
 _MICROBATCHES = 8
@@ -113,7 +112,3 @@ def _slowest(value: float) -> float:
     dist.all_gather_object(gathered, value)
     return max(float(x) for x in gathered)
 
-
-def action_ms_for(pairs: Sequence[tuple[str, float]], schedule: str) -> float:
-    """The cost per action of ``schedule`` in ``pairs`` (ms), 0 when it was not measured."""
-    return dict(pairs).get(schedule, 0.0)

@@ -7,15 +7,15 @@ import dataclasses
 import random
 
 import pytest
+from synthetic import make_profile
 
 from autosplit import simulator
 from autosplit.planner.schedules import plan_schedules
 from autosplit.planner.search import candidate_sizes
 from autosplit.planner.settings import PlanSettings
-from autosplit.runtime_cost import MEASURED, action_ms_for, fit_action_ms, measure_action_ms
+from autosplit.runtime_cost import MEASURED, fit_action_ms, measure_action_ms
 from autosplit.schedules import StageCosts, simulate_schedule, torch_order
 from autosplit.solve.joint import JointProblem, brute_force_joint, solve_joint
-from synthetic import make_profile
 
 
 def test_every_action_costs_the_runtime_once() -> None:
@@ -46,7 +46,9 @@ def test_the_search_with_a_cost_per_action_equals_brute_force() -> None:
     for schedule, v in MEASURED:
         n, m = 6, 4
         order = torch_order(schedule, 2, v, m)
-        row = lambda: tuple(rng.uniform(0.1, 3) for _ in range(n))  # noqa: E731
+        def row(k: int = n) -> tuple[float, ...]:
+            return tuple(rng.uniform(0.1, 3) for _ in range(k))
+
         grad_in, grad_w = row(), row()
         problem = JointProblem(
             fwd_ms=row(), bwd_ms=tuple(a + b for a, b in zip(grad_in, grad_w)),
@@ -72,7 +74,7 @@ def test_plans_carry_the_cost_and_predict_with_it() -> None:
                           (("gpipe", 1), ("1f1b", 1)))
     for option, plain in zip(choice.options, free.options):
         assert option.plan is not None and plain.plan is not None
-        assert option.plan.action_ms == action_ms_for(costly.action_ms, option.schedule)
+        assert option.plan.action_ms == costly.action_ms_of(option.schedule)
         # the plan's own prediction is the simulation of the plan, with the cost in it
         assert simulator.simulate_plan(option.plan).step_ms == pytest.approx(
             option.plan.predicted_step_ms)

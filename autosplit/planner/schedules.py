@@ -33,7 +33,6 @@ from autosplit.planner.assembly import explain_infeasible, shared_weights
 from autosplit.planner.problems import _copy_bytes
 from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile, Stage
-from autosplit.runtime_cost import action_ms_for
 from autosplit.schedules import SPLIT_BACKWARD, torch_order
 from autosplit.solve.joint import JointProblem, JointSolution, solve_joint, stage_costs
 
@@ -165,7 +164,7 @@ def _assemble(settings: PlanSettings, profile: Profile, k: int, schedule: str, v
         single_device_ms=single, solver=label, candidates=sizes, profile=profile.describe(),
         memory_limit_bytes=None if capacity is None else int(min(capacity)),
         optimizer=settings.optimizer, shared=shared, stages_per_rank=v,
-        action_ms=action_ms_for(profile.action_ms, schedule),
+        action_ms=profile.action_ms_of(schedule),
     )
 
 
@@ -198,7 +197,7 @@ def plan_schedules(settings: PlanSettings, profile: Profile, sizes: list[int],
                 refused.append(f"b = {profile.microbatch_sizes[k]}: {exc}")
                 continue
             problem = dataclasses.replace(joint_problem(settings, profile, k, m),
-                                          action_ms=action_ms_for(profile.action_ms, schedule))
+                                          action_ms=profile.action_ms_of(schedule))
             found = solve_joint(problem, order, checkpointing and not order.splits_backward,
                                 JOINT_LIMIT_S)
             if found is not None and not found.proven:
