@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autosplit import checks
+from autosplit import checks, fresh_process
 from autosplit.devices import describe_device, resolve_device
 from autosplit.errors import ArgumentTypeError, InvalidInputError
 from autosplit.graph import BlockGraph, Granularity, trace
@@ -232,12 +232,46 @@ def profile_graph(
     progress: Progress | None = None,
     loss: str = "mse",
 ) -> Profile:
-    """Profile an already traced model (see :func:`profile` for the arguments)."""
+    """Profile an already traced model (see :func:`profile` for the arguments).
+
+    On a CPU the blocks are timed in a fresh process, as the ranks run
+    (:mod:`autosplit.fresh_process`)."""
     checks.instance_of("graph", graph, BlockGraph, "a BlockGraph (autosplit.trace(model))")
     inputs = check_inputs(example_inputs)
-    batch = int(inputs[0].shape[0])
     _check_options(stages, warmup, repeats, threads, budget_s, progress)
     checks.optional(checks.positive_int, "max_repeats", max_repeats)
+    batch = int(inputs[0].shape[0])  # the cheap checks here, before a process starts
+    check_loss(loss)
+    if microbatch_sizes is not None:
+        check_microbatch_sizes(microbatch_sizes, batch)
+    check_microbatch_sizes(include, batch, "include", allow_empty=True)
+    options = dict(device=device, microbatch_sizes=microbatch_sizes, stages=stages,
+                   warmup=warmup, repeats=repeats, max_repeats=max_repeats, threads=threads,
+                   budget_s=budget_s, include=include, loss=loss)
+    if resolve_device(device).type == "cpu" and fresh_process.enabled():
+        return fresh_process.run_fresh(_profile_here, graph, inputs, progress=progress,
+                                       **options)
+    return _profile_here(graph, inputs, progress=progress, **options)
+
+
+def _profile_here(
+    graph: BlockGraph,
+    inputs: tuple[torch.Tensor, ...],
+    *,
+    device: str | torch.device | None,
+    microbatch_sizes: Sequence[int] | None,
+    stages: int,
+    warmup: int,
+    repeats: int,
+    max_repeats: int | None,
+    threads: int,
+    budget_s: float | None,
+    include: Sequence[int],
+    progress: Progress | None,
+    loss: str,
+) -> Profile:
+    """:func:`profile_graph` in this process, on checked arguments."""
+    batch = int(inputs[0].shape[0])
     loss_fn = timing_loss(loss)
     explicit = microbatch_sizes is not None
     if explicit:

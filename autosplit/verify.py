@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from autosplit import checks, measurement
+from autosplit import checks, fresh_process, measurement
 from autosplit.cost import single_device_ms
 from autosplit.devices import resolve_device
 from autosplit.errors import InvalidInputError
@@ -118,7 +118,8 @@ def time_stages(
     A run that ends with the model's last block is timed with ``loss`` after it
     (:mod:`autosplit.losses`), as the profile it checks was.
 
-    Works on a private copy of the model (the model is left as it was). ``rounds`` timed
+    Works on a private copy of the model (the model is left as it was); on a CPU, in a fresh
+    process, as the ranks run (:mod:`autosplit.fresh_process`). ``rounds`` timed
     rounds at least, after ``warmup`` untimed ones; more, up to ``max_rounds``, while a run's
     interquartile range exceeds 5 % of its median and ``budget_s`` seconds are not spent.
 
@@ -133,6 +134,30 @@ def time_stages(
     for first, end, b in runs:
         graph.extract(first, end)  # checks the range
         check_microbatch_sizes([b], batch, "b")
+    timing_loss(loss)  # checks the name
+    options = dict(device=device, threads=threads, warmup=warmup, rounds=rounds,
+                   max_rounds=max_rounds, budget_s=budget_s, loss=loss)
+    if resolve_device(device).type == "cpu" and fresh_process.enabled():
+        return fresh_process.run_fresh(_time_here, graph, inputs, runs, progress=progress,
+                                       **options)
+    return _time_here(graph, inputs, runs, progress=progress, **options)
+
+
+def _time_here(
+    graph: BlockGraph,
+    inputs: tuple[torch.Tensor, ...],
+    runs: list[StageRun],
+    *,
+    device: str | torch.device | None,
+    threads: int,
+    warmup: int,
+    rounds: int,
+    max_rounds: int,
+    budget_s: float | None,
+    progress: Callable[[int, int, str], None] | None,
+    loss: str,
+) -> dict[StageRun, StageTime]:
+    """:func:`time_stages` in this process, on checked arguments."""
     loss_fn = timing_loss(loss)
     dev = resolve_device(device)
     start = time.perf_counter()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -13,7 +14,11 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 import autosplit
+from autosplit.fresh_process import IN_PROCESS
 from autosplit.pipeline import PipelinedModule
+
+os.environ.setdefault(IN_PROCESS, "1")  # CPU timings here, not in a fresh process each: the
+# suite's timings assert nothing about speed; tests/test_fresh_process.py tests that path
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

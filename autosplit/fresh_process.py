@@ -1,0 +1,170 @@
+"""Time on a CPU where the ranks run: in a fresh Python process.
+
+The training ranks (:func:`autosplit.distributed.launch`, ``autosplit run``, torchrun) are
+fresh processes, started with the allocator settings of :mod:`autosplit.allocator`. The
+process that plans is not, and on the 2-core development machines it ran the same work
+measurably slower than a fresh process started from it: ResNet50's forward and backward
+(b = 24, 3×64×64, one thread, a new model each time) took 814–968 ms (median 896) in the
+process started from the shell against 790–931 ms (median 837) in a fresh child, slower in
+20 of 21 interleaved pairs, and on an earlier day 1.22–1.87 s against 0.97–1.22 s in the
+ranks. A prediction timed there is biased against the run it predicts, so CPU timings — the
+profile (:func:`autosplit.profiler.profile_graph`) and the stage runs that verify a plan
+(:func:`autosplit.verify.time_stages`) — are taken in a fresh process, like a rank's.
+
+:func:`run_fresh` pickles the function and its arguments, starts a Python process with the
+ranks' environment, relays ``progress(done, total, what)`` calls back through a pipe, and
+returns the result or raises the child's :class:`~autosplit.errors.AutosplitError` again.
+The model's modules travel pickled; modules loaded from a model file are imported again in
+the child first. What cannot travel (a module whose class the child cannot import) is timed
+in this process instead, with a :class:`RuntimeWarning` that says why.
+``AUTOSPLIT_TIME_IN_PROCESS=1`` times in this process always (the test suite does, for
+speed, except where it tests this module).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from autosplit import allocator
+from autosplit.errors import AutosplitError
+
+__all__ = ["IN_PROCESS", "FreshProcessError", "enabled", "run_fresh"]
+
+IN_PROCESS = "AUTOSPLIT_TIME_IN_PROCESS"
+"""Set to 1 to time in the calling process (no fresh process)."""
+
+_MODEL_FILES = "autosplit_model_"
+"""Prefix of the modules :mod:`autosplit.modelfile` imports from model files."""
+
+_CHILD = "import sys; from autosplit.fresh_process import _child; _child(*sys.argv[1:4])"
+"""The fresh process's program (``python -c``: not ``-m``, which would run this module twice)."""
+
+T = TypeVar("T")
+Progress = Callable[[int, int, str], None]
+
+
+class FreshProcessError(AutosplitError):
+    """The fresh timing process failed in an unexpected way (its traceback is the message)."""
+
+
+def enabled() -> bool:
+    """Whether CPU timings go to a fresh process (unless :data:`IN_PROCESS` is set)."""
+    return os.environ.get(IN_PROCESS, "") in ("", "0")
+
+
+def _model_files() -> dict[str, str]:
+    """Modules imported from model files, by name: the child imports them first."""
+    return {name: str(module.__file__) for name, module in list(sys.modules.items())
+            if name.startswith(_MODEL_FILES) and getattr(module, "__file__", None)}
+
+
+def run_fresh(fn: Callable[..., T], *args: Any, progress: Progress | None = None,
+              **kwargs: Any) -> T:
+    """``fn(*args, progress=…, **kwargs)`` in a fresh Python process; its result.
+
+    ``fn`` must be a module-level function that takes a ``progress`` keyword argument;
+    ``progress`` (here) receives every call the child makes to it, in order.
+
+    Raises:
+        AutosplitError: the child's, again (same class and message).
+        FreshProcessError: the child failed otherwise (its traceback is the message).
+    """
+    try:
+        payload = (pickle.dumps(_model_files(), protocol=pickle.HIGHEST_PROTOCOL)
+                   + pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception as exc:  # noqa: BLE001 - a model that does not pickle is timed here
+        return _here(fn, args, kwargs, progress, f"its arguments do not pickle ({exc})")
+    with tempfile.TemporaryDirectory(prefix="autosplit-timing-") as tmp:
+        job, result = Path(tmp, "job.pkl"), Path(tmp, "result.pkl")
+        job.write_bytes(payload)
+        del payload
+        read, write = os.pipe()
+        try:
+            child = subprocess.Popen(
+                [sys.executable, "-c", _CHILD, str(job), str(result), str(write)],
+                env=allocator.environment(), pass_fds=(write,),
+            )
+        finally:
+            os.close(write)
+        try:
+            with os.fdopen(read, encoding="utf-8") as lines:
+                for line in lines:
+                    done, total, what = line.rstrip("\n").split("\t", 2)
+                    if progress is not None:
+                        progress(int(done), int(total), what)
+            code = child.wait()
+        except BaseException:
+            child.kill()
+            child.wait()
+            raise
+        if not result.exists():
+            raise FreshProcessError(f"the timing process ended with exit code {code} and no "
+                                    "result")
+        kind, value = pickle.loads(result.read_bytes())
+    if kind == "ok":
+        return value  # type: ignore[no-any-return]
+    if kind == "unpicklable":
+        return _here(fn, args, kwargs, progress, f"the timing process cannot load the model "
+                     f"({value})")
+    if kind == "autosplit":
+        cls, message = value
+        raise cls(message)
+    raise FreshProcessError(f"the timing process failed:\n{value}")
+
+
+def _here(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any],
+          progress: Progress | None, why: str) -> T:
+    warnings.warn(f"timing in this process, not in a fresh one like the ranks: {why}; "
+                  "its times may differ from the ranks' (see autosplit.fresh_process)",
+                  RuntimeWarning, stacklevel=3)
+    return fn(*args, progress=progress, **kwargs)
+
+
+def _child(job: str, result: str, fd: str) -> None:
+    """The fresh process: load the job, run it, write ``(kind, value)`` to ``result``."""
+    out = os.fdopen(int(fd), "w", encoding="utf-8", buffering=1)
+
+    def relay(done: int, total: int, what: str) -> None:
+        out.write(f"{done}\t{total}\t{str(what).replace(chr(10), ' ')}\n")
+
+    def write(kind: str, value: Any) -> None:
+        Path(result).write_bytes(pickle.dumps((kind, value), protocol=pickle.HIGHEST_PROTOCOL))
+
+    try:
+        with open(job, "rb") as f:
+            _import_model_files(pickle.load(f))  # before the job, whose classes they hold
+            fn, args, kwargs = pickle.load(f)
+    except Exception as exc:  # noqa: BLE001 - told back, and the caller times in its process
+        write("unpicklable", f"{type(exc).__name__}: {exc}")
+        return
+    try:
+        value = fn(*args, progress=relay, **kwargs)
+    except AutosplitError as exc:
+        write("autosplit", (type(exc), str(exc)))
+        return
+    except Exception:  # noqa: BLE001 - told back with its traceback
+        write("error", traceback.format_exc())
+        return
+    finally:
+        out.close()
+    write("ok", value)
+
+
+def _import_model_files(files: dict[str, str]) -> None:
+    from autosplit.modelfile import _import_file
+
+    for name, path in files.items():
+        if name not in sys.modules:
+            try:
+                _import_file(Path(path), path)
+            except Exception:  # noqa: BLE001 - then the job may not load: said so
+                pass

@@ -1,0 +1,98 @@
+"""CPU timings run in a fresh process, as the ranks do: same results, errors and progress as
+in this process, and this process again (with a warning) for what cannot travel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models import LongSkip
+from torch import nn
+
+import autosplit
+from autosplit import fresh_process
+from autosplit.errors import InvalidInputError
+from autosplit.profiler import profile_graph
+from autosplit.verify import time_stages
+
+
+@pytest.fixture
+def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timings in a fresh process (the suite times in its own process otherwise)."""
+    monkeypatch.delenv(fresh_process.IN_PROCESS, raising=False)
+    assert fresh_process.enabled()
+
+
+class Unloadable(nn.Module):
+    """A leaf module of this test file: the fresh process cannot import its class."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
+def _bytes(prof: autosplit.Profile) -> list[object]:
+    return [(b.name, b.param_bytes, b.saved_bytes, b.output_bytes, b.checkpoint_saved_bytes)
+            for b in prof.blocks] + [c.bytes for c in prof.cuts]
+
+
+def test_profile_in_a_fresh_process_equals_one_here(fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    graph = autosplit.trace(LongSkip())
+    x = torch.randn(8, 6)
+    seen: list[tuple[int, int, str]] = []
+    there = profile_graph(graph, (x,), microbatch_sizes=[4, 8], repeats=2,
+                          progress=lambda *call: seen.append(call))
+    monkeypatch.setenv(fresh_process.IN_PROCESS, "1")
+    here_seen: list[tuple[int, int, str]] = []
+    here = profile_graph(graph, (x,), microbatch_sizes=[4, 8], repeats=2,
+                         progress=lambda *call: here_seen.append(call))
+    assert there.microbatch_sizes == here.microbatch_sizes == (4, 8)
+    assert _bytes(there) == _bytes(here)
+    assert all(ms > 0 for b in there.blocks for ms in b.fwd_ms + b.bwd_ms)
+    assert seen and seen[-1][0] == seen[-1][1]  # every progress call came back, the last done
+    assert [c[1] for c in seen] == [c[1] for c in here_seen]
+
+
+def test_stage_times_in_a_fresh_process(fresh: None) -> None:
+    graph = autosplit.trace(LongSkip())
+    runs = [(0, 2, 4), (2, len(graph.blocks), 4), (0, len(graph.blocks), 8)]
+    times = time_stages(graph, (torch.randn(8, 6),), runs, rounds=2, max_rounds=2)
+    assert set(times) == set(runs)
+    assert all(t.forward_ms > 0 and t.backward_ms > 0 and t.rounds == 2 for t in times.values())
+
+
+def test_the_childs_error_comes_back_with_its_class(fresh: None) -> None:
+    graph = autosplit.trace(nn.Sequential(nn.Linear(6, 6), nn.Unflatten(1, (5, 2))))
+    with pytest.raises(InvalidInputError, match="fails on a micro-batch of 4"):
+        profile_graph(graph, (torch.randn(4, 6),), microbatch_sizes=[4])  # raised there
+
+
+def test_what_cannot_travel_is_timed_here_with_a_warning(fresh: None) -> None:
+    graph = autosplit.trace(nn.Sequential(Unloadable(), nn.ReLU()), leaf_modules=[Unloadable])
+    with pytest.warns(RuntimeWarning, match="timing in this process.*cannot load the model"):
+        prof = profile_graph(graph, (torch.randn(4, 6),), microbatch_sizes=[4], repeats=2)
+    assert prof.microbatch_sizes == (4,)
+    with pytest.warns(RuntimeWarning, match="do not pickle"):
+        made = fresh_process.run_fresh(dict, a=lambda: 7)  # a lambda does not pickle
+    assert made["a"]() == 7 and made["progress"] is None
+
+
+def test_an_unexpected_failure_is_named(fresh: None) -> None:
+    with pytest.raises(fresh_process.FreshProcessError, match="TypeError"):
+        fresh_process.run_fresh(int, "7")  # int() takes no progress= argument
+
+
+def test_cheap_checks_come_before_any_process(fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_process(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(fresh_process, "run_fresh", no_process)
+    graph = autosplit.trace(LongSkip())
+    with pytest.raises(InvalidInputError, match="loss"):
+        profile_graph(graph, (torch.randn(8, 6),), loss="hinge")
+    with pytest.raises(InvalidInputError, match="micro-batch size 9"):
+        profile_graph(graph, (torch.randn(8, 6),), microbatch_sizes=[9])
+    with pytest.raises(InvalidInputError, match="micro-batch size 9"):
+        time_stages(graph, (torch.randn(8, 6),), [(0, 1, 9)])
