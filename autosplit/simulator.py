@@ -238,9 +238,10 @@ def simulate_plan(plan: Plan) -> SimResult:
     """Simulate one training step of a plan (each stage's transfer split evenly: half for the
     activations going forward, half for the gradients coming back).
 
-    GPipe and 1F1B with one stage per device and no checkpointed stage: :func:`simulate`.
-    Any other plan (or one with a runtime cost per action, ``Plan.action_ms``): the replay
-    of torch's own order (:func:`autosplit.schedules.replay`),
+    GPipe and 1F1B with one stage per device and no checkpointed stage: :func:`simulate`,
+    the runtime's cost per action (``Plan.action_ms``) added to every forward and backward
+    (equal to the replay of torch's order wherever torch's class runs the plan). Any other
+    plan: the replay of torch's own order (:func:`autosplit.schedules.replay`),
     one row of ``events`` per rank (``I`` and ``W`` shown as ``"B"``), each stage's
     recomputation and split backward (``Stage.weight_grad_ms``) included.
 
@@ -250,12 +251,13 @@ def simulate_plan(plan: Plan) -> SimResult:
     """
     checks.instance_of("plan", plan, Plan, "an autosplit Plan")
     comm = [s.send_ms / 2 for s in plan.stages[:-1]]
-    if (plan.schedule not in SIMULATED or plan.stages_per_rank > 1 or plan.action_ms > 0
+    if (plan.schedule not in SIMULATED or plan.stages_per_rank > 1
             or any(s.checkpoint for s in plan.stages)):
         return _replayed(plan, comm)
+    act = plan.action_ms  # the replay's cost per action, as tests/test_schedules.py checks
     return simulate(
-        [s.forward_ms for s in plan.stages],
-        [max(s.compute_ms - s.forward_ms, 0.0) for s in plan.stages],
+        [s.forward_ms + act for s in plan.stages],
+        [max(s.compute_ms - s.forward_ms, 0.0) + act for s in plan.stages],
         plan.microbatches,
         plan.schedule,
         comm,

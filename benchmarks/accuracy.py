@@ -2,7 +2,8 @@
 workers, for several independent profiles of each model.
 
 For each model, ``--profiles`` independent profiles (``autosplit.profile``, one CPU worker of one
-thread); for each profile the plans below, predicted by autosplit from that profile:
+thread, with torch's pipeline runtime's cost per action measured as ``autosplit plan`` measures
+it); for each profile the plans below, predicted by autosplit from that profile:
 
 * autosplit's plan, made as ``autosplit plan`` makes it: the best candidates by block sums
   (``plan_candidates``), their stages and those of every other plan timed as they run
@@ -31,6 +32,7 @@ plans within 1 % measured). Models (``--models``): ResNet50 (B=120, 3×128×128)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -65,6 +67,7 @@ import autosplit
 from autosplit.comparison import baseline_plans, manual_plan
 from autosplit.planner import plan_candidates, plan_with_balance
 from autosplit.records import Plan, Profile
+from autosplit.runtime_cost import measure_action_ms
 from autosplit.verify import verify_and_choose
 
 TORCHGPIPE_ROW = "torchgpipe"
@@ -106,6 +109,8 @@ def profile_case(case: Case, p: int, args: argparse.Namespace, device: torch.dev
     include = [case.hand[1]] if case.hand is not None else []
     profile = autosplit.profile(model, inputs, device=device, include=include,
                                 microbatch_sizes=args.sizes, budget_s=args.profile_budget)
+    if not args.smoke:  # the runtime's cost per action, measured as `autosplit plan` does
+        profile = dataclasses.replace(profile, action_ms=measure_action_ms())
     profile_s = time.perf_counter() - start
     candidates, others, notes = plans_of(case, profile, model, inputs, device)
     sums = {**{plan_key(c): c.predicted_step_ms for c in candidates},

@@ -25,6 +25,7 @@ of data parallelism within 10 % of its measured step.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -44,6 +45,7 @@ from autosplit.collectives import measure_allreduce_bandwidth
 from autosplit.comparison import manual_plan
 from autosplit.planner import plan_candidates, plan_layouts
 from autosplit.records import Plan
+from autosplit.runtime_cost import measure_action_ms
 from autosplit.verify import verify_and_choose
 
 AUTO, DP, PIPE, HAND = "autosplit", "data parallel", "best pipeline", "hand split"
@@ -83,6 +85,8 @@ def plans_of(case: Case, args: argparse.Namespace, width: float) -> dict[str, An
     include = [case.hand[1]] if case.hand is not None else []
     profile = autosplit.profile(model, inputs, include=include, microbatch_sizes=args.sizes,
                                 budget_s=args.profile_budget)
+    if not args.smoke:  # the runtime's cost per action, measured as `autosplit plan` does
+        profile = dataclasses.replace(profile, action_ms=measure_action_ms())
     profile_s = time.perf_counter() - start
     layouts = plan_layouts(profile, 2, allreduce_bandwidth_bytes_per_s=width)
     dp = layouts.option(1, 2)

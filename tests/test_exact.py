@@ -4,6 +4,7 @@ the event simulation."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -69,14 +70,16 @@ def test_vectorised_simulation_equals_the_simulator(schedule: str) -> None:
         bwd = tuple(tuple(rng.random() * 2 for _ in range(n)) for _ in range(p))
         cf = tuple(rng.random() for _ in range(n - 1))
         cb = tuple(rng.random() for _ in range(n - 1))
-        problem = StepProblem(fwd, bwd, cf, cb, m, schedule)
+        act = rng.choice([0.0, rng.random()])  # the runtime's cost per action (ms)
+        problem = StepProblem(fwd, bwd, cf, cb, m, schedule, action_ms=act)
         balances = list(compositions(n, p))
         got = step_times(problem, balances)
         for bal, value in zip(balances, got):
             bounds = list(itertools.accumulate(bal, initial=0))
             stages = list(itertools.pairwise(bounds))
-            want = simulate([sum(fwd[s][a:e]) for s, (a, e) in enumerate(stages)],
-                            [sum(bwd[s][a:e]) for s, (a, e) in enumerate(stages)], m, schedule,
+            want = simulate([sum(fwd[s][a:e]) + act for s, (a, e) in enumerate(stages)],
+                            [sum(bwd[s][a:e]) + act for s, (a, e) in enumerate(stages)], m,
+                            schedule,
                             [cf[e - 1] for e in bounds[1:-1]], [cb[e - 1] for e in bounds[1:-1]])
             assert value == pytest.approx(want.step_ms, rel=1e-12)
 
@@ -110,6 +113,8 @@ def brute_force(prof: autosplit.Profile, p: int, kw: dict) -> tuple[float, int, 
             comm = [transfer_ms(prof.cuts[e - 1].bytes[k], kw["bandwidth_bytes_per_s"]) / 2
                     for e in bounds[1:-1]]
             bwd = [max(t - f, 0.0) for t, f in zip(total, fwd)]
+            act = prof.action_ms_of(kw["schedule"]) if p > 1 else 0.0  # per action (ms)
+            fwd, bwd = [x + act for x in fwd], [x + act for x in bwd]
             found.append((simulate(fwd, bwd, m, kw["schedule"], comm, comm).step_ms, b, bal))
     best = min(v for v, _, _ in found)
     return next(x for x in found if x[0] <= best * (1 + TIE_RTOL))
@@ -127,6 +132,9 @@ def random_case(rng: random.Random) -> tuple[autosplit.Profile, int, dict]:
         cut_bytes_per_sample=[rng.choice([0, 10**5, 10**6]) for _ in range(n - 1)],
         forward_share=[rng.choice([0.25, 0.5, 0.75]) for _ in range(n)],
     )
+    if rng.random() < 0.5:  # the runtime's cost per action, measured (ms)
+        prof = dataclasses.replace(prof, action_ms=(("gpipe", rng.randint(1, 4) / 8),
+                                                    ("1f1b", rng.randint(1, 4) / 8)))
     kw: dict = {
         "schedule": rng.choice(["gpipe", "1f1b"]),
         "speeds": [rng.choice([0.5, 1.0, 2.0]) for _ in range(p)],
@@ -138,7 +146,8 @@ def random_case(rng: random.Random) -> tuple[autosplit.Profile, int, dict]:
 
 
 def test_planner_equals_brute_force_on_random_profiles(method: str) -> None:
-    """p = 2 … 5, 5–8 blocks, 1–2 sizes, transfers, speeds, memory limits, both schedules."""
+    """p = 2 … 5, 5–8 blocks, 1–2 sizes, transfers, speeds, memory limits, both schedules,
+    with and without the runtime's cost per action."""
     rng = random.Random(2024)
     checked = 0
     while checked < 500:
@@ -271,3 +280,29 @@ def test_search_equals_brute_force_on_larger_1f1b_problems(method: str) -> None:
         steps = step_times(problem, balances)
         want = balances[int(np.flatnonzero(steps <= steps.min() * (1 + TIE_RTOL))[0])]
         assert found is not None and found.balance == want
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_search_with_a_cost_per_action_equals_brute_force(method: str, schedule: str) -> None:
+    """The runtime's cost per action lengthens every stage's forward and backward; the
+    search's bounds of the unfixed stages leave it out and stay exact."""
+    rng = random.Random(12)
+    for _ in range(40):
+        n, p, m = rng.randint(7, 11), rng.randint(2, 5), rng.randint(1, 10)
+        fwd = tuple(tuple(rng.uniform(0.1, 2.0) for _ in range(n)) for _ in range(p))
+        bwd = tuple(tuple(rng.uniform(0.1, 3.0) for _ in range(n)) for _ in range(p))
+        comm = tuple(rng.uniform(0.0, 0.5) * rng.choice([0, 1]) for _ in range(n - 1))
+        act = rng.choice([0.05, 0.5, 3.0])  # from negligible to larger than a block
+        problem = StepProblem(fwd, bwd, comm, comm, m, schedule, action_ms=act)
+        balances = list(compositions(n, p))
+        steps = step_times(problem, balances)
+        want = balances[int(np.flatnonzero(steps <= steps.min() * (1 + TIE_RTOL))[0])]
+        found = solve_step(problem, balances[rng.randrange(len(balances))])
+        assert found is not None and found.balance == want
+        assert found.step_ms == pytest.approx(float(steps.min()), rel=1e-9)
+
+
+def test_a_bad_cost_per_action_is_named() -> None:
+    one = ((1.0, 1.0),)
+    with pytest.raises(autosplit.InvalidInputError, match="action_ms"):
+        StepProblem(one * 2, one * 2, (0.0,), (0.0,), 2, "gpipe", action_ms=-1.0)

@@ -9,8 +9,10 @@ import random
 import pytest
 from synthetic import make_profile
 
+import autosplit
 from autosplit import simulator
 from autosplit.planner.schedules import plan_schedules
+from autosplit.planner import plan_with_balance
 from autosplit.planner.search import candidate_sizes
 from autosplit.planner.settings import PlanSettings
 from autosplit.runtime_cost import MEASURED, fit_action_ms, measure_action_ms
@@ -79,6 +81,25 @@ def test_plans_carry_the_cost_and_predict_with_it() -> None:
         assert simulator.simulate_plan(option.plan).step_ms == pytest.approx(
             option.plan.predicted_step_ms)
         assert option.plan.predicted_step_ms > plain.plan.predicted_step_ms
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_the_fixed_schedules_search_and_a_given_split_carry_the_cost(schedule: str) -> None:
+    prof = make_profile([2, 4], [[1.0, 1.5], [2.0, 3.0], [0.5, 1.0], [1.0, 2.0]], batch_size=8)
+    costly = dataclasses.replace(prof, action_ms=(("gpipe", 3.0), ("1f1b", 2.0)))
+    a = costly.action_ms_of(schedule)
+    chosen = autosplit.plan(costly, 2, schedule=schedule)  # the exact search, cost included
+    given = plan_with_balance(costly, chosen.balance, chosen.split_size,
+                              schedule=schedule)
+    for plan in (chosen, given):
+        assert plan.action_ms == a
+        f = [s.forward_ms + a for s in plan.stages]
+        b = [s.compute_ms - s.forward_ms + a for s in plan.stages]
+        comm = [s.send_ms / 2 for s in plan.stages[:-1]]
+        want = simulator.simulate(f, b, plan.microbatches, schedule, comm, comm).step_ms
+        assert plan.predicted_step_ms == pytest.approx(want, rel=1e-12)
+    # one stage runs without the pipeline runtime: no cost per action
+    assert autosplit.plan(costly, 1, schedule=schedule).action_ms == 0.0
 
 
 def test_measured_on_two_ranks() -> None:

@@ -156,12 +156,14 @@ def test_gpipe_and_1f1b_replay_equal_the_simulator(p: int, m: int, data: st.Data
     share = data.draw(st.lists(st.floats(0, 1), min_size=p, max_size=p))
     cuts = st.lists(st.floats(0, 3), min_size=p - 1, max_size=p - 1)
     cf, cb = data.draw(cuts), data.draw(cuts)
+    cost = data.draw(st.sampled_from([0.0, 0.3, 2.0]))  # the runtime's, per action (ms)
     c = StageCosts(fwd, [b * (1 - x) for b, x in zip(bwd, share)],
                    [b * x for b, x in zip(bwd, share)], activation_bytes=act,
-                   comm_fwd_ms=cf, comm_bwd_ms=cb)
+                   comm_fwd_ms=cf, comm_bwd_ms=cb, action_ms=cost)
     for schedule in ("gpipe", "1f1b") if m >= p else ("gpipe",):
         ours = simulate_schedule(schedule, p, 1, m, c)
-        theirs = simulate(fwd, bwd, m, schedule, cf, cb)
+        theirs = simulate([f + cost for f in fwd], [b + cost for b in bwd], m, schedule, cf,
+                          cb)
         assert ours.step_ms == pytest.approx(theirs.step_ms, rel=1e-9, abs=1e-9)
         assert ours.busy_ms == pytest.approx(theirs.busy_ms, rel=1e-9, abs=1e-9)
         for s in range(p):  # same busy intervals; GPipe's backward labels differ (reversed)

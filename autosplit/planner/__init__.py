@@ -2,7 +2,8 @@
 
 What is optimised: the plan's ``predicted_step_ms``, the event simulation of one training step
 of the schedule (:func:`autosplit.simulator.simulate_plan`: GPipe or 1F1B, with each cut's
-transfer, on devices of different speeds or profiles). The plan returned has the smallest
+transfer and the pipeline runtime's measured cost per action (``Profile.action_ms``) in every
+forward and backward, on devices of different speeds or profiles). The plan returned has the smallest
 simulated step over every balance (contiguous, non-empty stages) and every measured
 micro-batch size b ≤ B, among the balances that fit each device's memory; ties (within a
 relative 1e-9) go to the smallest micro-batch size, then to the lexicographically smallest

@@ -23,6 +23,7 @@ from autosplit.errors import (
 from autosplit.planner.problems import (
     counted_twice,
     partition_problem,
+    runtime_action_ms,
     stage_transient_bytes,
     transient_bytes,
 )
@@ -112,6 +113,7 @@ def assemble(
         memory_limit_bytes=None if capacity is None else int(min(capacity)),
         optimizer=settings.optimizer,
         shared=shared,
+        action_ms=runtime_action_ms(settings, profile),
     )
     # the shared weights' all-reduce runs after the pipeline's last backward: it adds up
     simulated = simulate_plan(plan).step_ms + math.fsum(w.sync_ms for w in shared)

@@ -22,8 +22,8 @@ from autosplit.records import Profile
 from autosplit.solve import PartitionProblem
 from autosplit.solve.exact import StepProblem
 
-__all__ = ["counted_twice", "partition_problem", "stage_transient_bytes", "step_problem",
-           "transient_bytes"]
+__all__ = ["counted_twice", "partition_problem", "runtime_action_ms", "stage_transient_bytes",
+           "step_problem", "transient_bytes"]
 
 
 def _costs(settings: PlanSettings, profile: Profile, b: int) -> tuple[tuple[float, ...], ...]:
@@ -136,4 +136,11 @@ def step_problem(settings: PlanSettings, profile: Profile, k: int, m: int,
     half = tuple(c / 2 for c in problem.comm)
     return StepProblem(tuple(fwd), tuple(bwd), half, half, m, settings.schedule,
                        problem.memory, problem.memory_first, problem.capacity,
-                       problem.memory_last)
+                       problem.memory_last, action_ms=runtime_action_ms(settings, profile))
+
+
+def runtime_action_ms(settings: PlanSettings, profile: Profile) -> float:
+    """What torch's pipeline runtime costs per forward or backward of a stage beyond its
+    compute (ms, :attr:`Profile.action_ms` of the schedule; 0 when not measured), for a
+    pipeline of more than one stage (one stage runs without the runtime)."""
+    return profile.action_ms_of(settings.schedule) if settings.gpus > 1 else 0.0

@@ -2,7 +2,8 @@
 
 Symbols: n blocks, p stages (stage s on device s), m micro-batches; f_s, b_s the forward and
 backward time of one micro-batch on stage s (ms), cf_c, cb_c the forward and backward transfer
-over cut c (ms), t_s = f_s + b_s. The objective is :func:`autosplit.simulator.simulate`'s
+over cut c (ms), t_s = f_s + b_s (each with the runtime's cost per action,
+``StepProblem.action_ms``). The objective is :func:`autosplit.simulator.simulate`'s
 ``step_ms`` for the balance, GPipe or 1F1B; :func:`step_times` evaluates it for many balances at
 once with the simulator's own arithmetic (same operations in the same order).
 
@@ -104,6 +105,9 @@ class StepProblem:
         grad_limit: the most gradient bytes one stage may hold, or ``None`` (no limit): the
             planner of data-parallel replicas bounds the all-reduce with it
             (:mod:`autosplit.planner.layouts`).
+        action_ms: what the pipeline runtime costs per action beyond its compute (ms), added
+            to every stage's forward and backward (``Profile.action_ms``). The bounds of the
+            unfixed stages leave it out: they stay below every completion's step.
     """
 
     fwd: tuple[tuple[float, ...], ...]
@@ -118,8 +122,13 @@ class StepProblem:
     memory_last: tuple[tuple[float, ...], ...] | None = None
     grad_bytes: tuple[float, ...] | None = None
     grad_limit: float | None = None
+    action_ms: float = 0.0
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.action_ms, (int, float)) and math.isfinite(self.action_ms)
+                and self.action_ms >= 0):
+            raise InvalidInputError(f"action_ms must be a finite number ≥ 0 (ms), got "
+                                    f"{self.action_ms!r}")
         p, n = len(self.fwd), len(self.fwd[0]) if self.fwd else 0
         if p < 1 or n < p:
             raise InvalidInputError(f"need 1 ≤ p ≤ n, got p={p} stages for n={n} blocks")
@@ -229,8 +238,9 @@ def _evaluate(problem: StepProblem, tables: Tables, bal: np.ndarray) -> np.ndarr
     p = problem.p
     bounds = np.concatenate((np.zeros((len(bal), 1), dtype=np.int64), np.cumsum(bal, axis=1)), 1)
     rows = np.arange(p)[:, None]
-    fwd = tables.f[rows, bounds.T[1:]] - tables.f[rows, bounds.T[:-1]]
-    bwd = tables.b[rows, bounds.T[1:]] - tables.b[rows, bounds.T[:-1]]
+    a = problem.action_ms
+    fwd = tables.f[rows, bounds.T[1:]] - tables.f[rows, bounds.T[:-1]] + a
+    bwd = tables.b[rows, bounds.T[1:]] - tables.b[rows, bounds.T[:-1]] + a
     ends = bounds.T[1:-1] - 1
     return _simulate_many(fwd, bwd, tables.cf[ends], tables.cb[ends], problem.m, problem.schedule)
 
@@ -368,8 +378,8 @@ class _Search:
             self.stopped = True
             return
         ends = np.arange(j + 1, n - (p - 1 - k) + 1) if k < p - 1 else np.array([n])
-        fk = t.f[k][ends] - t.f[k][j]
-        bk = t.b[k][ends] - t.b[k][j]
+        fk = t.f[k][ends] - t.f[k][j] + problem.action_ms
+        bk = t.b[k][ends] - t.b[k][j] + problem.action_ms
         last = k == p - 1
         cfk = np.zeros(len(ends)) if last else t.cf[ends - 1]
         cbk = np.zeros(len(ends)) if last else t.cb[ends - 1]
