@@ -20,7 +20,7 @@ from autosplit.cost import (
 from autosplit.planner.settings import PlanSettings
 from autosplit.records import Profile
 from autosplit.solve import PartitionProblem
-from autosplit.solve.exact import StepProblem
+from autosplit.solve.step_problem import StepProblem
 
 __all__ = ["counted_twice", "partition_problem", "runtime_action_ms", "stage_transient_bytes",
            "step_problem", "transient_bytes"]
