@@ -7,7 +7,12 @@ candidates, and of every plan shown beside them, is timed as it will run: its co
 blocks together (:meth:`~autosplit.graph.BlockGraph.extract`), forward and backward, at the
 plan's micro-batch size b. The stage runs take turns (A B A B …, round after round) so that
 drift hits all of them alike, and rounds go on while a stage's interquartile range exceeds
-5 % of its median, up to a cap and a time budget.
+5 % of its median, up to a cap and a time budget. Every other round a stage starts without
+gradients, as a step's first micro-batch does (its backward makes them), the others add into
+them, as the step's later micro-batches do; a step of m micro-batches is predicted with one of
+the first kind and m − 1 of the second (:meth:`StageTime.per_step`). Adding into gradients
+costs more: ResNet50's forward and backward at b = 24 (64×64) took 2–5 % longer than starting
+without them.
 
 Each plan is then predicted again by the same simulator (:mod:`autosplit.simulator`) from
 these stage times; transfers keep the plan's modelled link time. The whole model is timed in
@@ -57,15 +62,27 @@ class StageTime:
 
     Attributes:
         forward_ms: median forward time of one micro-batch (ms).
-        backward_ms: median backward time (ms).
+        backward_ms: median backward time (ms), adding into the gradients of an earlier one.
         spread: half the interquartile range of forward + backward over its median (fraction).
         rounds: timed runs taken.
+        first_backward_ms: median backward time when the stage's weights have no gradient
+            yet (ms): a step's first micro-batch, whose gradients are new tensors, not a sum
+            (``None``: not timed; then :attr:`backward_ms`).
     """
 
     forward_ms: float
     backward_ms: float
     spread: float
     rounds: int
+    first_backward_ms: float | None = None
+
+    def per_step(self, m: int) -> StageTime:
+        """This stage's times averaged over a step's ``m`` micro-batches: the first
+        backward makes the gradients, the m − 1 others add into them (ms)."""
+        if self.first_backward_ms is None or m < 1:
+            return self
+        mean = (self.first_backward_ms + (m - 1) * self.backward_ms) / m
+        return dataclasses.replace(self, backward_ms=mean)
 
     @property
     def compute_ms(self) -> float:
@@ -165,6 +182,10 @@ def _time_here(
     rng = [dev.index or 0] if dev.type == "cuda" else []
     fwd: dict[StageRun, list[float]] = {r: [] for r in runs}
     bwd: dict[StageRun, list[float]] = {r: [] for r in runs}
+    first: dict[StageRun, list[float]] = {r: [] for r in runs}  # backwards into no gradient
+    sums: dict[tuple[StageRun, bool], list[float]] = {(r, new): [] for r in runs
+                                                       for new in (True, False)}
+    rounds = max(rounds, 2)  # both kinds of backward
     try:
         if dev.type == "cpu":
             torch.set_num_threads(threads)
@@ -176,32 +197,36 @@ def _time_here(
             total = warmup + max(rounds, max_rounds)
             for k in range(total):
                 if k >= warmup + rounds:
-                    settled = all(measurement.spread_settled(_sums(fwd[r], bwd[r])) for r in runs)
+                    settled = all(measurement.spread_settled(x) for x in sums.values())
                     elapsed = time.perf_counter() - start
                     per_round = elapsed / k
                     if settled or (budget_s is not None and elapsed + per_round > budget_s):
                         break
                 for j, r in enumerate(runs):  # A B A B …: every run once per round
                     seg: Segment = segments[r]
+                    fresh = (k + j) % 2 == 0  # every other round, the gradients start anew
+                    for param in seg.module.parameters():
+                        if fresh:
+                            param.grad = None
+                        elif param.grad is None:  # (another run's fresh start took it)
+                            param.grad = torch.zeros_like(param)
                     args = measurement.segment_args(work, envs[r[2]], seg)
                     last = loss_fn if r[1] == len(work.blocks) else None
                     _, f_ms, b_ms = measurement.timed_run(seg, args, dev, loss=last)
                     if k >= warmup:
                         fwd[r].append(f_ms)
-                        bwd[r].append(b_ms)
+                        (first[r] if fresh else bwd[r]).append(b_ms)
+                        sums[r, fresh].append(f_ms + b_ms)
                     if progress is not None:
                         progress(k * len(runs) + j + 1, total * len(runs), f"round {k + 1}")
     finally:
         torch.set_num_threads(old_threads)
     return {
-        r: StageTime(statistics.median(fwd[r]), statistics.median(bwd[r]),
-                     _spread(_sums(fwd[r], bwd[r])), len(fwd[r]))
+        r: StageTime(statistics.median(fwd[r]), statistics.median(bwd[r] or first[r]),
+                     max(_spread(sums[r, True]), _spread(sums[r, False])), len(fwd[r]),
+                     statistics.median(first[r] or bwd[r]))
         for r in runs
     }
-
-
-def _sums(a: Sequence[float], b: Sequence[float]) -> list[float]:
-    return [x + y for x, y in zip(a, b)]
 
 
 def _stage_runs(plan: Plan) -> list[StageRun]:
@@ -298,14 +323,15 @@ def verify_plans(
     distinct = len(dict.fromkeys(runs))
     out = {}
     for name, plan in plans.items():
-        stage_times = [times[r] for r in _stage_runs(plan)]
+        stage_times = [times[r].per_step(plan.microbatches) for r in _stage_runs(plan)]
         split = _split_costs(profile, plan)
         mid, low, high = (_scaled(plan, stage_times, f, split) for f in (0, -1, 1))
         sync = plan.replica_sync_ms if plan.replicas > 1 else 0.0  # not timed: the model's
         step = simulate_plan(mid).step_ms + sync
         spread = (simulate_plan(high).step_ms - simulate_plan(low).step_ms) / 2 / step
-        one_ms, one = min(((math.ceil(plan.batch_size / r[2]) * times[r].compute_ms, times[r])
-                           for r in singles[name]), key=lambda way: way[0])
+        one_ms, one = min(((math.ceil(plan.batch_size / r[2])
+                            * times[r].per_step(math.ceil(plan.batch_size / r[2])).compute_ms,
+                            times[r]) for r in singles[name]), key=lambda way: way[0])
         p = len(plan.stages)
         out[name] = dataclasses.replace(
             mid,

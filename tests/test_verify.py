@@ -195,6 +195,35 @@ def test_stage_runs_take_turns_a_b_a_b(small, monkeypatch) -> None:
     assert all(t.forward_ms > 0 and t.backward_ms > 0 and t.rounds == 2 for t in times.values())
 
 
+def test_every_other_round_starts_without_gradients(small, monkeypatch) -> None:
+    model, x, _ = small
+    seen: list[tuple[int, bool]] = []  # (first block, gradients there before the run)
+    real = measurement.timed_run
+
+    def recording(seg, args, dev, hooks=None, loss=None):
+        grads = [p.grad is not None for p in seg.module.parameters()]
+        assert all(grads) or not any(grads)  # all made anew, or all added into
+        seen.append((seg.first, all(grads)))
+        return real(seg, args, dev, hooks, loss)
+
+    monkeypatch.setattr(measurement, "timed_run", recording)
+    runs = [(0, 3, 4), (3, 7, 4), (0, 7, 4)]  # the whole model shares the stages' weights
+    times = time_stages(trace(model), x, runs, warmup=1, rounds=4, max_rounds=4)
+    for k in range(5):  # A starts anew in even rounds, B in odd ones, C in even ones
+        assert [added for _, added in seen[3 * k: 3 * k + 3]] == [k % 2 == 1, k % 2 == 0,
+                                                                 k % 2 == 1]
+    assert all(t.first_backward_ms is not None and t.rounds == 4 for t in times.values())
+
+
+def test_a_step_has_one_first_backward_and_m_minus_one_adding_up() -> None:
+    t = verify.StageTime(2.0, 5.0, 0.0, 4, first_backward_ms=3.0)
+    assert t.per_step(1).backward_ms == 3.0
+    assert t.per_step(4).backward_ms == pytest.approx((3.0 + 3 * 5.0) / 4)
+    assert t.per_step(4).forward_ms == 2.0
+    untimed = verify.StageTime(2.0, 5.0, 0.0, 4)
+    assert untimed.per_step(4) == untimed
+
+
 def test_verified_plans_record_their_stage_times(small, fake_clock) -> None:
     model, x, prof = small
     graph = trace(model)
