@@ -75,7 +75,8 @@ def run_fresh(fn: Callable[..., T], *args: Any, progress: Progress | None = None
     ``progress`` (here) receives every call the child makes to it, in order.
 
     Raises:
-        AutosplitError: the child's, again (same class and message).
+        AutosplitError: the child's, again (same class and message; a class that needs
+            more than its message comes back as FreshProcessError naming it).
         FreshProcessError: the child failed otherwise (its traceback is the message).
     """
     try:
@@ -117,7 +118,11 @@ def run_fresh(fn: Callable[..., T], *args: Any, progress: Progress | None = None
                      f"({value})")
     if kind == "autosplit":
         cls, message = value
-        raise cls(message)
+        try:
+            error = cls(message)
+        except Exception:  # noqa: BLE001 - a class that takes more than its message
+            error = FreshProcessError(f"{cls.__name__}: {message}")
+        raise error
     raise FreshProcessError(f"the timing process failed:\n{value}")
 
 

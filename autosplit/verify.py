@@ -79,7 +79,7 @@ class StageTime:
     def per_step(self, m: int) -> StageTime:
         """This stage's times averaged over a step's ``m`` micro-batches: the first
         backward makes the gradients, the m − 1 others add into them (ms)."""
-        if self.first_backward_ms is None or m < 1:
+        if self.first_backward_ms is None:
             return self
         mean = (self.first_backward_ms + (m - 1) * self.backward_ms) / m
         return dataclasses.replace(self, backward_ms=mean)
@@ -137,7 +137,8 @@ def time_stages(
 
     Works on a private copy of the model (the model is left as it was); on a CPU, in a fresh
     process, as the ranks run (:mod:`autosplit.fresh_process`). ``rounds`` timed
-    rounds at least, after ``warmup`` untimed ones; more, up to ``max_rounds``, while a run's
+    rounds at least (2 at least: every other round starts without gradients, see
+    :meth:`StageTime.per_step`), after ``warmup`` untimed ones; more, up to ``max_rounds``, while a run's
     interquartile range exceeds 5 % of its median and ``budget_s`` seconds are not spent.
 
     Raises:
@@ -227,6 +228,11 @@ def _time_here(
                      statistics.median(first[r] or bwd[r]))
         for r in runs
     }
+
+
+def _step_of(t: StageTime, m: int) -> float:
+    """One device's step of m micro-batches run one after the other (ms)."""
+    return m * t.per_step(m).compute_ms
 
 
 def _stage_runs(plan: Plan) -> list[StageRun]:
@@ -329,9 +335,8 @@ def verify_plans(
         sync = plan.replica_sync_ms if plan.replicas > 1 else 0.0  # not timed: the model's
         step = simulate_plan(mid).step_ms + sync
         spread = (simulate_plan(high).step_ms - simulate_plan(low).step_ms) / 2 / step
-        one_ms, one = min(((math.ceil(plan.batch_size / r[2])
-                            * times[r].per_step(math.ceil(plan.batch_size / r[2])).compute_ms,
-                            times[r]) for r in singles[name]), key=lambda way: way[0])
+        one_ms, one = min(((_step_of(times[r], math.ceil(plan.batch_size / r[2])), times[r])
+                           for r in singles[name]), key=lambda way: way[0])
         p = len(plan.stages)
         out[name] = dataclasses.replace(
             mid,

@@ -3,6 +3,8 @@ in this process, and this process again (with a warning) for what cannot travel.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from models import LongSkip
@@ -10,7 +12,7 @@ from torch import nn
 
 import autosplit
 from autosplit import fresh_process
-from autosplit.errors import InvalidInputError
+from autosplit.errors import InvalidInputError, RankFailedError
 from autosplit.profiler import profile_graph
 from autosplit.verify import time_stages
 
@@ -67,6 +69,19 @@ def test_the_childs_error_comes_back_with_its_class(fresh: None) -> None:
     graph = autosplit.trace(nn.Sequential(nn.Linear(6, 6), nn.Unflatten(1, (5, 2))))
     with pytest.raises(InvalidInputError, match="fails on a micro-batch of 4"):
         profile_graph(graph, (torch.randn(4, 6),), microbatch_sizes=[4])  # raised there
+
+
+def _raise_rank_failed(message: str, progress: object = None) -> None:
+    raise RankFailedError(message, rank=1, failures={1: message})
+
+
+def test_an_error_class_that_needs_more_than_its_message_is_named(
+        fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the child imports this file (tests/ on its path); RankFailedError needs the failing
+    # rank too, so it comes back as FreshProcessError naming it, with its message
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    with pytest.raises(fresh_process.FreshProcessError, match="RankFailedError: rank 1 died"):
+        fresh_process.run_fresh(_raise_rank_failed, "rank 1 died")
 
 
 def test_what_cannot_travel_is_timed_here_with_a_warning(fresh: None) -> None:
