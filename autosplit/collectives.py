@@ -1,4 +1,5 @@
-"""The all-reduce bandwidth of the real backend, measured as the replicas' gradients use it.
+"""The bandwidths of the real backend: the all-reduce, measured as the replicas' gradients use
+it, and the point-to-point link between two stages, measured as the pipeline runtime sends.
 
 Symbols: k ranks, n gradient bytes, t the time the gradient synchronisation adds to a backward
 (s). A ring all-reduce sends and receives 2 (k − 1)/k · n bytes per rank (Patarasuk & Yuan
@@ -17,6 +18,12 @@ and out of them, the all-reduce and whatever of it the backward does not hide �
 all-reduce of one flat tensor: on 2 gloo CPU workers DDP's synchronisation of ResNet50's
 25.6 M gradients took 164 ms where one all-reduce of as many bytes took 67 ms. The process
 start-up (a few seconds: each rank imports torch) is not timed.
+
+The link (:func:`measure_link_bandwidth`) is timed as the pipeline runtime sends a stage's
+output: a non-blocking send and receive of n bytes between 2 ranks, back and forth; its figure
+is n over half a round trip (bytes/s, one direction), the bandwidth of
+:func:`autosplit.cost.transfer_ms`. Between 2 gloo CPU workers on the development machines
+(loopback TCP) it was 1.7–1.9 GB/s for 1–64 MiB, where 5 GB/s had been assumed.
 """
 
 from __future__ import annotations
@@ -29,13 +36,27 @@ from typing import Any
 from autosplit import checks
 from autosplit.errors import InvalidInputError
 
-__all__ = ["bus_bandwidth", "measure_allreduce_bandwidth"]
+__all__ = ["bus_bandwidth", "measure_allreduce_bandwidth", "measure_link_bandwidth"]
 
 
 def bus_bandwidth(nbytes: float, ranks: int, seconds: float) -> float:
     """W = 2 (k − 1)/k · n / t (bytes/s) for an all-reduce of ``nbytes`` over ``ranks`` ranks
     that took ``seconds``."""
     return 2.0 * (ranks - 1) / ranks * nbytes / max(seconds, 1e-9)
+
+
+def _join(rank: int, ranks: int, port: int, backend: str) -> Any:
+    """Join the local process group as ``rank`` with one intra-op thread; this rank's device."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=ranks)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    return device
 
 
 def _rank(rank: int, ranks: int, port: int, backend: str, nbytes: int, repeats: int,
@@ -45,13 +66,8 @@ def _rank(rank: int, ranks: int, port: int, backend: str, nbytes: int, repeats: 
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.set_num_threads(1)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=ranks)
+    device = _join(rank, ranks, port, backend)
     try:
-        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-        if backend == "nccl":
-            torch.cuda.set_device(device)
         width = 1024  # layers of 4 MiB (fp32 weights), the last one cut to n bytes in all
         full, rest = divmod(max(nbytes // 4, width), width * width)
         layers = [nn.Linear(width, width, bias=False) for _ in range(full)]
@@ -111,14 +127,79 @@ def measure_allreduce_bandwidth(ranks: int = 2, nbytes: int = 32 * 2**20, repeat
                                 "more")
     key = (ranks, nbytes, repeats, backend)
     if key not in _MEASURED:
-        _MEASURED[key] = _measure(ranks, nbytes, repeats, backend)
+        _MEASURED[key] = bus_bandwidth(nbytes, ranks,
+                                       _measure(_rank, ranks, nbytes, repeats, backend))
     return _MEASURED[key]
 
 
 _MEASURED: dict[tuple[int, int, int, str], float] = {}
 
 
-def _measure(ranks: int, nbytes: int, repeats: int, backend: str) -> float:
+def _link_rank(rank: int, ranks: int, port: int, backend: str, nbytes: int, repeats: int,
+               results: Any) -> None:
+    """Send ``nbytes`` from rank 0 to rank 1 and back, ``repeats`` times after a warm-up; rank
+    0 puts the median of half a round trip (s)."""
+    import torch
+    import torch.distributed as dist
+
+    device = _join(rank, ranks, port, backend)
+    try:
+        out = torch.ones(max(nbytes // 4, 1), device=device)
+        into = torch.empty_like(out)
+        other = 1 - rank
+
+        def hop(send: bool) -> None:
+            op = dist.isend(out, other) if send else dist.irecv(into, other)
+            op.wait()
+
+        halves = []
+        for i in range(repeats + 1):  # the first: connections and buffers, not timed
+            dist.barrier()
+            if backend == "nccl":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            hop(rank == 0)
+            hop(rank == 1)
+            if backend == "nccl":
+                torch.cuda.synchronize(device)
+            if i:
+                halves.append((time.perf_counter() - t0) / 2)
+        if rank == 0:
+            results.put(max(statistics.median(halves), 1e-9))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_link_bandwidth(nbytes: int = 16 * 2**20, repeats: int = 7,
+                           backend: str | None = None) -> float:
+    """The measured bandwidth of one stage's send to the next between 2 local ranks (bytes/s,
+    one direction; see the module docstring): ``nbytes`` over the median of ``repeats``
+    half round trips.
+
+    ``backend`` defaults to NCCL when there are 2 GPUs, else gloo. Kept for the process's
+    lifetime, as :func:`measure_allreduce_bandwidth`.
+
+    Raises:
+        ArgumentTypeError, InvalidInputError: a count that is not a positive integer, an
+            unknown backend.
+    """
+    import torch
+
+    nbytes = checks.positive_int("nbytes", nbytes)
+    repeats = checks.positive_int("repeats", repeats)
+    if backend is None:
+        backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
+    checks.one_of("backend", backend, ("gloo", "nccl"))
+    key = (0, nbytes, repeats, backend)  # 0 ranks: the link's key, not an all-reduce's
+    if key not in _MEASURED:
+        _MEASURED[key] = nbytes / _measure(_link_rank, 2, nbytes, repeats, backend)
+    return _MEASURED[key]
+
+
+def _measure(rank_fn: Any, ranks: int, nbytes: int, repeats: int, backend: str) -> float:
+    """Run ``rank_fn`` on ``ranks`` fresh local processes of one intra-op thread; what rank 0
+    puts (s)."""
     import torch.multiprocessing as mp
 
     from autosplit.distributed.launch import free_port
@@ -127,11 +208,11 @@ def _measure(ranks: int, nbytes: int, repeats: int, backend: str) -> float:
     env = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"  # the ranks' intra-op threads, as the CPU workers'
     try:
-        mp.start_processes(_rank, args=(ranks, free_port(), backend, nbytes, repeats, results),
+        mp.start_processes(rank_fn, args=(ranks, free_port(), backend, nbytes, repeats, results),
                            nprocs=ranks, join=True, start_method="spawn")
     finally:
         if env is None:
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
             os.environ["OMP_NUM_THREADS"] = env
-    return bus_bandwidth(nbytes, ranks, results.get())
+    return float(results.get())

@@ -191,6 +191,10 @@ class Profile:
             per schedule, measured on this machine's backend (``(schedule, ms)`` pairs,
             :func:`autosplit.runtime_cost.measure_action_ms`); empty when not measured (then
             0 is assumed).
+        link_bytes_per_s: the bandwidth of one stage's send to the next, measured between 2
+            local ranks of this machine's backend (bytes/s, one direction,
+            :func:`autosplit.collectives.measure_link_bandwidth`), the planner's default link;
+            ``None`` when not measured.
     """
 
     model: str
@@ -212,6 +216,7 @@ class Profile:
     allreduce_bytes_per_s: float | None = None
     backward_split: str = ""
     action_ms: tuple[tuple[str, float], ...] = ()
+    link_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
         checked(self, lambda p: check_profile(

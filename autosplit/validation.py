@@ -307,6 +307,7 @@ def check_profile(p: Any, *, block_type: type, cut_type: type, device_type: type
     check_count(p.repeats, "repeats")
     check_ms(p.seconds, "seconds")
     _check_bandwidth(p.allreduce_bytes_per_s, "allreduce_bytes_per_s")
+    _check_bandwidth(p.link_bytes_per_s, "link_bytes_per_s")
     check_text(p.backward_split, "backward_split", empty=True)
     _check_action_ms(p.action_ms)
     split = [b.input_grad_ms is None for b in p.blocks] + [

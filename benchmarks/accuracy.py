@@ -64,6 +64,7 @@ from torchgpipe_peer import INSTALL_TORCHGPIPE, TORCHGPIPE, balance_by_time, tor
 
 from autosplit.allocator import restart_keeping_freed_memory
 import autosplit
+from autosplit.collectives import measure_link_bandwidth
 from autosplit.comparison import baseline_plans, manual_plan
 from autosplit.planner import plan_candidates, plan_with_balance
 from autosplit.records import Plan, Profile
@@ -109,8 +110,9 @@ def profile_case(case: Case, p: int, args: argparse.Namespace, device: torch.dev
     include = [case.hand[1]] if case.hand is not None else []
     profile = autosplit.profile(model, inputs, device=device, include=include,
                                 microbatch_sizes=args.sizes, budget_s=args.profile_budget)
-    if not args.smoke:  # the runtime's cost per action, measured as `autosplit plan` does
-        profile = dataclasses.replace(profile, action_ms=measure_action_ms())
+    if not args.smoke:  # the runtime's cost per action and the link, as `autosplit plan` does
+        profile = dataclasses.replace(profile, action_ms=measure_action_ms(),
+                                      link_bytes_per_s=measure_link_bandwidth())
     profile_s = time.perf_counter() - start
     candidates, others, notes = plans_of(case, profile, model, inputs, device)
     sums = {**{plan_key(c): c.predicted_step_ms for c in candidates},

@@ -41,7 +41,7 @@ from run_options import benchmark_parser, chosen_cases, write_and_show
 
 from autosplit.allocator import restart_keeping_freed_memory
 import autosplit
-from autosplit.collectives import measure_allreduce_bandwidth
+from autosplit.collectives import measure_allreduce_bandwidth, measure_link_bandwidth
 from autosplit.comparison import manual_plan
 from autosplit.planner import plan_candidates, plan_layouts
 from autosplit.records import Plan
@@ -85,8 +85,9 @@ def plans_of(case: Case, args: argparse.Namespace, width: float) -> dict[str, An
     include = [case.hand[1]] if case.hand is not None else []
     profile = autosplit.profile(model, inputs, include=include, microbatch_sizes=args.sizes,
                                 budget_s=args.profile_budget)
-    if not args.smoke:  # the runtime's cost per action, measured as `autosplit plan` does
-        profile = dataclasses.replace(profile, action_ms=measure_action_ms())
+    if not args.smoke:  # the runtime's cost per action and the link, as `autosplit plan` does
+        profile = dataclasses.replace(profile, action_ms=measure_action_ms(),
+                                      link_bytes_per_s=measure_link_bandwidth())
     profile_s = time.perf_counter() - start
     layouts = plan_layouts(profile, 2, allreduce_bandwidth_bytes_per_s=width)
     dp = layouts.option(1, 2)

@@ -50,6 +50,7 @@ from run_options import benchmark_parser, chosen_cases, write_and_show
 
 from autosplit.allocator import restart_keeping_freed_memory
 import autosplit
+from autosplit.collectives import measure_link_bandwidth
 from autosplit.comparison import manual_plan
 from autosplit.distributed.stage_module import V_SCHEDULES, stage_ranks
 from autosplit.errors import InfeasiblePlanError
@@ -109,8 +110,9 @@ def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     include = [case.hand[1]] if case.hand is not None else []
     profile = autosplit.profile(model, inputs, include=include, microbatch_sizes=args.sizes,
                                 budget_s=args.profile_budget)
-    # the runtime's cost per action, measured as `autosplit plan` measures it
-    profile = dataclasses.replace(profile, action_ms=measure_action_ms())
+    # the runtime's cost per action and the link, measured as `autosplit plan` measures them
+    profile = dataclasses.replace(profile, action_ms=measure_action_ms(),
+                                  link_bytes_per_s=measure_link_bandwidth())
     profile_s = time.perf_counter() - start
     best, by_schedule, why = schedule_plans(profile)
     others: dict[str, Plan] = {AUTO: best, **by_schedule}

@@ -4,6 +4,7 @@ measured all-reduce (structure only: no figure is asserted)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -15,10 +16,10 @@ from test_layouts import _brute_force, _random_profile
 
 import autosplit
 from autosplit.cli import main
-from autosplit.collectives import bus_bandwidth, measure_allreduce_bandwidth
+from autosplit.collectives import bus_bandwidth, measure_allreduce_bandwidth, measure_link_bandwidth
 from autosplit.errors import ArgumentTypeError, InfeasiblePlanError, InvalidInputError
 from autosplit.planner import plan_layouts
-from autosplit.records import Plan
+from autosplit.records import Plan, Profile
 from autosplit.topology import PLACEMENTS, Topology, device_of, placement_text, placements
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -202,3 +203,29 @@ def test_measured_all_reduce_bandwidth_structure() -> None:
         measure_allreduce_bandwidth(1)
     with pytest.raises(InvalidInputError, match="backend"):
         measure_allreduce_bandwidth(2, backend="mpi")
+
+
+def test_measured_link_bandwidth_structure() -> None:
+    link = measure_link_bandwidth(nbytes=2**16, repeats=1, backend="gloo")
+    assert math.isfinite(link) and link > 0
+    assert measure_link_bandwidth(nbytes=2**16, repeats=1, backend="gloo") == link  # kept
+    with pytest.raises(InvalidInputError, match="backend"):
+        measure_link_bandwidth(backend="mpi")
+
+
+def test_a_measured_link_is_the_planners_default_and_an_old_profile_keeps_the_kinds(
+        tmp_path: Path) -> None:
+    prof = _two_blocks(param_bytes=4, cut_bytes_per_sample=10**6)
+    assert prof.link_bytes_per_s is None
+    assumed = autosplit.plan(prof, 2)  # no measurement: the CPU default, 1.7 GB/s
+    slow = dataclasses.replace(prof, link_bytes_per_s=1e9)
+    measured = autosplit.plan(slow, 2)
+    given = autosplit.plan(slow, 2, bandwidth_bytes_per_s=5e9)  # an explicit link wins
+    # a transfer is forward + backward over the cut: 2 · bytes / bandwidth
+    nbytes = prof.cuts[0].bytes[prof.size_index(measured.split_size)]
+    assert measured.stages[0].send_ms == pytest.approx(2 * nbytes / 1e9 * 1000)
+    assert given.stages[0].send_ms == pytest.approx(2 * nbytes / 5e9 * 1000)
+    assert assumed.stages[0].send_ms == pytest.approx(
+        2 * prof.cuts[0].bytes[prof.size_index(assumed.split_size)] / 1.7e9 * 1000)
+    slow.save(tmp_path / "p.json")
+    assert Profile.load(tmp_path / "p.json").link_bytes_per_s == 1e9

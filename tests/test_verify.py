@@ -248,6 +248,36 @@ def test_verified_plans_record_their_stage_times(small, fake_clock) -> None:
     assert best.microbatches == min(c.microbatches for c in candidates)
 
 
+def test_the_chosen_candidate_is_predicted_from_a_second_session_not_the_one_that_chose_it(
+        small, monkeypatch) -> None:
+    model, x, prof = small
+    graph = trace(model)
+    candidates = plan_candidates(prof, 2, top_k=3)
+    lucky = candidates[-1].split_size  # the last by block sums: drew the luckiest timings
+    hand = manual_plan(prof, [prof.block_names[3]], 4)
+    sessions: list[list[tuple[int, int, int]]] = []
+
+    def stage_times(graph, inputs, runs, **options):  # noqa: ARG001
+        sessions.append(list(runs))
+        per_sample = [0.1 if len(sessions) == 1 and b == lucky else 1.0 for _, _, b in runs]
+        return {r: verify.StageTime(c * r[2], c * r[2], 0.01, 3) for r, c in zip(runs, per_sample)}
+
+    monkeypatch.setattr(verify, "time_stages", stage_times)
+    best, others = verify_and_choose(graph, x, prof, candidates, {"hand": hand}, budget_s=30.0)
+    assert best.split_size == lucky and len(sessions) == 2
+    # the first session times the candidates only; the second the chosen one, the hand split
+    # and one device, not the candidates left out
+    assert {b for _, _, b in sessions[0]} >= {c.split_size for c in candidates}
+    assert {r[2] for r in sessions[1]} - {lucky, 4, x.shape[0]} == set()
+    assert all(r in sessions[1] for r in verify._stage_runs(best))
+    # every printed figure comes from the second session, where the lucky draw is gone
+    expected = verify_plans(graph, x, prof, {"c": candidates[-1]})["c"]
+    assert best.predicted_step_ms == pytest.approx(expected.predicted_step_ms)
+    assert others["hand"].predicted_step_ms == pytest.approx(
+        verify_plans(graph, x, prof, {"h": hand})["h"].predicted_step_ms)
+    assert "first verification" in best.verification
+
+
 def test_one_device_is_the_faster_of_the_whole_batch_and_accumulated_micro_batches(
         small, monkeypatch) -> None:
     model, x, _ = small

@@ -100,22 +100,24 @@ def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, cons
 
 
 def _with_allreduce(prof: Profile, stages: int, console: Console) -> Profile:
-    """``prof`` with the measured all-reduce bandwidth of 2 local ranks (gloo between CPU
-    workers, NCCL between GPUs) and, between CPU workers, the pipeline runtime's cost per
+    """``prof`` with the measured all-reduce and link bandwidths of 2 local ranks (gloo
+    between CPU workers, NCCL between GPUs) and, between CPU workers, the pipeline runtime's cost per
     action (:mod:`autosplit.runtime_cost`), when planning for more than one device."""
     import dataclasses
 
     import torch
 
-    from autosplit.collectives import measure_allreduce_bandwidth
+    from autosplit.collectives import measure_allreduce_bandwidth, measure_link_bandwidth
 
     if stages < 2 or (prof.device.kind == "cuda" and torch.cuda.device_count() < 2):
         return prof
     width = measure_allreduce_bandwidth(2)
+    link = measure_link_bandwidth()
     backend = "gloo between 2 CPU workers" if prof.device.kind == "cpu" else "NCCL, 2 GPUs"
-    console.print(f"measured DDP's gradient all-reduce ({backend}, 32 MiB): "
-                  f"{width / 1e9:.2f} GB/s bus bandwidth")
-    prof = dataclasses.replace(prof, allreduce_bytes_per_s=width)
+    console.print(f"measured ({backend}) DDP's gradient all-reduce, 32 MiB: "
+                  f"{width / 1e9:.2f} GB/s bus bandwidth; a stage's send to the next, 16 MiB: "
+                  f"{link / 1e9:.2f} GB/s")
+    prof = dataclasses.replace(prof, allreduce_bytes_per_s=width, link_bytes_per_s=link)
     if prof.device.kind != "cpu":  # measured between CPU workers (gloo) only, so far
         return prof
     from autosplit.runtime_cost import measure_action_ms

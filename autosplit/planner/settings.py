@@ -116,8 +116,9 @@ class PlanSettings:
         capacity = memory_sizes(memory_per_gpu, gpus)
         checks.one_of("optimizer", optimizer, OPTIMIZER_STATE)
         checks.one_of("schedule", schedule, ("auto", *SCHEDULES))
-        if bandwidth_bytes_per_s is None:
-            bandwidth = DEFAULT_LINK_BYTES_PER_S.get(profile.device.kind, 5e9)
+        if bandwidth_bytes_per_s is None:  # measured with the profile, else the kind's default
+            bandwidth = profile.link_bytes_per_s or DEFAULT_LINK_BYTES_PER_S.get(
+                profile.device.kind, 5e9)
         else:
             bandwidth = checks.positive_finite(
                 "bandwidth_bytes_per_s", bandwidth_bytes_per_s, "bytes/s"
