@@ -151,6 +151,7 @@ def _child(job: str, result: str, fd: str) -> None:
     except Exception as exc:  # noqa: BLE001 - told back, and the caller times in its process
         write("unpicklable", f"{type(exc).__name__}: {exc}")
         return
+    os.environ[IN_PROCESS] = "1"  # this is the fresh process: its timings stay in it
     try:
         value = fn(*args, progress=relay, **kwargs)
     except AutosplitError as exc:

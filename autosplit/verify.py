@@ -393,6 +393,19 @@ def verify_and_choose(
     """
     if not candidates:
         raise InvalidInputError("no candidate plan to verify")
+    if (len(candidates) > 1 and resolve_device(options.get("device")).type == "cpu"
+            and fresh_process.enabled()):  # both sessions in one fresh process
+        progress = options.pop("progress", None)
+        return fresh_process.run_fresh(_choose_here, graph, example_inputs, profile,
+                                       list(candidates), dict(others or {}),
+                                       progress=progress, **options)
+    return _choose_here(graph, example_inputs, profile, candidates, others, **options)
+
+
+def _choose_here(graph: BlockGraph, example_inputs: Any, profile: Profile,
+                 candidates: Sequence[Plan], others: Mapping[str, Plan] | None = None,
+                 **options: Any) -> tuple[Plan, dict[str, Plan]]:
+    """:func:`verify_and_choose` here (timings in a fresh process unless this is one)."""
     named = {f"candidate {i}": c for i, c in enumerate(candidates)}
     others = dict(others or {})
     if len(named) == 1:
@@ -403,8 +416,7 @@ def verify_and_choose(
     second_runs = _run_count([*named.values()][:1] + [*others.values()]) + 1
     progress = options.get("progress")
 
-    def session(share: float, part: int) -> dict[str, Any]:
-        """``options`` for one session: its share of the budget, its half of the progress."""
+    def session(share: float, part: int) -> dict[str, Any]:  # its budget, its progress
         out = {**options, "budget_s": None if budget is None else budget * share}
         if progress is not None:
             out["progress"] = lambda done, total, what: progress(part * total + done,

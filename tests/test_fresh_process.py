@@ -3,6 +3,7 @@ in this process, and this process again (with a warning) for what cannot travel.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,9 @@ from torch import nn
 import autosplit
 from autosplit import fresh_process
 from autosplit.errors import InvalidInputError, RankFailedError
+from autosplit.planner import plan_candidates
 from autosplit.profiler import profile_graph
-from autosplit.verify import time_stages
+from autosplit.verify import time_stages, verify_and_choose
 
 
 @pytest.fixture
@@ -111,3 +113,35 @@ def test_cheap_checks_come_before_any_process(fresh: None, monkeypatch: pytest.M
         profile_graph(graph, (torch.randn(8, 6),), microbatch_sizes=[9])
     with pytest.raises(InvalidInputError, match="micro-batch size 9"):
         time_stages(graph, (torch.randn(8, 6),), [(0, 1, 9)])
+
+
+def _in_process_flag(progress: object = None) -> str | None:
+    return os.environ.get(fresh_process.IN_PROCESS)
+
+
+def test_the_fresh_process_times_in_itself(fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the child imports this file
+    assert fresh_process.run_fresh(_in_process_flag) == "1"  # no process of its own
+
+
+def test_both_verification_sessions_run_in_one_fresh_process(
+        fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, x = LongSkip(), torch.randn(8, 6)
+    prof = autosplit.profile(model, x, microbatch_sizes=[2, 4, 8], warmup=0, repeats=1)
+    candidates = plan_candidates(prof, 2, top_k=3)
+    assert len(candidates) > 1
+    started: list[object] = []
+    run_fresh = fresh_process.run_fresh
+
+    def counted(fn: object, *args: object, **kwargs: object) -> object:
+        started.append(fn)
+        return run_fresh(fn, *args, **kwargs)
+
+    monkeypatch.setattr(fresh_process, "run_fresh", counted)
+    seen: list[tuple[int, int, str]] = []
+    best, others = verify_and_choose(autosplit.trace(model), x, prof, candidates,
+                                     {"hand": candidates[-1]}, rounds=2, max_rounds=2,
+                                     progress=lambda *call: seen.append(call))
+    assert len(started) == 1  # one process for both sessions (the child times in itself)
+    assert "first verification" in best.verification and others["hand"].verification
+    assert seen and seen[-1][0] == seen[-1][1]  # the second session ends the progress
