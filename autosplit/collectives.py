@@ -23,7 +23,7 @@ The link (:func:`measure_link_bandwidth`) is timed as the pipeline runtime sends
 output: a non-blocking send and receive of n bytes between 2 ranks, back and forth; its figure
 is n over half a round trip (bytes/s, one direction), the bandwidth of
 :func:`autosplit.cost.transfer_ms`. Between 2 gloo CPU workers on the development machines
-(loopback TCP) it was 1.7–1.9 GB/s for 1–64 MiB, where 5 GB/s had been assumed.
+(loopback TCP) it was 1.7–2.3 GB/s for 1–64 MiB, where 5 GB/s had been assumed.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ and 1F1B's counts, the others' memory comes from the replay."""
 
 DEFAULT_LINK_BYTES_PER_S = {
     # Between CPU workers in one process a "transfer" is a no-op; between processes it is a
-    # loopback gloo send: 1.7-1.9 GB/s for 1-64 MiB on the development machines
+    # loopback gloo send: 1.7-2.3 GB/s for 1-64 MiB on the development machines
     # (autosplit.collectives.measure_link_bandwidth, which `autosplit plan` runs).
     "cpu": 1.7e9,
     # PCIe 4.0 x16 peer-to-peer copies reach ~20–25 GB/s; 16 GB/s is a conservative default
