@@ -20,6 +20,7 @@ from autosplit.records import Plan, Profile
 from autosplit.schedules import torch_order
 from autosplit.simulator import simulate_plan
 from autosplit.solve.joint import JointProblem, brute_force_joint, solve_joint, stage_costs
+from autosplit.solve.joint_problem import rank_static_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-zb", 2), ("zbv", 2)]
@@ -216,6 +217,26 @@ def test_a_cut_between_ranks_costs_m_receive_buffers_on_each_side() -> None:
     assert brute_force_joint(problem((7.0,)), order).memory_bytes == (148.0, 254.0)
     without = solve_joint(problem(None), order)
     assert without is not None and without.memory_bytes == (120.0, 240.0)
+
+
+def test_a_cut_inside_a_rank_keeps_its_buffers_too() -> None:
+    # ZB-V on 2 ranks: stages 0 and 3 on rank 0, 1 and 2 on rank 1. Torch hands stage 1's
+    # output to stage 2 (and the gradient back) by reference and keeps the last ones per
+    # micro-batch until the next step, as it keeps receive buffers at a cut between ranks
+    order = torch_order("zbv", 2, 2, 2)
+    assert order.stage_rank == (0, 1, 1, 0)
+    problem = JointProblem(
+        fwd_ms=(1.0,) * 4, bwd_ms=(2.0,) * 4, input_grad_ms=(1.0,) * 4,
+        weight_grad_ms=(1.0,) * 4, saved_bytes=(10.0,) * 4, input_bytes=None,
+        static_bytes=(1.0, 2.0, 4.0, 8.0), comm_fwd_ms=(0.0,) * 3, comm_bwd_ms=(0.0,) * 3,
+        m=2, cut_bytes=(3.0, 5.0, 7.0))
+    # cut 0: gradients on rank 0, activations on rank 1; cut 1: both on rank 1; cut 2:
+    # gradients on rank 1, activations on rank 0 — m = 2 buffers each
+    assert rank_static_bytes(problem, (1, 1, 1, 1), order.stage_rank, 2) == [
+        1 + 8 + 2 * 3 + 2 * 7, 2 + 4 + 2 * 3 + 2 * 5 + 2 * 5 + 2 * 7]
+    found = solve_joint(problem, order)
+    assert found is not None
+    assert found.memory_bytes == brute_force_joint(problem, order).memory_bytes
 
 
 def test_split_backward_schedules_are_planned_without_recomputation() -> None:

@@ -6,7 +6,7 @@ of :func:`autosplit.solve.joint.solve_joint` finds the cuts into p·v stages and
 checkpoint with the smallest step of the replay of torch's own order
 (:mod:`autosplit.schedules`, every action with the runtime's measured cost per action of that
 schedule, ``Profile.action_ms``), within memory per rank: weights and optimizer state of the
-rank's stages + torch's receive buffers at its cuts + the replay's peak bytes in flight
+rank's stages + torch's per micro-batch buffers at its cuts + the replay's peak bytes in flight
 (activations, outputs, gradients, and a backward's transient on top of what is held when it
 starts, from the blocks' measured peaks). The plan is
 the fastest over all of them (ties: smaller b, then the order of :data:`SEARCHED`); each

@@ -11,10 +11,17 @@ The objective is the step of :func:`autosplit.schedules.replay` on the schedule'
 (:class:`~autosplit.schedules.ScheduleOrder`) for the stage costs of a balance (blocks per
 stage) and a checkpoint mask, among those whose memory fits every rank:
 
-    memory_r = Σ_{s on r} static_s + m · (bytes of each cut between ranks that r sends or
-               receives: torch's receive buffers) + peak in-flight bytes of rank r (the
-               replay's ``peak_bytes``: activations, outputs and gradients held, and a
+    memory_r = Σ_{s on r} static_s + m · (bytes of each cut that r's stages send or
+               receive: torch's per micro-batch buffers) + peak in-flight bytes of rank r
+               (the replay's ``peak_bytes``: activations, outputs and gradients held, and a
                backward's transient bytes while it runs)
+
+Torch's stages keep one buffer per micro-batch for what comes in at a cut, the activations
+on the later stage and the gradients on the earlier one, from step to step. At a cut between
+ranks they are receive buffers; at a cut inside a rank (ZB-V's turn of the V) the runtime
+hands the output and the gradient over by reference, and those buffers hold the last ones
+handed over until the next step replaces them — the same bytes. Measured: ZB-V's middle rank
+at the tutorial's size held 215 MiB more than a model without them predicted (−16 %).
 
 The in-flight bytes depend only on the rank's action order, not on the times (a rank runs one
 action at a time), so :class:`_MemoryModel` evaluates them exactly and vectorised over every
@@ -229,8 +236,8 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
     model, sequence = InFlight(order), _sequence(order)
     cap = None if problem.capacity_bytes is None else np.asarray(problem.capacity_bytes)
     static = sums(problem.static_bytes)
-    if at_cut is not None:  # receive buffers on both sides of a cut between ranks
-        buffers = problem.m * at_cut * ~same
+    if at_cut is not None:  # per micro-batch buffers on both sides of every cut (see above)
+        buffers = problem.m * at_cut
         static[:, :-1] += buffers
         static[:, 1:] += buffers
     static_r = np.stack([static[:, o].sum(axis=1) for o in on], axis=1)

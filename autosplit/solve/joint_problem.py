@@ -195,14 +195,14 @@ def stage_transient(problem: JointProblem, first: int, end: int, output: float) 
 def rank_static_bytes(problem: JointProblem, balance: Sequence[int], stage_rank: Sequence[int],
                  p: int) -> list[float]:
     """Bytes each rank holds all step: its blocks' ``static_bytes`` and, with ``cut_bytes``,
-    m receive buffers on each side of every cut between ranks."""
+    m buffers on each side of every cut, between ranks or inside one (see
+    :mod:`autosplit.solve.joint`)."""
     out = [0.0] * p
     start = 0
     for s, count in enumerate(balance):
         out[stage_rank[s]] += math.fsum(problem.static_bytes[start:start + count])
         start += count
-        if problem.cut_bytes is not None and s + 1 < len(balance) \
-                and stage_rank[s] != stage_rank[s + 1]:
+        if problem.cut_bytes is not None and s + 1 < len(balance):
             buffers = problem.m * problem.cut_bytes[start - 1]
             out[stage_rank[s]] += buffers  # the gradients coming back
             out[stage_rank[s + 1]] += buffers  # the activations coming in
