@@ -379,20 +379,20 @@ def verify_and_choose(
     shown beside it, from a second verification; return the chosen plan and the others, by
     name.
 
-    The fastest of several noisy figures is biased toward the one whose timings were luckiest:
-    predicting the chosen plan from the very timings that chose it would favour it over every
-    plan printed beside it. So the candidates are timed first, taking turns, and the best
-    (ties: the earlier, i.e. the better by block sums) is chosen on that; then the chosen plan
-    is timed again, taking turns with the other plans and one device, and every printed figure
-    comes from that second session. ``options['budget_s']`` (default 60 s) is shared between
-    the two sessions by their numbers of stage runs. A single candidate is timed once, with
-    the others.
+    The fastest of noisy figures is the luckiest: predicted from the timings that chose it, a
+    plan would look better than the plans beside it. So the best candidate (ties: the better by
+    block sums) is chosen on one session and predicted, with the others and one device, from a
+    second (both in one fresh process on a CPU); ``budget_s`` (default 60 s) is shared by their
+    stage runs. A single candidate is timed once, with the others.
 
     Raises:
         InvalidInputError: no candidate; as :func:`verify_plans`.
     """
     if not candidates:
         raise InvalidInputError("no candidate plan to verify")
+    checks.instance_of("profile", profile, Profile, "an autosplit Profile")
+    for plan in [*candidates, *(others or {}).values()]:  # before any process starts
+        plan.check_model(graph.fingerprint, graph.model_name)
     if (len(candidates) > 1 and resolve_device(options.get("device")).type == "cpu"
             and fresh_process.enabled()):  # both sessions in one fresh process
         progress = options.pop("progress", None)
@@ -439,7 +439,7 @@ def _choose_here(graph: BlockGraph, example_inputs: Any, profile: Profile,
 
 
 def _run_count(plans: Any) -> int:
-    """Distinct stage runs of ``plans`` (what a verification session takes turns over)."""
+    """Distinct stage runs of ``plans`` (a verification session takes turns over them)."""
     return len({r for plan in plans for r in _stage_runs(plan)}) or 1
 
 

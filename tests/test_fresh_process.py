@@ -13,7 +13,7 @@ from torch import nn
 
 import autosplit
 from autosplit import fresh_process
-from autosplit.errors import InvalidInputError, RankFailedError
+from autosplit.errors import InvalidInputError, ModelMismatchError, RankFailedError
 from autosplit.planner import plan_candidates
 from autosplit.profiler import profile_graph
 from autosplit.verify import time_stages, verify_and_choose
@@ -145,3 +145,18 @@ def test_both_verification_sessions_run_in_one_fresh_process(
     assert len(started) == 1  # one process for both sessions (the child times in itself)
     assert "first verification" in best.verification and others["hand"].verification
     assert seen and seen[-1][0] == seen[-1][1]  # the second session ends the progress
+
+
+def test_a_plan_of_another_model_is_refused_before_any_process(
+        fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, x = LongSkip(), torch.randn(8, 6)
+    prof = autosplit.profile(model, x, microbatch_sizes=[2, 4], warmup=0, repeats=1)
+    candidates = plan_candidates(prof, 2, top_k=2)
+    other = nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 6))
+
+    def no_process(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(fresh_process, "run_fresh", no_process)
+    with pytest.raises(ModelMismatchError):
+        verify_and_choose(autosplit.trace(other), x, prof, candidates)
