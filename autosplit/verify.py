@@ -17,12 +17,10 @@ without them.
 Each plan is then predicted again by the same simulator (:mod:`autosplit.simulator`) from
 these stage times; transfers keep the plan's modelled link time. The best of several
 candidates is chosen on one such session and predicted from a second one, with the plans
-printed beside it (:func:`verify_and_choose`): the fastest of noisy figures is its luckiest. The whole model is timed in
-one piece too, for the "over one device" figure, the fastest way one device can run the
-batch: at the profile's best micro-batch size, accumulated, and on a CPU also on the whole
-batch at once (which of the two is faster depends on the machine: on one of the development
-machines the whole batch, on the other the micro-batches); on a GPU the whole batch may not
-fit.
+printed beside it (:func:`verify_and_choose`): the fastest of noisy figures is its luckiest.
+The whole model is timed in one piece too, for the "over one device" figure: at the
+profile's best micro-batch size, accumulated, and on a CPU also on the whole batch at once
+(which is faster depends on the machine); on a GPU the whole batch may not fit.
 
 Spreads are relative: half the interquartile range over the median (a fraction).
 """
@@ -138,10 +136,10 @@ def time_stages(
     (:mod:`autosplit.losses`), as the profile it checks was.
 
     Works on a private copy of the model (the model is left as it was); on a CPU, in a fresh
-    process, as the ranks run (:mod:`autosplit.fresh_process`). ``rounds`` timed
-    rounds at least (2 at least: every other round starts without gradients, see
-    :meth:`StageTime.per_step`), after ``warmup`` untimed ones; more, up to ``max_rounds``, while a run's
-    interquartile range exceeds 5 % of its median and ``budget_s`` seconds are not spent.
+    process, as the ranks run (:mod:`autosplit.fresh_process`). ``rounds`` timed rounds at
+    least (2 at least: every other round starts without gradients, see
+    :meth:`StageTime.per_step`), after ``warmup`` untimed ones; more, up to ``max_rounds``,
+    while a run's IQR exceeds 5 % of its median and ``budget_s`` seconds are not spent.
 
     Raises:
         InvalidInputError: a block range outside the model, a b above the example batch.
@@ -247,10 +245,8 @@ def _split_costs(profile: Profile, plan: Plan) -> list[float]:
     the plan's micro-batch size (1.0 where the schedule does not split it or the profile does
     not have both at that size).
 
-    Stage runs are timed with the backward whole; zero-bubble schedules run it in two passes,
-    each walking the autograd graph (measured here: +10–13 % on ResNet50 and GPT small) —
-    except on the first stage, whose input needs no gradient: torch runs its backward whole,
-    in the weight pass."""
+    Stage runs are timed with the backward whole; zero-bubble schedules run it in two passes
+    (+10–13 % on ResNet50 and GPT small), except on the first stage (no input gradient)."""
     ones = [1.0] * len(plan.stages)
     if plan.schedule not in SPLIT_BACKWARD or plan.split_size not in profile.microbatch_sizes:
         return ones
@@ -264,7 +260,8 @@ def _split_costs(profile: Profile, plan: Plan) -> list[float]:
         if any(b.input_grad_ms is None or b.weight_grad_ms is None for b in blocks):
             return ones
         whole = math.fsum(b.bwd_ms[k] for b in blocks)
-        split = math.fsum(b.input_grad_ms[k] + b.weight_grad_ms[k] for b in blocks)  # type: ignore[index]
+        split = math.fsum(b.input_grad_ms[k]  # type: ignore[index]
+                          + b.weight_grad_ms[k] for b in blocks)  # type: ignore[index]
         out.append(split / whole if whole > 0 and split > 0 else 1.0)
     return out
 
@@ -296,6 +293,7 @@ def verify_plans(
     example_inputs: Any,
     profile: Profile,
     plans: Mapping[str, Plan],
+    one_device: bool = True,
     **options: Any,
 ) -> dict[str, Plan]:
     """Every plan with its stages timed as they run and its step predicted again from them.
@@ -306,8 +304,8 @@ def verify_plans(
     model, for a plan with replicas), ``step_spread`` its spread (the simulation of every
     stage at median ± spread), ``single_device_ms`` the whole model timed in one piece (the
     faster of the profile's best micro-batch size, accumulated, and, on a CPU, the whole batch
-    at once), and ``verification`` says how. ``options`` are
-    :func:`time_stages`'s keyword arguments.
+    at once; ``one_device=False``: not timed, the plan's kept), and ``verification`` says
+    how. ``options`` are :func:`time_stages`'s keyword arguments.
 
     Raises:
         ModelMismatchError: a plan is of another model than ``graph``.
@@ -321,8 +319,8 @@ def verify_plans(
     singles: dict[str, list[StageRun]] = {}  # the ways one device may run each plan's batch
     for name, plan in plans.items():
         _, b_one = single_device_ms(profile, plan.batch_size)
-        singles[name] = [(0, n, b_one)]
-        if whole(plan.batch_size) and b_one != plan.batch_size:
+        singles[name] = [(0, n, b_one)] if one_device else []
+        if one_device and whole(plan.batch_size) and b_one != plan.batch_size:
             singles[name].append((0, n, plan.batch_size))
     runs = [r for plan in plans.values() for r in _stage_runs(plan)]
     runs += [r for ways in singles.values() for r in ways]
@@ -338,14 +336,15 @@ def verify_plans(
         step = simulate_plan(mid).step_ms + sync
         spread = (simulate_plan(high).step_ms - simulate_plan(low).step_ms) / 2 / step
         one_ms, one = min(((_step_of(times[r], math.ceil(plan.batch_size / r[2])), times[r])
-                           for r in singles[name]), key=lambda way: way[0])
+                           for r in singles[name]), key=lambda way: way[0],
+                          default=(plan.single_device_ms, None))
         p = len(plan.stages)
         out[name] = dataclasses.replace(
             mid,
             predicted_step_ms=step,
             step_spread=spread,
             single_device_ms=one_ms,
-            single_device_spread=one.spread,
+            single_device_spread=plan.single_device_spread if one is None else one.spread,
             bound_step_ms=(plan.microbatches + p - 1)
             * max(s.compute_ms + s.send_ms for s in mid.stages),
             verification=(
@@ -424,7 +423,8 @@ def _choose_here(graph: BlockGraph, example_inputs: Any, profile: Profile,
         return out
 
     share = first_runs / (first_runs + second_runs)
-    chosen = verify_plans(graph, example_inputs, profile, named, **session(share, 0))
+    chosen = verify_plans(graph, example_inputs, profile, named, one_device=False,
+                          **session(share, 0))  # one device: in the second only
     name = min(named, key=lambda n: chosen[n].predicted_step_ms)
     verified = verify_plans(graph, example_inputs, profile, {name: named[name], **others},
                             **session(1 - share, 1))

@@ -268,6 +268,9 @@ def test_the_chosen_candidate_is_predicted_from_a_second_session_not_the_one_tha
     # the first session times the candidates only; the second the chosen one, the hand split
     # and one device, not the candidates left out
     assert {b for _, _, b in sessions[0]} >= {c.split_size for c in candidates}
+    n = len(prof.blocks)
+    assert not any(r[:2] == (0, n) for r in sessions[0])  # one device: the second session's
+    assert any(r[:2] == (0, n) for r in sessions[1])
     assert {r[2] for r in sessions[1]} - {lucky, 4, x.shape[0]} == set()
     assert all(r in sessions[1] for r in verify._stage_runs(best))
     # every printed figure comes from the second session, where the lucky draw is gone
