@@ -14,11 +14,12 @@ it); for each profile the plans below, predicted by autosplit from that profile:
   autosplit's best candidate by block sums;
 * one device (predicted: the verification's whole-model timing).
 
-Every distinct plan of every profile is then trained for real, right after the model's
-profiles (before the next model is profiled: less drift between prediction and measurement),
-one process per stage
-(``harness.py``: two gloo ranks, GPipe, interleaved rounds A B … B A after a warm-up round, a
-timing disturbed by other processes taken again). Reported: the median and p90 of
+Each profile's distinct plans and one device are then trained for real right after that
+profile's plans were made, as a user trains right after planning (the machine drifts 20-30 %
+over tens of minutes; a profile's prediction is compared with its own timed rounds, a few
+minutes later), one process per stage (``harness.py``: two gloo ranks, GPipe, interleaved rounds
+A B … B A after a warm-up round, a timing disturbed by other processes taken again); then the
+distinct plans autosplit chose from the profiles, timed together, for the agreement. Reported: the median and p90 of
 |predicted − measured| / measured over every (profile, plan); each profile's predicted ratio
 autosplit / other plan against the measured ratio; whether the profiles gave the same plan (or
 plans within 1 % measured). Models (``--models``): ResNet50 (B=120, 3×128×128), ResNet101
@@ -49,6 +50,7 @@ from accuracy_cases import (
     Case,
     agreement,
     default_cases,
+    distinct_choices,
     errors,
     goals,
     plan_key,
@@ -99,11 +101,10 @@ def plan_row(plan: Plan, block_sum_ms: float, names: Sequence[str]) -> dict[str,
             "step_spread": plan.step_spread, "block_sum_ms": block_sum_ms}
 
 
-def profile_case(case: Case, p: int, args: argparse.Namespace, device: torch.device,
-                 labels: dict[tuple[tuple[int, ...], int], str]
+def profile_case(case: Case, p: int, args: argparse.Namespace, device: torch.device
                  ) -> tuple[dict[str, Any], list[Config]]:
-    """One independent profile of ``case`` and its plans, verified; the new plans to measure
-    (``labels``: the plans already measured, by key, with their label)."""
+    """One independent profile of ``case`` and its plans, verified; what to measure for it (one
+    device and each distinct plan once, labelled ``<first plan's name> (profile p)``)."""
     model, inputs = case.spec.build(), case.spec.make_inputs()
     graph = autosplit.trace(model, example_inputs=inputs)
     start = time.perf_counter()
@@ -124,75 +125,92 @@ def profile_case(case: Case, p: int, args: argparse.Namespace, device: torch.dev
             for name, plan in plans.items()}
     rows[ONE] = {"balance": [len(profile.blocks)], "split_size": case.spec.batch, "cut_before": [],
                  "predicted_ms": auto.single_device_ms, "step_spread": auto.single_device_spread,
-                 "block_sum_ms": None}
-    new = []
+                 "block_sum_ms": None, "label": ONE}
+    labels: dict[tuple[tuple[int, ...], int], str] = {}
+    configs = [Config(ONE, None)]
     for name, plan in plans.items():
         key = plan_key(plan)
         if key not in labels:
             labels[key] = f"{name} (profile {p + 1})"
-            new.append(Config(labels[key], plan))
+            configs.append(Config(labels[key], plan))
         rows[name]["label"] = labels[key]
-    rows[ONE]["label"] = ONE
     result = {"profile_s": profile_s, "plan_and_verify_s": time.perf_counter() - start - profile_s,
               "microbatch_sizes": list(profile.microbatch_sizes), "plans": rows,
               "verification": auto.verification, "torchgpipe": notes}
-    return result, new
+    return result, configs
 
 
 def estimate_s(cases: Sequence[Case], args: argparse.Namespace) -> float:
-    """A rough duration up front: profiles and verification within their budgets, then the
-    timed rounds at about 6 configurations per model (pipelines ~0.6 of one device's step)."""
+    """A rough duration up front: profiles and verification within their budgets, then each
+    profile's timed rounds at about 6 configurations (pipelines ~0.6 of one device's step) and
+    the agreement's at 2 pipelines."""
     planning = args.profiles * (args.profile_budget + args.verify_budget + 10)
-    steps = sum(c.step_s * (1 + 0.6 * (5 + args.profiles - 1)) for c in cases)
+    steps = sum(c.step_s * (args.profiles * (1 + 0.6 * 5) + 0.6 * 2) for c in cases)
     return len(cases) * planning + (args.rounds + 1) * steps * 1.15  # 15 %: retakes, set-up
 
 
-def predicted_ms(model: dict[str, Any], label: str) -> float:
-    """A measured configuration's predicted step (ms), from the last profile that has it."""
-    return {r["label"]: r["predicted_ms"] for prof in model["profiles"]
-            for r in prof["plans"].values()}[label]
+def measure_group(group: Group, predicted: dict[str, float], args: argparse.Namespace
+                  ) -> dict[str, Any]:
+    """Time ``group`` on 2 gloo ranks (``predicted``: ms by label, for the duration printed);
+    each label's spread and timings, and the other processes' load."""
+    guess = sum(predicted[c.label] for c in group.configs) * (args.rounds + 1) / 1000 * 1.2
+    print(f"  measuring {len(group.configs)} configurations, {args.rounds} rounds + warm-up "
+          f"(about {guess:.0f} s by the predictions) …", flush=True)
+    got = measure([group], nprocs=2, backend="gloo", timeout_s=args.timeout)[group.name]
+    return {"measured": {label: {**spread(times), "seconds": times}
+                         for label, times in got["times"].items()}, "load": got["load"]}
+
+
+def measure_agreement(case: Case, profiles: Sequence[dict[str, Any]], configs: dict[str, Config],
+                      args: argparse.Namespace) -> dict[str, Any] | None:
+    """The distinct plans autosplit chose from the profiles timed together, interleaved (None
+    when every profile chose the same plan): plans measured in different windows are not
+    compared through the machine's drift between them."""
+    chosen = distinct_choices(profiles)
+    if len(chosen) < 2:
+        return None
+    print(f"{case.label}: the {len(chosen)} plans of its profiles together …", flush=True)
+    group = Group(f"{case.label}, agreement", case.spec,
+                  tuple(configs[row["label"]] for row in chosen.values()), rounds=args.rounds,
+                  warmup=1, max_others=args.max_others, retries=args.retries)
+    predicted = {row["label"]: row["predicted_ms"] for row in chosen.values()}
+    return measure_group(group, predicted, args)
 
 
 def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
     device = torch.device("cpu")
     started = time.perf_counter()
     models: list[dict[str, Any]] = []
-    results: dict[str, Any] = {}
     measure_s = 0.0
     for case in cases:
-        labels: dict[tuple[tuple[int, ...], int], str] = {}
-        configs = [Config(ONE, None)]
-        profiles = []
+        profiles, configs = [], {}
         for p in range(args.profiles):
             print(f"{case.label} ({case.spec.describe}): profile {p + 1}/{args.profiles} …",
                   flush=True)
-            result, new = profile_case(case, p, args, device, labels)
+            result, todo = profile_case(case, p, args, device)
+            # measured right after the plans were made, as a user trains right after planning:
+            # the machine's drift between prediction and measurement is a few minutes' drift
+            group = Group(f"{case.label}, profile {p + 1}", case.spec, tuple(todo),
+                          rounds=args.rounds, warmup=1, max_others=args.max_others,
+                          retries=args.retries)
+            predicted = {r["label"]: r["predicted_ms"] for r in result["plans"].values()}
+            start = time.perf_counter()
+            result.update(measure_group(group, predicted, args))
+            measure_s += time.perf_counter() - start
             profiles.append(result)
-            configs += new
-        models.append({"model": case.label, "key": case.name, "input": case.spec.describe,
-                       "hand": None if case.hand is None else
-                       {"cut_before": list(case.hand[0]), "split_size": case.hand[1]},
-                       "profiles": profiles})
-        group = Group(case.label, case.spec, tuple(configs), rounds=args.rounds, warmup=1,
-                      max_others=args.max_others, retries=args.retries)
-        # measured right after its profiles: the machine's drift between prediction and
-        # measurement is that of this model's profiles and measurement, not of the whole run
-        predicted = sum(predicted_ms(models[-1], c.label) for c in group.configs)
-        print(f"  measuring {len(group.configs)} configurations, {args.rounds} rounds + warm-up "
-              f"(about {(args.rounds + 1) * predicted / 1000 * 1.2:.0f} s by the "
-              f"predictions) …", flush=True)
+            configs.update({c.label: c for c in todo})
         start = time.perf_counter()
-        results.update(measure([group], nprocs=2, backend="gloo", timeout_s=args.timeout))
+        together = measure_agreement(case, profiles, configs, args)
         measure_s += time.perf_counter() - start
-    for model in models:
-        got = results[model["model"]]
-        model["measured"] = {label: {**spread(times), "seconds": times}
-                             for label, times in got["times"].items()}
-        model["load"] = got["load"]
+        model = {"model": case.label, "key": case.name, "input": case.spec.describe,
+                 "hand": None if case.hand is None else
+                 {"cut_before": list(case.hand[0]), "split_size": case.hand[1]},
+                 "profiles": profiles, "agreement_measured": together}
         model["step_errors"], model["ratio_errors"] = errors(model)
         steps = [e["error"] for e in model["step_errors"]]
         model["median_error"], model["p90_error"] = quantile(steps, 0.5), quantile(steps, 0.9)
         model["agreement"] = agreement(model)
+        models.append(model)
     steps = [e["error"] for m in models for e in m["step_errors"]]
     return {
         "settings": {
@@ -216,14 +234,52 @@ def _pct(x: float) -> str:
     return f"{x:+.1%}"
 
 
+def _measured_row(prefix: str, label: str, x: dict[str, Any], row: dict[str, Any]) -> str:
+    return (f"| {prefix}{label} | {', '.join(row['cut_before']) or '–'} | {row['split_size']} | "
+            f"{x['median_ms']:.0f} | {x['min_ms']:.0f}–{x['max_ms']:.0f} | "
+            f"{x['half_range']:.1%} | {x['n']} |")
+
+
+def measured_table(m: dict[str, Any]) -> list[str]:
+    """Each profile's timed rounds (taken right after its plans were made), then the distinct
+    plans of the profiles timed together; the load of other processes under each."""
+    lines = ["| profile | measured plan | cut before | b | median ms | min–max ms | ± | n |",
+             "|---|---|---|---|---|---|---|---|"]
+    rows = {r["label"]: r for prof in m["profiles"] for r in prof["plans"].values()}
+    for p, prof in enumerate(m["profiles"]):
+        lines += [_measured_row(f"{p + 1} | ", label, x, rows[label])
+                  for label, x in prof["measured"].items()]
+    loads = [load_sentence(prof["load"]) for prof in m["profiles"]]
+    lines += ["", " ".join(f"Profile {p + 1}'s rounds: {x[0].lower()}{x[1:]}"
+                           for p, x in enumerate(loads) if x)]
+    together = m.get("agreement_measured")
+    if together:
+        lines += ["", "autosplit's plans of the profiles, timed together:", "",
+                  "| | measured plan | cut before | b | median ms | min–max ms | ± | n |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [_measured_row("together | ", label, x, rows[label])
+                  for label, x in together["measured"].items()]
+        lines += ["", load_sentence(together["load"])]
+    return lines
+
+
+def agreement_sentence(m: dict[str, Any]) -> str:
+    a = m["agreement"]
+    same = ("the same plan" if a["same"] else
+            f"{a['distinct']} plans, {a['gap']:.1%} apart measured together; "
+            f"{a['agreeing']} within {GOALS['agreement']:.0%} of the fastest")
+    return f"autosplit's plan from the {a['profiles']} profiles: {same} ({'; '.join(a['plans'])})."
+
+
 def markdown(data: dict[str, Any]) -> str:
     s = data["settings"]
     lines = [
         "# Accuracy: predicted against measured step times", "",
         f"Machine: {describe(s['machine'])}.  ",
         f"Command: `{s['command']}`.  ",
-        (f"{s['devices']}; {plural(s['profiles'], 'independent profile')} per model; every "
-         f"plan measured {plural(s['rounds'], 'time')} after a warm-up round, interleaved; "
+        (f"{s['devices']}; {plural(s['profiles'], 'independent profile')} per model, each "
+         f"profile's plans measured right after they were made, {plural(s['rounds'], 'time')} "
+         f"each after a warm-up round, interleaved; "
          f"torchgpipe {s['torchgpipe'] or 'not installed (' + INSTALL_TORCHGPIPE + ')'}; "
          f"{s['loss']}. Total {data['seconds']['total']:.0f} s."), "",
         "## Goals", "", "| goal | value | target | |", "|---|---|---|---|",
@@ -233,16 +289,7 @@ def markdown(data: dict[str, Any]) -> str:
         met = "met" if g["met"] else "missed"
         lines.append(f"| {g['goal']} | {value} | {g['target']} | {met} |")
     for m in data["models"]:
-        a = m["agreement"]
-        lines += ["", f"## {m['model']} ({m['input']})", "",
-                  "| measured plan | cut before | b | median ms | min–max ms | ± | n |",
-                  "|---|---|---|---|---|---|---|"]
-        cuts = {r["label"]: r for prof in m["profiles"] for r in prof["plans"].values()}
-        for label, x in m["measured"].items():
-            r = cuts[label]
-            lines.append(f"| {label} | {', '.join(r['cut_before']) or '–'} | {r['split_size']} | "
-                         f"{x['median_ms']:.0f} | {x['min_ms']:.0f}–{x['max_ms']:.0f} | "
-                         f"{x['half_range']:.1%} | {x['n']} |")
+        lines += ["", f"## {m['model']} ({m['input']})", ""] + measured_table(m)
         lines += ["", "| profile | plan | predicted ms | measured ms | error |",
                   "|---|---|---|---|---|"]
         lines += [f"| {e['profile']} | {e['plan']} | {e['predicted_ms']:.0f} | "
@@ -252,11 +299,7 @@ def markdown(data: dict[str, Any]) -> str:
                   "|---|---|---|---|---|"]
         lines += [f"| {e['profile']} | {e['plan']} | {e['predicted_ratio']:.3f} | "
                   f"{e['measured_ratio']:.3f} | {_pct(e['error'])} |" for e in m["ratio_errors"]]
-        same = ("the same plan" if a["same"] else
-                f"{a['distinct']} plans, {a['gap']:.1%} apart measured; "
-                f"{a['agreeing']} within {GOALS['agreement']:.0%} of the fastest")
-        lines += ["", (f"autosplit's plan from the {a['profiles']} profiles: {same} "
-                       f"({'; '.join(a['plans'])}). {load_sentence(m['load'])}")]
+        lines += ["", agreement_sentence(m)]
     return "\n".join(lines) + "\n"
 
 

@@ -119,11 +119,12 @@ def spread(seconds: Sequence[float]) -> dict[str, float]:
 
 def errors(model: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Each (profile, plan)'s step error |predicted − measured| / measured, and each profile's
-    predicted ratio autosplit / other plan against the measured ratio (ratio / ratio − 1);
-    plans identical to autosplit's are left out of the ratios (both ratios are 1)."""
-    measured = {label: m["median_ms"] for label, m in model["measured"].items()}
+    predicted ratio autosplit / other plan against the measured ratio (ratio / ratio − 1), every
+    figure measured in that profile's own timed rounds; plans identical to autosplit's are left
+    out of the ratios (both ratios are 1)."""
     steps, ratios = [], []
     for p, prof in enumerate(model["profiles"]):
+        measured = {label: m["median_ms"] for label, m in prof["measured"].items()}
         for name, row in prof["plans"].items():
             meas = measured[row["label"]]
             steps.append({"profile": p + 1, "plan": name, "predicted_ms": row["predicted_ms"],
@@ -140,17 +141,36 @@ def errors(model: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, 
     return steps, ratios
 
 
+def distinct_choices(profiles: Sequence[dict[str, Any]]
+                     ) -> dict[tuple[tuple[int, ...], int], dict[str, Any]]:
+    """autosplit's plan of each profile, once per distinct plan (by :func:`plan_key`): the
+    first profile's row of each."""
+    chosen: dict[tuple[tuple[int, ...], int], dict[str, Any]] = {}
+    for prof in profiles:
+        row = prof["plans"][AUTO]
+        chosen.setdefault((tuple(row["balance"]), int(row["split_size"])), row)
+    return chosen
+
+
 def agreement(model: dict[str, Any]) -> dict[str, Any]:
-    """Whether the profiles gave the same autosplit plan, or plans within 1 % measured."""
-    labels = [prof["plans"][AUTO]["label"] for prof in model["profiles"]]
-    distinct = list(dict.fromkeys(labels))
-    times = [model["measured"][label]["median_ms"] for label in distinct]
-    gap = max(times) / min(times) - 1
-    fastest = distinct[times.index(min(times))]
-    limit = min(times) * (1 + GOALS["agreement"])
-    agreeing = sum(1 for label in labels if model["measured"][label]["median_ms"] <= limit)
-    return {"plans": labels, "distinct": len(distinct), "same": len(distinct) == 1,
-            "gap": gap, "agreeing": agreeing, "profiles": len(labels), "fastest": fastest}
+    """Whether the profiles gave the same autosplit plan, or plans within 1 % measured: the
+    distinct plans timed together (``model["agreement_measured"]``), interleaved."""
+    profiles = model["profiles"]
+    chosen = distinct_choices(profiles)
+    keys = [(tuple(p["plans"][AUTO]["balance"]), int(p["plans"][AUTO]["split_size"]))
+            for p in profiles]
+    labels = [chosen[k]["label"] for k in keys]
+    if len(chosen) == 1:
+        return {"plans": labels, "distinct": 1, "same": True, "gap": 0.0,
+                "agreeing": len(labels), "profiles": len(labels), "fastest": labels[0]}
+    measured = {x: m["median_ms"] for x, m in model["agreement_measured"]["measured"].items()}
+    times = {row["label"]: measured[row["label"]] for row in chosen.values()}
+    fastest = min(times, key=times.__getitem__)
+    limit = times[fastest] * (1 + GOALS["agreement"])
+    return {"plans": labels, "distinct": len(chosen), "same": False,
+            "gap": max(times.values()) / times[fastest] - 1,
+            "agreeing": sum(1 for x in labels if times[x] <= limit), "profiles": len(labels),
+            "fastest": fastest}
 
 
 def goals(models: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -208,15 +208,19 @@ def test_accuracy_benchmark_smoke(tmp_path) -> None:
         expected = {"autosplit", "uniform", "by parameters", "one device"}
         expected |= {"torchgpipe"} if with_torchgpipe else set()
         expected |= {"hand split"} if key == "resnet18" else set()
-        for prof in model["profiles"]:
+        for prof in model["profiles"]:  # each profile's plans timed in its own rounds
             assert set(prof["plans"]) == expected
-            assert all(r["predicted_ms"] > 0 and r["label"] in model["measured"]
+            assert all(r["predicted_ms"] > 0 and r["label"] in prof["measured"]
                        for r in prof["plans"].values())
-        assert all(m["median_ms"] > 0 and m["n"] == 1 for m in model["measured"].values())
+            assert all(m["median_ms"] > 0 and m["n"] == 1 for m in prof["measured"].values())
         assert len(model["step_errors"]) == 2 * len(expected)
         assert all(e["error"] >= 0 for e in model["step_errors"])
         agree = model["agreement"]
         assert 1 <= agree["distinct"] <= 2 and 1 <= agree["agreeing"] <= 2
+        together = model["agreement_measured"]  # distinct choices timed together, else None
+        assert (together is None) == (agree["distinct"] == 1)
+        if together is not None:
+            assert len(together["measured"]) == agree["distinct"]
     assert [g["met"] in (True, False) for g in data["goals"]] == [True] * 4
     assert data["settings"]["torchgpipe"] == ("0.0.7" if with_torchgpipe else None)
     text = (tmp_path / "accuracy_smoke.md").read_text()
