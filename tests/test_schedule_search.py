@@ -14,7 +14,7 @@ import autosplit
 from autosplit.cli import main
 from autosplit.errors import ScheduleUnavailableError
 from autosplit.planner.schedules import plan_schedules
-from autosplit.planner.search import candidate_sizes
+from autosplit.planner.search import candidate_sizes, fixed_planner
 from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile
 from autosplit.schedules import torch_order
@@ -272,3 +272,35 @@ def test_the_first_stage_runs_its_backward_whole_in_the_weight_pass() -> None:
     assert costs.split_held_bytes == (20.0, 30.0, 30.0, 30.0)
     assert solve_joint(problem, torch_order("zbv", 2, 2, 2)) == brute_force_joint(
         problem, torch_order("zbv", 2, 2, 2))
+
+
+def test_too_many_cuts_are_not_enumerated_and_gpipe_falls_back_on_its_exact_search(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cuts beyond the joint search's enumeration: that (schedule, v) says why; GPipe and 1F1B
+    on one stage per rank are planned by their own exact search, as schedule="gpipe" plans."""
+    import autosplit.planner.schedules as schedules
+
+    monkeypatch.setattr(schedules, "MAX_BALANCES", 10)  # 8 blocks: C(7, 3) = 35 > 10 ≥ C(7, 1)
+    profile = make_profile([1, 2, 4], [[1.0, 0.9, 0.8], [2.0, 1.5, 1.2]] * 4, batch_size=8,
+                           saved_bytes_per_sample=[100] * 8)
+    assert "35 ways to cut 8 blocks into 4 stages" in schedules.too_many_cuts(8, 4)
+    assert schedules.too_many_cuts(8, 2) == ""
+    two = _choose(profile)  # 2 ranks: v = 1 enumerates 7 cuts, v = 2 would need 35
+    why = {o.schedule: o.why for o in two.options if o.plan is None}
+    assert "35 ways to cut 8 blocks into 4 stages" in why["interleaved-1f1b"]
+    assert two.best.schedule in ("gpipe", "1f1b") and two.best.stages_per_rank == 1
+    settings = PlanSettings.check(profile, 4, schedule="auto")  # 4 ranks: C(7, 3) at v = 1
+    sizes = candidate_sizes(profile, None, 8, "the batch")
+    four = plan_schedules(settings, profile, sizes, (("gpipe", 1), ("1f1b", 1)),
+                          fixed=fixed_planner(settings, profile, sizes))
+    for option in four.options:
+        alone = autosplit.plan(profile, 4, schedule=option.schedule)
+        assert option.plan is not None and option.why == ""  # no recomputation to search
+        assert (option.plan.balance, option.plan.split_size) == (alone.balance, alone.split_size)
+        assert option.plan.predicted_step_ms == pytest.approx(alone.predicted_step_ms)
+    auto = autosplit.plan(profile, 4, schedule="auto")  # v = 2: 8 stages, one way to cut
+    assert auto.predicted_step_ms <= four.best.predicted_step_ms * (1 + 1e-9)
+    with pytest.raises(autosplit.InvalidInputError, match="35 ways to cut"):
+        plan_schedules(settings, profile, sizes, (("gpipe", 1),))  # no fallback given
+    with pytest.raises(autosplit.InvalidInputError, match=r"interleaved-1f1b \(v = 2\): 35 ways"):
+        autosplit.plan(profile, 2, schedule="interleaved-1f1b")

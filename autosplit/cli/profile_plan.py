@@ -173,14 +173,14 @@ def _print_schedules(console: Console, prof: Profile, args: argparse.Namespace,
                      kwargs: dict[str, Any], plan: Plan) -> None:
     """Why this schedule: the best plan of every schedule searched, by block sums."""
     from autosplit.planner.schedules import plan_schedules, schedule_why
-    from autosplit.planner.search import candidate_sizes
+    from autosplit.planner.search import candidate_sizes, fixed_planner
     from autosplit.planner.settings import PlanSettings
     from autosplit.report import schedule_table
 
     settings = PlanSettings.check(prof, args.gpus, **kwargs)
     sizes = candidate_sizes(prof, args.split_size, settings.batch_size, "the batch")
     try:
-        choice = plan_schedules(settings, prof, sizes)
+        choice = plan_schedules(settings, prof, sizes, fixed=fixed_planner(settings, prof, sizes))
     except AutosplitError:  # devices of different kinds, nothing fits: no table
         return
     console.print()

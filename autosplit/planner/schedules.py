@@ -17,7 +17,9 @@ profile has no input/weight split of the backward (``input_grad_ms``), checkpoin
 has no ``checkpoint_saved_bytes``, checkpointing with a split backward (:data:`NO_RECOMPUTE`:
 torch's weight pass runs the checkpointed forward again once per group of parameters it
 differentiates, so the stage's forward is paid many times over), a (schedule, v) that torch's
-class refuses for (p, m), and more stages than blocks. Devices of different speeds or profiles
+class refuses for (p, m), more stages than blocks, and more ways to cut than the joint search
+enumerates (:func:`too_many_cuts`; GPipe and 1F1B on one stage per rank are then planned by
+their own exact search, :func:`autosplit.planner.search.plan`, without recomputation). Devices of different speeds or profiles
 are planned with GPipe and 1F1B only (:func:`autosplit.planner.plan`), as are layouts with replicas.
 """
 
@@ -25,18 +27,26 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from autosplit.cost import block_transient_bytes, optimizer_factor, single_device_ms, transfer_ms
-from autosplit.errors import AutosplitError, InvalidInputError
+from autosplit.errors import AutosplitError, InfeasiblePlanError, InvalidInputError
 from autosplit.planner.assembly import explain_infeasible, shared_weights
 from autosplit.planner.problems import _copy_bytes
 from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile, Stage
 from autosplit.schedules import SPLIT_BACKWARD, torch_order
-from autosplit.solve.joint import JointProblem, JointSolution, solve_joint, stage_costs
+from autosplit.solve.joint import (
+    MAX_BALANCES,
+    JointProblem,
+    JointSolution,
+    solve_joint,
+    stage_costs,
+)
 
-__all__ = ["SEARCHED", "ScheduleChoice", "ScheduleOption", "joint_problem", "plan_schedules"]
+__all__ = ["SEARCHED", "ScheduleChoice", "ScheduleOption", "joint_problem", "plan_schedules",
+           "too_many_cuts"]
 
 SEARCHED = (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-zb", 2),
             ("zbv", 2))
@@ -168,13 +178,43 @@ def _assemble(settings: PlanSettings, profile: Profile, k: int, schedule: str, v
     )
 
 
+def too_many_cuts(blocks: int, stages: int) -> str:
+    """Why the joint search does not enumerate the cuts of ``blocks`` blocks into ``stages``
+    stages (C(N − 1, S − 1) > :data:`~autosplit.solve.joint.MAX_BALANCES`), else ``""``."""
+    count = math.comb(blocks - 1, stages - 1)
+    if count <= MAX_BALANCES:
+        return ""
+    return (f"{count:,} ways to cut {blocks} blocks into {stages} stages: more than the "
+            f"{MAX_BALANCES:,} the joint search enumerates")
+
+
+def _fixed_option(fixed: Callable[[str], Plan], schedule: str, too_many: str,
+                  checkpointing: bool) -> ScheduleOption:
+    """GPipe or 1F1B on one stage per rank by ``fixed`` (the exact search of that schedule's
+    cuts and b, without recomputation) where the joint search has ``too_many`` cuts."""
+    try:
+        plan = fixed(schedule)
+    except InfeasiblePlanError:
+        return ScheduleOption(schedule, 1, None, "does not fit")
+    note = f"recomputation not searched: {too_many}" if checkpointing else ""
+    return ScheduleOption(schedule, 1, plan, note)
+
+
 def plan_schedules(settings: PlanSettings, profile: Profile, sizes: list[int],
-                   searched: tuple[tuple[str, int], ...] = SEARCHED) -> ScheduleChoice:
+                   searched: tuple[tuple[str, int], ...] = SEARCHED,
+                   fixed: Callable[[str], Plan] | None = None) -> ScheduleChoice:
     """The best plan of every (schedule, v) in ``searched`` over the size indices ``sizes``,
     and the fastest of them (see the module docstring).
 
+    A (schedule, v) whose cuts are too many to enumerate (:func:`too_many_cuts`) is not
+    searched and says so, except GPipe and 1F1B on one stage per rank when ``fixed`` is given:
+    ``fixed(schedule)`` plans them (:func:`autosplit.planner.search.plan`'s exact search of
+    cuts and b, for any number of blocks; no recomputation).
+
     Raises:
-        InvalidInputError: devices of different speeds or profiles.
+        InvalidInputError: devices of different speeds or profiles; no (schedule, v) of
+            ``searched`` can be planned (:class:`ScheduleUnavailableError` when torch refuses
+            them): the reasons.
         InfeasiblePlanError: nothing fits the memory; says what would.
     """
     if len(set(settings.speeds)) > 1 or any(q is not profile for q in settings.profiles):
@@ -187,6 +227,11 @@ def plan_schedules(settings: PlanSettings, profile: Profile, sizes: list[int],
     options: list[ScheduleOption] = []
     for schedule, v in searched:
         why = _unavailable(profile, schedule, v, p)
+        too_many = "" if why else too_many_cuts(len(profile.blocks), p * v)
+        if too_many and fixed is not None and v == 1 and schedule in ("gpipe", "1f1b"):
+            options.append(_fixed_option(fixed, schedule, too_many, checkpointing))
+            continue
+        why = why or too_many
         best: tuple[float, int, JointSolution] | None = None
         refused, unproven = [], []
         for k in [] if why else sizes:
@@ -217,6 +262,9 @@ def plan_schedules(settings: PlanSettings, profile: Profile, sizes: list[int],
         options.append(ScheduleOption(schedule, v, _assemble(
             settings, profile, best[1], schedule, v, best[2], label, labels), note))
     planned = [o.plan for o in options if o.plan is not None]
+    if not planned and not any(o.why.startswith("does not fit") for o in options):
+        reasons = "; ".join(f"{o.schedule} (v = {o.v}): {o.why}" for o in options)
+        raise InvalidInputError(f"no schedule of {p} ranks can be planned here: {reasons}")
     if not planned:
         k = sizes[-1]
         m = math.ceil(settings.batch_size / profile.microbatch_sizes[k])

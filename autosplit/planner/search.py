@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from autosplit import checks
 from autosplit.errors import (
@@ -21,7 +21,7 @@ from autosplit.records import Plan, Profile
 from autosplit.solve import PartitionProblem, solve_dp
 from autosplit.solve.exact import solve_step
 
-__all__ = ["plan", "plan_candidates", "plan_with_balance", "SEARCH_LIMIT_S"]
+__all__ = ["fixed_planner", "plan", "plan_candidates", "plan_with_balance", "SEARCH_LIMIT_S"]
 
 SEARCH_LIMIT_S = 60.0
 """Time limit (s) of the exact search per micro-batch size. Every plan of the test suite and
@@ -178,7 +178,18 @@ def _joint(settings: PlanSettings, profile: Profile, candidates: list[int], solv
     if not searched:
         raise InvalidInputError(f"schedule={settings.schedule!r} is not planned: plan with "
                                 f"one of auto, {', '.join(name for name, _ in SEARCHED)}")
-    return plan_schedules(settings, profile, candidates, searched).best
+    fixed = fixed_planner(settings, profile, candidates, solver, time_limit_s)
+    return plan_schedules(settings, profile, candidates, searched, fixed).best
+
+
+def fixed_planner(settings: PlanSettings, profile: Profile, candidates: list[int],
+                  solver: str = "dp", time_limit_s: float | None = None
+                  ) -> Callable[[str], Plan]:
+    """``schedule ↦`` the plan of :func:`plan` for GPipe or 1F1B (one stage per rank) with
+    these settings: what :func:`~autosplit.planner.schedules.plan_schedules` falls back on
+    where the joint search has too many cuts to enumerate."""
+    return lambda schedule: _fixed(settings, profile, candidates, schedule, solver,
+                                   time_limit_s)
 
 
 def _fixed(settings: PlanSettings, profile: Profile, candidates: list[int], schedule: str,
