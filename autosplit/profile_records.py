@@ -243,9 +243,12 @@ class Profile:
             ) from None
 
     def action_ms_of(self, schedule: str) -> float:
-        """The runtime's cost per action of ``schedule`` (ms; :attr:`action_ms`), 0 when it
-        was not measured."""
-        return dict(self.action_ms).get(schedule, 0.0)
+        """The runtime's cost per action of ``schedule`` (ms; :attr:`action_ms`); for a
+        schedule the profile's measurement did not include (a profile older than the schedule's
+        search) the largest cost it measured, never an optimistic 0; 0 when nothing was
+        measured."""
+        measured = dict(self.action_ms)
+        return measured.get(schedule, max(measured.values(), default=0.0))
 
     def describe(self) -> str:
         """One line: how and where this profile was made."""

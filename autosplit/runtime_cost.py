@@ -77,12 +77,15 @@ def _rank(repeats: int = 7, warmup: int = 2) -> dict[str, float] | None:
     import torch.distributed as dist
     from torch.distributed import pipelining
 
+    from autosplit.distributed import stage_indices
+    from autosplit.distributed.stage_module import V_SCHEDULES
+
     rank = dist.get_rank()
     device = torch.device("cpu")
     out: dict[str, float] = {}
     for schedule, v in MEASURED:
         n = 2 * v
-        mine = [rank, n - 1 - rank] if schedule == "zbv" else [rank + 2 * j for j in range(v)]
+        mine = stage_indices(n, rank, 2, v_shape=schedule in V_SCHEDULES)
         torch.manual_seed(0)
         layers = [torch.nn.Linear(_WIDTH, _WIDTH) for _ in range(n)]
         stages = [pipelining.PipelineStage(layers[i], i, n, device) for i in mine]

@@ -16,7 +16,7 @@ from autosplit.planner import plan_with_balance
 from autosplit.planner.search import candidate_sizes
 from autosplit.planner.settings import PlanSettings
 from autosplit.runtime_cost import MEASURED, fit_action_ms, measure_action_ms
-from autosplit.schedules import StageCosts, simulate_schedule, torch_order
+from autosplit.schedules import SPLIT_BACKWARD, StageCosts, simulate_schedule, torch_order
 from autosplit.solve.joint import JointProblem, brute_force_joint, solve_joint
 
 
@@ -35,7 +35,7 @@ def test_every_action_costs_the_runtime_once() -> None:
 def test_the_fitted_cost_replays_the_measured_step(schedule: str, v: int) -> None:
     o = fit_action_ms(schedule, v, 8, 30.0)
     n = 2 * v
-    split = schedule in ("interleaved-zb", "zbv")
+    split = schedule in SPLIT_BACKWARD
     zero = (0.0,) * n
     costs = StageCosts(zero, zero, zero, action_ms=o)
     assert simulate_schedule(schedule, 2, v, 8, costs).step_ms == pytest.approx(30.0)

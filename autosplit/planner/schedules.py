@@ -48,9 +48,10 @@ from autosplit.solve.joint import (
 __all__ = ["SEARCHED", "ScheduleChoice", "ScheduleOption", "joint_problem", "plan_schedules",
            "too_many_cuts"]
 
-SEARCHED = (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-zb", 2),
-            ("zbv", 2))
-"""The (schedule, v) pairs ``"auto"`` searches (looped BFS and DualPipeV are not searched)."""
+SEARCHED = (("gpipe", 1), ("1f1b", 1), ("looped-bfs", 2), ("interleaved-1f1b", 2),
+            ("interleaved-zb", 2), ("zbv", 2), ("dualpipev", 2))
+"""The (schedule, v) pairs ``"auto"`` searches: every schedule torch's runtime runs, the
+multi-stage ones with 2 stages per rank (v = 3, 4 of the looped schedules are not searched)."""
 
 SPLIT = SPLIT_BACKWARD
 """Schedules that split the backward into input (I) and weight (W) gradients."""
