@@ -22,7 +22,7 @@ from typing import Any
 
 from autosplit import checks
 from autosplit.planner.schedules import SEARCHED
-from autosplit.schedules import SPLIT_BACKWARD, StageCosts, simulate_schedule, torch_class_name
+from autosplit.schedules import StageCosts, simulate_schedule, torch_class_name
 
 __all__ = ["MEASURED", "fit_action_ms", "measure_action_ms"]
 
@@ -39,7 +39,8 @@ def fit_action_ms(schedule: str, v: int, m: int, step_ms: float, p: int = 2) -> 
     stages per rank, m micro-batches; nothing else costing time) lasts ``step_ms``.
 
     Every action costs the same ``o``, so the replayed step is ``o`` times the step of actions
-    of unit cost: ``o = step_ms / units``.
+    that cost nothing but one unit each: ``o = step_ms / units`` (a DualPipeV full backward,
+    ``B`` beside its split ``I`` and ``W``, is one action too).
 
     Raises:
         ArgumentTypeError, InvalidInputError: a count that is not a positive integer, a step
@@ -48,9 +49,9 @@ def fit_action_ms(schedule: str, v: int, m: int, step_ms: float, p: int = 2) -> 
     """
     checks.non_negative_finite("step_ms", step_ms, "ms")
     n = checks.positive_int("p", p) * checks.positive_int("v", v)
-    weight = (1.0,) * n if schedule in SPLIT_BACKWARD else (0.0,) * n
+    zero = (0.0,) * n
     units = simulate_schedule(schedule, p, v, checks.positive_int("m", m),
-                              StageCosts((1.0,) * n, (1.0,) * n, weight)).step_ms
+                              StageCosts(zero, zero, zero, action_ms=1.0)).step_ms
     return step_ms / units
 
 
