@@ -131,18 +131,18 @@ def timed_run(seg: Segment, args: Sequence[Any], dev: torch.device,
     With ``loss`` (the last block), the forward time includes the loss's forward and the
     backward starts from the loss, as in training."""
     with hooks or contextlib.nullcontext():  # the loss's own saved tensors are not the block's
-        t0 = _clock(dev)
+        t0 = clock(dev)
         outputs = seg.module(*args)
     needs_grad = any(t.requires_grad for t in tensor_leaves(outputs))
     value = loss(outputs) if loss is not None and needs_grad else None
-    t1 = _clock(dev)
-    t2 = _clock(dev)
+    t1 = clock(dev)
+    t2 = clock(dev)
     if value is not None:
         value.backward()
     else:
         backward_from(outputs, None)
-    t3 = _clock(dev)
-    return outputs, _elapsed_ms(t0, t1, dev), _elapsed_ms(t2, t3, dev) if needs_grad else 0.0
+    t3 = clock(dev)
+    return outputs, elapsed_ms(t0, t1, dev), elapsed_ms(t2, t3, dev) if needs_grad else 0.0
 
 
 def timed_split_run(seg: Segment, args: Sequence[Any], dev: torch.device) -> tuple[float, float]:
@@ -165,15 +165,15 @@ def timed_split_run(seg: Segment, args: Sequence[Any], dev: torch.device) -> tup
         return 0.0, 0.0
     grads = [torch.ones_like(t) for t in outputs]
     if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-        t0 = _clock(dev)
+        t0 = clock(dev)
         torch.autograd.backward(outputs, grads)
-        return 0.0, _elapsed_ms(t0, _clock(dev), dev)
-    t0 = _clock(dev)
+        return 0.0, elapsed_ms(t0, clock(dev), dev)
+    t0 = clock(dev)
     _, groups = stage_backward_input(outputs, grads, list(args), seg.module.parameters())
-    t1 = _clock(dev)
+    t1 = clock(dev)
     stage_backward_weight(seg.module.parameters(), groups)
-    t2 = _clock(dev)
-    return _elapsed_ms(t0, t1, dev), _elapsed_ms(t1, t2, dev)
+    t2 = clock(dev)
+    return elapsed_ms(t0, t1, dev), elapsed_ms(t1, t2, dev)
 
 
 def warm_up(graph: BlockGraph, segments: Sequence[Segment], state: SizeState,
@@ -367,7 +367,7 @@ def measure_interleaved(
     return {b: state.result for b, state in states.items()}
 
 
-def _clock(dev: torch.device) -> Any:
+def clock(dev: torch.device) -> Any:
     if dev.type == "cuda":
         event = torch.cuda.Event(enable_timing=True)
         event.record()
@@ -375,7 +375,7 @@ def _clock(dev: torch.device) -> Any:
     return time.perf_counter()
 
 
-def _elapsed_ms(start: Any, end: Any, dev: torch.device) -> float:
+def elapsed_ms(start: Any, end: Any, dev: torch.device) -> float:
     if dev.type == "cuda":
         end.synchronize()
         return float(start.elapsed_time(end))

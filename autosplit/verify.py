@@ -5,14 +5,13 @@ timed one by one (caches, allocator and kernel choices differ), and by a differe
 each micro-batch size. So before a plan is printed or saved, each stage of the best few
 candidates, and of every plan shown beside them, is timed as it will run: its contiguous
 blocks together (:meth:`~autosplit.graph.BlockGraph.extract`), forward and backward, at the
-plan's micro-batch size b. The stage runs take turns (A B A B …, round after round) so that
-drift hits all of them alike, and rounds go on while a stage's interquartile range exceeds
-5 % of its median, up to a cap and a time budget. Every other round a stage starts without
-gradients, as a step's first micro-batch does (its backward makes them), the others add into
-them, as the step's later micro-batches do; a step of m micro-batches is predicted with one of
-the first kind and m − 1 of the second (:meth:`StageTime.per_step`). Adding into gradients
-costs more: ResNet50's forward and backward at b = 24 (64×64) took 2–5 % longer than starting
-without them.
+plan's micro-batch size b, with as many micro-batches in flight as the plan's schedule keeps
+on that stage (all m on a GPipe stage; :mod:`autosplit.stage_timing` times them, taking turns
+A B A B). Every other round a stage starts without gradients, as a step's first micro-batch
+does (its backward makes them), the others add into them; a step of m micro-batches is
+predicted with one of the first kind and m − 1 of the second (:meth:`StageTime.per_step`).
+Adding into gradients costs more: ResNet50's forward and backward at b = 24 (64×64) took 2–5 %
+longer than starting without them.
 
 Each plan is then predicted again by the same simulator (:mod:`autosplit.simulator`) from
 these stage times; transfers keep the plan's modelled link time. The best of several
@@ -27,212 +26,53 @@ Spreads are relative: half the interquartile range over the median (a fraction).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from autosplit import checks, fresh_process, measurement
+from autosplit import checks, fresh_process
 from autosplit.cost import single_device_ms
 from autosplit.devices import resolve_device
-from autosplit.errors import InvalidInputError
-from autosplit.graph import BlockGraph, Segment
-from autosplit.losses import timing_loss
-from autosplit.profiler import check_inputs, check_microbatch_sizes
+from autosplit.errors import AutosplitError, InvalidInputError
+from autosplit.graph import BlockGraph
+from autosplit.profiler import check_inputs
 from autosplit.records import Plan, Profile
-from autosplit.schedules import SPLIT_BACKWARD
+from autosplit.schedules import SPLIT_BACKWARD, torch_order
 from autosplit.simulator import simulate_plan
+from autosplit.stage_timing import StageRun, StageTime, time_stages
 from autosplit.stages import block_ranges
 
 __all__ = ["StageTime", "time_stages", "verify_and_choose", "verify_plans"]
-
-StageRun = tuple[int, int, int]
-"""``(first, end, b)``: blocks ``first … end-1`` run together on a micro-batch of b."""
-
-
-@dataclass(frozen=True, slots=True)
-class StageTime:
-    """A stage timed as it runs.
-
-    Attributes:
-        forward_ms: median forward time of one micro-batch (ms).
-        backward_ms: median backward time (ms), adding into the gradients of an earlier one.
-        spread: half the interquartile range of forward + backward over its median (fraction).
-        rounds: timed runs taken.
-        first_backward_ms: median backward time when the stage's weights have no gradient
-            yet (ms): a step's first micro-batch, whose gradients are new tensors, not a sum
-            (``None``: not timed; then :attr:`backward_ms`).
-    """
-
-    forward_ms: float
-    backward_ms: float
-    spread: float
-    rounds: int
-    first_backward_ms: float | None = None
-
-    def per_step(self, m: int) -> StageTime:
-        """This stage's times averaged over a step's ``m`` micro-batches: the first
-        backward makes the gradients, the m − 1 others add into them (ms)."""
-        if self.first_backward_ms is None:
-            return self
-        mean = (self.first_backward_ms + (m - 1) * self.backward_ms) / m
-        return dataclasses.replace(self, backward_ms=mean)
-
-    @property
-    def compute_ms(self) -> float:
-        """Forward + backward (ms)."""
-        return self.forward_ms + self.backward_ms
-
-
-def _inputs_at(graph: BlockGraph, inputs: Sequence[torch.Tensor], b: int,
-               runs: Sequence[StageRun], dev: torch.device) -> dict[str, Any]:
-    """The values every stage run at size b reads, made by running the blocks before it."""
-    needed = {name for first, end, size in runs if size == b
-              for name in graph.extract(first, end).inputs}
-    env: dict[str, Any] = {n: x[:b].to(dev).clone() for n, x in zip(graph.inputs, inputs)}
-    kept = {n: v for n, v in env.items() if n in needed}
-    last = max((first for first, _, size in runs if size == b), default=0)
-    with torch.no_grad():
-        for i in range(last):
-            seg = graph.extract(i, i + 1)
-            outputs = seg.module(*(env[n] for n in seg.inputs))
-            env.update(zip(seg.outputs, outputs))
-            kept.update({n: env[n] for n in seg.outputs if n in needed})
-            live = set(graph.cuts[i].tensors) | set(graph.inputs)
-            env = {n: v for n, v in env.items() if n in live}
-    return kept
-
-
-def _spread(values: Sequence[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return (q3 - q1) / 2 / median if median > 0 else 0.0
-
-
-def time_stages(
-    graph: BlockGraph,
-    example_inputs: Any,
-    runs: Sequence[StageRun],
-    *,
-    device: str | torch.device | None = None,
-    threads: int = 1,
-    warmup: int = 1,
-    rounds: int = 3,
-    max_rounds: int = 10,
-    budget_s: float | None = 60.0,
-    progress: Callable[[int, int, str], None] | None = None,
-    loss: str = "none",
-) -> dict[StageRun, StageTime]:
-    """Time each stage run ``(first, end, b)``, taking turns round after round.
-
-    A run that ends with the model's last block is timed with ``loss`` after it
-    (:mod:`autosplit.losses`), as the profile it checks was.
-
-    Works on a private copy of the model (the model is left as it was); on a CPU, in a fresh
-    process, as the ranks run (:mod:`autosplit.fresh_process`). ``rounds`` timed rounds at
-    least (2 at least: every other round starts without gradients, see
-    :meth:`StageTime.per_step`), after ``warmup`` untimed ones; more, up to ``max_rounds``,
-    while a run's IQR exceeds 5 % of its median and ``budget_s`` seconds are not spent.
-
-    Raises:
-        InvalidInputError: a block range outside the model, a b above the example batch.
-    """
-    inputs = check_inputs(example_inputs)
-    runs = list(dict.fromkeys(runs))
-    checks.positive_int("rounds", rounds)
-    checks.non_negative_int("warmup", warmup)
-    batch = int(inputs[0].shape[0])
-    for first, end, b in runs:
-        graph.extract(first, end)  # checks the range
-        check_microbatch_sizes([b], batch, "b")
-    timing_loss(loss)  # checks the name
-    options = dict(device=device, threads=threads, warmup=warmup, rounds=rounds,
-                   max_rounds=max_rounds, budget_s=budget_s, loss=loss)
-    if resolve_device(device).type == "cpu" and fresh_process.enabled():
-        return fresh_process.run_fresh(_time_here, graph, inputs, runs, progress=progress,
-                                       **options)
-    return _time_here(graph, inputs, runs, progress=progress, **options)
-
-
-def _time_here(
-    graph: BlockGraph,
-    inputs: tuple[torch.Tensor, ...],
-    runs: list[StageRun],
-    *,
-    device: str | torch.device | None,
-    threads: int,
-    warmup: int,
-    rounds: int,
-    max_rounds: int,
-    budget_s: float | None,
-    progress: Callable[[int, int, str], None] | None,
-    loss: str,
-) -> dict[StageRun, StageTime]:
-    """:func:`time_stages` in this process, on checked arguments."""
-    loss_fn = timing_loss(loss)
-    dev = resolve_device(device)
-    start = time.perf_counter()
-    old_threads = torch.get_num_threads()
-    rng = [dev.index or 0] if dev.type == "cuda" else []
-    fwd: dict[StageRun, list[float]] = {r: [] for r in runs}
-    bwd: dict[StageRun, list[float]] = {r: [] for r in runs}
-    first: dict[StageRun, list[float]] = {r: [] for r in runs}  # backwards into no gradient
-    sums: dict[tuple[StageRun, bool], list[float]] = {(r, new): [] for r in runs
-                                                       for new in (True, False)}
-    rounds = max(rounds, 2)  # both kinds of backward
-    try:
-        if dev.type == "cpu":
-            torch.set_num_threads(threads)
-        on_device = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
-        with torch.random.fork_rng(devices=rng), on_device:
-            work = measurement.private_copy(graph, dev)
-            envs = {b: _inputs_at(work, inputs, b, runs, dev) for b in {r[2] for r in runs}}
-            segments = {r: work.extract(r[0], r[1]) for r in runs}
-            total = warmup + max(rounds, max_rounds)
-            for k in range(total):
-                if k >= warmup + rounds:
-                    settled = all(measurement.spread_settled(x) for x in sums.values())
-                    elapsed = time.perf_counter() - start
-                    per_round = elapsed / k
-                    if settled or (budget_s is not None and elapsed + per_round > budget_s):
-                        break
-                for j, r in enumerate(runs):  # A B A B …: every run once per round
-                    seg: Segment = segments[r]
-                    fresh = (k + j) % 2 == 0  # every other round, the gradients start anew
-                    for param in seg.module.parameters():
-                        if fresh:
-                            param.grad = None
-                        elif param.grad is None:  # (another run's fresh start took it)
-                            param.grad = torch.zeros_like(param)
-                    args = measurement.segment_args(work, envs[r[2]], seg)
-                    last = loss_fn if r[1] == len(work.blocks) else None
-                    _, f_ms, b_ms = measurement.timed_run(seg, args, dev, loss=last)
-                    if k >= warmup:
-                        fwd[r].append(f_ms)
-                        (first[r] if fresh else bwd[r]).append(b_ms)
-                        sums[r, fresh].append(f_ms + b_ms)
-                    if progress is not None:
-                        progress(k * len(runs) + j + 1, total * len(runs), f"round {k + 1}")
-    finally:
-        torch.set_num_threads(old_threads)
-    return {
-        r: StageTime(statistics.median(fwd[r]), statistics.median(bwd[r] or first[r]),
-                     max(_spread(sums[r, True]), _spread(sums[r, False])), len(fwd[r]),
-                     statistics.median(first[r] or bwd[r]))
-        for r in runs
-    }
 
 
 def _step_of(t: StageTime, m: int) -> float:
     """One device's step of m micro-batches run one after the other (ms)."""
     return m * t.per_step(m).compute_ms
+
+
+IN_FLIGHT_CAP_MS = 1000.0
+"""A stage run is timed with its schedule's micro-batches in flight when they take at most this
+long by block sums (ms), else one at a time: longer rounds would not fit the budget, and where
+the effect was measured on such long runs (ResNet50's stages) it was within 0.5 %."""
+
+
+def _depths(plan: Plan) -> list[int]:
+    """Per stage, the most micro-batches its schedule keeps in flight (forwards whose backward
+    has not started, in torch's own order: m on every GPipe stage, 1 on 1F1B's last), or 1 where
+    that many would take longer than :data:`IN_FLIGHT_CAP_MS` by block sums."""
+    v = plan.stages_per_rank
+    n = len(plan.stages)
+    try:
+        order = torch_order(plan.schedule, n // v, v, plan.microbatches)
+    except AutosplitError:
+        return [1] * n
+    live, peak = [0] * n, [1] * n
+    for row in order.actions:
+        for a in row:
+            live[a.stage] += 1 if a.kind == "F" else -1 if a.kind in ("B", "I") else 0
+            peak[a.stage] = max(peak[a.stage], live[a.stage])
+    return [d if d * s.compute_ms <= IN_FLIGHT_CAP_MS else 1 for d, s in zip(peak, plan.stages)]
 
 
 def _stage_runs(plan: Plan) -> list[StageRun]:
@@ -324,7 +164,12 @@ def verify_plans(
             singles[name].append((0, n, plan.batch_size))
     runs = [r for plan in plans.values() for r in _stage_runs(plan)]
     runs += [r for ways in singles.values() for r in ways]
-    times = time_stages(graph, example_inputs, runs, **{"loss": profile.loss, **options})
+    depths: dict[StageRun, int] = {}  # a run two plans share: the deeper of the two
+    for plan in plans.values():
+        for r, d in zip(_stage_runs(plan), _depths(plan)):
+            depths[r] = max(depths.get(r, 1), d)
+    times = time_stages(graph, example_inputs, runs, depths=depths,
+                        **{"loss": profile.loss, **options})
     rounds = min(t.rounds for t in times.values())
     distinct = len(dict.fromkeys(runs))
     out = {}
@@ -349,7 +194,8 @@ def verify_plans(
             * max(s.compute_ms + s.send_ms for s in mid.stages),
             verification=(
                 f"each stage's blocks timed together at b={plan.split_size}, forward and "
-                f"backward, {distinct} stage runs taking turns over ≥ {rounds} rounds; "
+                f"backward, {'/'.join(map(str, _depths(plan)))} micro-batches in flight, "
+                f"{distinct} stage runs taking turns over ≥ {rounds} rounds; "
                 f"block sums gave {plan.predicted_step_ms:.0f} ms"
             ),
         )

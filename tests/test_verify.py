@@ -105,7 +105,7 @@ class Recorded(nn.Module):
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every timed interval lasts exactly 1 s: the timings no longer depend on the machine."""
     ticks = itertools.count()
-    monkeypatch.setattr(measurement, "_clock", lambda dev: float(next(ticks)))
+    monkeypatch.setattr(measurement, "clock", lambda dev: float(next(ticks)))
     CALLS.clear()
 
 
@@ -135,7 +135,7 @@ def test_profile_repeats_until_the_spread_is_small_or_the_cap(monkeypatch) -> No
         ticks[0] += next(noisy) / 1000.0
         return ticks[0]
 
-    monkeypatch.setattr(measurement, "_clock", clock)
+    monkeypatch.setattr(measurement, "clock", clock)
     CALLS.clear()
     graph = trace(Recorded(), leaf_modules=[Recorder])
     profiler.profile_graph(graph, torch.randn(4, 4), microbatch_sizes=[2, 4], warmup=0,
@@ -193,6 +193,45 @@ def test_stage_runs_take_turns_a_b_a_b(small, monkeypatch) -> None:
     assert order == runs * 3  # one warm-up round, then two timed: A B C A B C A B C
     assert with_loss == [False, True, True] * 3  # the runs that end with the last block
     assert all(t.forward_ms > 0 and t.backward_ms > 0 and t.rounds == 2 for t in times.values())
+
+
+def test_a_stage_run_in_flight_runs_every_forward_before_the_backwards() -> None:
+    """d micro-batches in flight: F F F, then B B B in the same order, as a GPipe stage runs
+    them; their gradients add up as d separate runs' do."""
+    from autosplit import stage_timing
+
+    torch.manual_seed(0)
+    model = LongSkip().eval()  # BatchNorm's statistics stay put: every run sees the same
+    x = torch.randn(4, 6)
+    seg = trace(model).extract(0, len(trace(model).blocks))
+    log: list[str] = []
+    model.out.register_forward_hook(lambda *_: log.append("F"))
+    model.out.register_full_backward_hook(lambda *_: log.append("B"))
+    f_ms, b_ms = stage_timing._in_flight(seg, (x,), torch.device("cpu"), None, 3)
+    assert log == ["F", "F", "F", "B", "B", "B"]
+    assert len(f_ms) == len(b_ms) == 3 and all(t >= 0 for t in f_ms + b_ms)
+    deep = [p.grad.clone() for p in seg.module.parameters()]
+    seg.module.zero_grad(set_to_none=True)
+    log.clear()
+    for _ in range(3):
+        stage_timing._in_flight(seg, (x,), torch.device("cpu"), None, 1)
+    assert log == ["F", "B"] * 3
+    for a, b in zip(deep, (p.grad for p in seg.module.parameters()), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_the_depth_in_flight_is_the_schedules_own() -> None:
+    """GPipe keeps all m micro-batches in flight on every stage, 1F1B p − s on stage s; a stage
+    whose m would take longer than the cap by block sums is timed one at a time."""
+    from synthetic import make_profile
+
+    prof = make_profile([2], [[1.0]] * 4, batch_size=8)  # m = 4 of b = 2
+    gpipe = autosplit.plan(prof, 2, schedule="gpipe")
+    assert verify._depths(gpipe) == [4, 4]
+    assert verify._depths(autosplit.plan(prof, 2, schedule="1f1b")) == [2, 1]
+    slow = dataclasses.replace(gpipe, stages=(dataclasses.replace(
+        gpipe.stages[0], compute_ms=verify.IN_FLIGHT_CAP_MS / 4 + 1), gpipe.stages[1]))
+    assert verify._depths(slow) == [1, 4]
 
 
 def test_every_other_round_starts_without_gradients(small, monkeypatch) -> None:
