@@ -24,7 +24,7 @@ from autosplit.solve.joint_problem import rank_static_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [("gpipe", 1), ("1f1b", 1), ("looped-bfs", 2), ("interleaved-1f1b", 2),
-         ("interleaved-zb", 2), ("zbv", 2), ("dualpipev", 2)]
+         ("interleaved-zb", 2), ("zbv", 2)]
 
 
 def _random_problem(rng: random.Random, n: int, m: int, capacity: float | None) -> JointProblem:
