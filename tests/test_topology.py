@@ -229,3 +229,26 @@ def test_a_measured_link_is_the_planners_default_and_an_old_profile_keeps_the_ki
         2 * prof.cuts[0].bytes[prof.size_index(assumed.split_size)] / 1.7e9 * 1000)
     slow.save(tmp_path / "p.json")
     assert Profile.load(tmp_path / "p.json").link_bytes_per_s == 1e9
+
+
+def test_a_rank_aborting_after_the_figure_keeps_the_figure(monkeypatch) -> None:
+    """A rank killed at teardown after rank 0 put its timing (DDP's threads now and then abort
+    there) leaves the figure standing; killed before it, the failure is raised."""
+    import torch.multiprocessing as mp
+
+    from autosplit import collectives
+
+    def dying(put: bool):
+        def start(fn, args, **kwargs):
+            if put:
+                args[-1].put(0.25)
+            raise mp.ProcessExitedException("process 0 terminated with signal SIGABRT",
+                                            error_index=0, error_pid=1, exit_code=-6,
+                                            signal_name="SIGABRT")
+        return start
+
+    monkeypatch.setattr(mp, "start_processes", dying(True))
+    assert collectives._measure(None, 2, 8, 1, "gloo") == 0.25
+    monkeypatch.setattr(mp, "start_processes", dying(False))
+    with pytest.raises(mp.ProcessExitedException):
+        collectives._measure(None, 2, 8, 1, "gloo")
