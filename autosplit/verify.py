@@ -194,7 +194,7 @@ def verify_plans(
             * max(s.compute_ms + s.send_ms for s in mid.stages),
             verification=(
                 f"each stage's blocks timed together at b={plan.split_size}, forward and "
-                f"backward, {'/'.join(map(str, _depths(plan)))} micro-batches in flight, "
+                f"backward, micro-batches in flight per stage {'/'.join(map(str, _depths(plan)))}, "
                 f"{distinct} stage runs taking turns over ≥ {rounds} rounds; "
                 f"block sums gave {plan.predicted_step_ms:.0f} ms"
             ),
