@@ -124,25 +124,39 @@ Loss = Callable[[Any], torch.Tensor]
 """``loss(outputs) -> scalar``, run after the last block (:func:`autosplit.losses.timing_loss`)."""
 
 
+def timed_forward(seg: Segment, args: Sequence[Any], dev: torch.device, hooks: Any = None,
+                  loss: Loss | None = None) -> tuple[Any, torch.Tensor | None, bool, float]:
+    """The forward of one block: (outputs, the loss's value or ``None``, whether the outputs
+    need a gradient, forward ms). With ``loss`` (the last block), the time includes the loss's
+    forward."""
+    with hooks or contextlib.nullcontext():  # the loss's own saved tensors are not the block's
+        t0 = clock(dev)
+        outputs = seg.module(*args)
+    needs_grad = any(t.requires_grad for t in tensor_leaves(outputs))
+    value = loss(outputs) if loss is not None and needs_grad else None
+    return outputs, value, needs_grad, elapsed_ms(t0, clock(dev), dev)
+
+
+def timed_backward(outputs: Any, value: torch.Tensor | None, needs_grad: bool,
+                   dev: torch.device) -> float:
+    """The backward of a :func:`timed_forward` (ms): from the loss's value when there is one,
+    else from the outputs; 0 when nothing needs a gradient."""
+    t0 = clock(dev)
+    if value is not None:
+        value.backward()
+    else:
+        backward_from(outputs, None)
+    return elapsed_ms(t0, clock(dev), dev) if needs_grad else 0.0
+
+
 def timed_run(seg: Segment, args: Sequence[Any], dev: torch.device,
               hooks: Any = None, loss: Loss | None = None) -> tuple[Any, float, float]:
     """Forward and backward of one block: (outputs, forward ms, backward ms).
 
     With ``loss`` (the last block), the forward time includes the loss's forward and the
     backward starts from the loss, as in training."""
-    with hooks or contextlib.nullcontext():  # the loss's own saved tensors are not the block's
-        t0 = clock(dev)
-        outputs = seg.module(*args)
-    needs_grad = any(t.requires_grad for t in tensor_leaves(outputs))
-    value = loss(outputs) if loss is not None and needs_grad else None
-    t1 = clock(dev)
-    t2 = clock(dev)
-    if value is not None:
-        value.backward()
-    else:
-        backward_from(outputs, None)
-    t3 = clock(dev)
-    return outputs, elapsed_ms(t0, t1, dev), elapsed_ms(t2, t3, dev) if needs_grad else 0.0
+    outputs, value, needs_grad, f_ms = timed_forward(seg, args, dev, hooks, loss)
+    return outputs, f_ms, timed_backward(outputs, value, needs_grad, dev)
 
 
 def timed_split_run(seg: Segment, args: Sequence[Any], dev: torch.device) -> tuple[float, float]:

@@ -35,7 +35,6 @@ from autosplit.devices import resolve_device
 from autosplit.graph import BlockGraph, Segment
 from autosplit.losses import timing_loss
 from autosplit.profiler import check_inputs, check_microbatch_sizes
-from autosplit.tensors import backward_from, tensor_leaves
 
 __all__ = ["StageRun", "StageTime", "time_stages"]
 
@@ -234,21 +233,7 @@ def _in_flight(seg: Segment, args: Sequence[Any], dev: torch.device, loss: Any,
     if depth == 1:
         _, f_ms, b_ms = measurement.timed_run(seg, args, dev, loss=loss)
         return [f_ms], [b_ms]
-    forwards, held = [], []
-    for _ in range(depth):
-        t0 = measurement.clock(dev)
-        outputs = seg.module(*args)
-        needs = any(t.requires_grad for t in tensor_leaves(outputs))
-        value = loss(outputs) if loss is not None and needs else None
-        forwards.append(measurement.elapsed_ms(t0, measurement.clock(dev), dev))
-        held.append((outputs, value, needs))
-    backwards = []
-    for outputs, value, needs in held:
-        t0 = measurement.clock(dev)
-        if value is not None:
-            value.backward()
-        elif needs:
-            backward_from(outputs, None)
-        backwards.append(measurement.elapsed_ms(t0, measurement.clock(dev), dev) if needs
-                         else 0.0)
-    return forwards, backwards
+    held = [measurement.timed_forward(seg, args, dev, loss=loss) for _ in range(depth)]
+    backwards = [measurement.timed_backward(outputs, value, needs, dev)
+                 for outputs, value, needs, _ in held]
+    return [f_ms for *_, f_ms in held], backwards

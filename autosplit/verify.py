@@ -164,9 +164,10 @@ def verify_plans(
             singles[name].append((0, n, plan.batch_size))
     runs = [r for plan in plans.values() for r in _stage_runs(plan)]
     runs += [r for ways in singles.values() for r in ways]
+    plan_depths = {name: _depths(plan) for name, plan in plans.items()}
     depths: dict[StageRun, int] = {}  # a run two plans share: the deeper of the two
-    for plan in plans.values():
-        for r, d in zip(_stage_runs(plan), _depths(plan)):
+    for name, plan in plans.items():
+        for r, d in zip(_stage_runs(plan), plan_depths[name]):
             depths[r] = max(depths.get(r, 1), d)
     times = time_stages(graph, example_inputs, runs, depths=depths,
                         **{"loss": profile.loss, **options})
@@ -194,7 +195,7 @@ def verify_plans(
             * max(s.compute_ms + s.send_ms for s in mid.stages),
             verification=(
                 f"each stage's blocks timed together at b={plan.split_size}, forward and "
-                f"backward, micro-batches in flight per stage {'/'.join(map(str, _depths(plan)))}, "
+                f"backward, micro-batches in flight per stage {'/'.join(map(str, plan_depths[name]))}, "
                 f"{distinct} stage runs taking turns over ≥ {rounds} rounds; "
                 f"block sums gave {plan.predicted_step_ms:.0f} ms"
             ),

@@ -229,11 +229,13 @@ def plan_schedules(settings: PlanSettings, profile: Profile, sizes: list[int],
     checkpointing = all(b.checkpoint_saved_bytes is not None for b in profile.blocks)
     labels = tuple(profile.microbatch_sizes[k] for k in sizes)
     options: list[ScheduleOption] = []
+    unfit = False  # some (schedule, v) could run but did not fit the memory
     for schedule, v in searched:
         why = _unavailable(profile, schedule, v, p)
         too_many = "" if why else too_many_cuts(len(profile.blocks), p * v)
         if too_many and fixed is not None and v == 1 and schedule in ("gpipe", "1f1b"):
             options.append(_fixed_option(fixed, schedule, too_many, checkpointing))
+            unfit |= options[-1].plan is None
             continue
         why = why or too_many
         best: tuple[float, int, JointSolution] | None = None
@@ -255,6 +257,7 @@ def plan_schedules(settings: PlanSettings, profile: Profile, sizes: list[int],
                 best = (found.step_ms, k, found)
         note = NO_RECOMPUTE if checkpointing and schedule in SPLIT else ""
         if best is None:
+            unfit |= not why and len(refused) < len(sizes)
             why = why or (refused[0] if len(refused) == len(sizes) else
                           "; ".join(x for x in ("does not fit", note) if x))
             options.append(ScheduleOption(schedule, v, None, why))
@@ -266,7 +269,7 @@ def plan_schedules(settings: PlanSettings, profile: Profile, sizes: list[int],
         options.append(ScheduleOption(schedule, v, _assemble(
             settings, profile, best[1], schedule, v, best[2], label, labels), note))
     planned = [o.plan for o in options if o.plan is not None]
-    if not planned and not any(o.why.startswith("does not fit") for o in options):
+    if not planned and not unfit:
         reasons = "; ".join(f"{o.schedule} (v = {o.v}): {o.why}" for o in options)
         raise InvalidInputError(f"no schedule of {p} ranks can be planned here: {reasons}")
     if not planned:
