@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import random
 from pathlib import Path
@@ -17,14 +18,14 @@ from autosplit.planner.schedules import plan_schedules
 from autosplit.planner.search import candidate_sizes, fixed_planner
 from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile
-from autosplit.schedules import torch_order
+from autosplit.schedules import replay, torch_order
 from autosplit.simulator import simulate_plan
 from autosplit.solve.joint import JointProblem, brute_force_joint, solve_joint, stage_costs
 from autosplit.solve.joint_problem import rank_static_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [("gpipe", 1), ("1f1b", 1), ("looped-bfs", 2), ("interleaved-1f1b", 2),
-         ("interleaved-zb", 2), ("zbv", 2)]
+         ("interleaved-zb", 2), ("zbv", 2), ("dualpipev", 2)]
 
 
 def _random_problem(rng: random.Random, n: int, m: int, capacity: float | None) -> JointProblem:
@@ -52,7 +53,8 @@ def test_search_equals_brute_force_on_random_instances(schedule: str, v: int) ->
     rng = random.Random(f"{schedule}-{v}")
     checked = 0
     for _ in range(8):
-        n, m = rng.randint(2 * v, 6), rng.choice([2, 4])
+        # DualPipeV needs at least as many micro-batches as stages
+        n, m = rng.randint(2 * v, 6), rng.choice([4, 6] if schedule == "dualpipev" else [2, 4])
         try:
             order = torch_order(schedule, 2, v, m)
         except ScheduleUnavailableError:
@@ -200,6 +202,13 @@ def test_cli_bad_schedule_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
     assert code == 2 and len(err.strip().splitlines()) == 1 and "zigzag" in err
 
 
+def test_the_cli_offers_every_searched_schedule() -> None:
+    from autosplit.cli.parser import PLAN_SCHEDULES
+    from autosplit.planner.schedules import SEARCHED
+
+    assert PLAN_SCHEDULES == ("auto", *dict.fromkeys(name for name, _ in SEARCHED))
+
+
 def test_a_cut_between_ranks_costs_m_receive_buffers_on_each_side() -> None:
     # 2 blocks on 2 ranks, GPipe, m = 2: rank 0 keeps its weights (100), 2 micro-batches of
     # activations (2 × 10), their outputs in its stage's cache until their backwards (2 × 7)
@@ -238,6 +247,34 @@ def test_a_cut_inside_a_rank_keeps_its_buffers_too() -> None:
     found = solve_joint(problem, order)
     assert found is not None
     assert found.memory_bytes == brute_force_joint(problem, order).memory_bytes
+
+
+@pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("zbv", 2), ("dualpipev", 2)])
+def test_memory_limits_that_bind_without_cut_bytes(schedule: str, v: int) -> None:
+    """Without ``cut_bytes`` no stage but the last has an output to keep (the replay's
+    view); the search counted the model's output on every stage, refusing plans that fit
+    (DualPipeV: 1 of 71 random instances was not the optimum) and under-stating each
+    backward's brief need. Each capacity here is exactly one balance's replayed memory."""
+    rng = random.Random(f"binding-{schedule}")
+    compared = 0
+    for _ in range(4):
+        n, m = rng.randint(2 * v, 2 * v + 2), 4
+        order = torch_order(schedule, 2, v, m)
+        base = dataclasses.replace(_random_problem(rng, n, m, None), cut_bytes=None,
+                                   output_saved_bytes=None)
+        for cuts in itertools.combinations(range(1, n), 2 * v - 1):
+            edges = (0, *cuts, n)
+            balance = tuple(b - a for a, b in zip(edges, edges[1:]))
+            static = rank_static_bytes(base, balance, order.stage_rank, 2)
+            peaks = replay(order, stage_costs(base, balance, (False,) * order.n, order)).peak_bytes
+            cap = max(a + b for a, b in zip(static, peaks))
+            problem = dataclasses.replace(base, capacity_bytes=(cap, cap))
+            found, oracle = solve_joint(problem, order), brute_force_joint(problem, order)
+            assert found is not None and oracle is not None  # that balance fits
+            assert (found.balance, found.step_ms) == (oracle.balance, pytest.approx(oracle.step_ms))
+            assert found.memory_bytes == pytest.approx(oracle.memory_bytes)
+            compared += 1
+    assert compared >= 8
 
 
 def test_split_backward_schedules_are_planned_without_recomputation() -> None:

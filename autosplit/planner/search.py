@@ -92,8 +92,8 @@ def plan(
         schedule: ``"auto"`` searches the schedule, stages per rank v and each
             stage's recomputation with the cuts and b (:mod:`autosplit.planner.schedules`);
             ``"gpipe"`` (default) or ``"1f1b"`` fix the schedule (this module's search, one
-            stage per device, no recomputation); ``"interleaved-1f1b"``,
-            ``"interleaved-zb"`` or ``"zbv"`` fix it for the joint search. ``"auto"`` on
+            stage per device, no recomputation); ``"looped-bfs"``, ``"interleaved-1f1b"``,
+            ``"interleaved-zb"``, ``"zbv"`` or ``"dualpipev"`` fix it for the joint search. ``"auto"`` on
             devices of different speeds
             or profiles compares GPipe and 1F1B.
         optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"`` … (state held per parameter).
