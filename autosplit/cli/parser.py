@@ -26,8 +26,9 @@ ENTRY_HELP = "another model factory than build_model/model"
 SHAPE_HELP = "one float input of this shape per sample, instead of example_inputs()"
 GPUS_HELP = "number of devices (pipeline stages)"
 SCHEDULE_HELP = "pipeline schedule (default gpipe)"
-PLAN_SCHEDULES = ("auto", "gpipe", "1f1b", "looped-bfs", "interleaved-1f1b", "interleaved-zb", "zbv",
-                  "dualpipev")  # "auto" and the names of autosplit.planner.schedules.SEARCHED
+# "auto" and the names of autosplit.planner.schedules.SEARCHED (a test keeps them equal)
+PLAN_SCHEDULES = ("auto", "gpipe", "1f1b", "looped-bfs", "interleaved-1f1b", "interleaved-zb",
+                  "zbv", "dualpipev")
 PLAN_SCHEDULE_HELP = ("pipeline schedule; auto (default) chooses it, the stages per rank and "
                       "each stage's recomputation with the cuts")
 DEBUG_HELP = "show the traceback of an error instead of one line"

@@ -93,9 +93,8 @@ def plan(
             stage's recomputation with the cuts and b (:mod:`autosplit.planner.schedules`);
             ``"gpipe"`` (default) or ``"1f1b"`` fix the schedule (this module's search, one
             stage per device, no recomputation); ``"looped-bfs"``, ``"interleaved-1f1b"``,
-            ``"interleaved-zb"``, ``"zbv"`` or ``"dualpipev"`` fix it for the joint search. ``"auto"`` on
-            devices of different speeds
-            or profiles compares GPipe and 1F1B.
+            ``"interleaved-zb"``, ``"zbv"`` or ``"dualpipev"`` fix it for the joint search.
+            ``"auto"`` on devices of different speeds or profiles compares GPipe and 1F1B.
         optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"`` … (state held per parameter).
         split_size: fix the micro-batch size b (must have been profiled); ``None`` chooses.
         bandwidth_bytes_per_s: link bandwidth between consecutive stages.

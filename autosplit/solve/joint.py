@@ -219,8 +219,10 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
     hop_f = np.where(same, 0.0, np.asarray(problem.comm_fwd_ms, dtype=float)[cut])
     hop_b = np.where(same, 0.0, np.asarray(problem.comm_bwd_ms, dtype=float)[cut])
     at_cut = sent_back = None
-    output = np.zeros(act.shape)  # each stage's, C × S: what crosses its cut (none known
-    output[:, -1] = float(problem.final_output_bytes)  # without cut_bytes), the model's
+    # each stage's output, C × S: the last stage's is the model's; the others' are what
+    # crosses their cut, unknown (0, as the replay counts it) without cut_bytes
+    output = np.zeros(act.shape)
+    output[:, -1] = float(problem.final_output_bytes)
     saved_out = np.zeros(act.shape)  # the part of it the stage saves anyway
     if problem.cut_bytes is not None:  # per micro-batch, C × (S − 1)
         at_cut = np.asarray(problem.cut_bytes, dtype=float)[cut]
