@@ -72,6 +72,36 @@ def test_search_equals_brute_force_on_random_instances(schedule: str, v: int) ->
     assert checked >= 3
 
 
+@pytest.mark.parametrize("schedule,v,p", [("gpipe", 1, 3), ("1f1b", 1, 4), ("looped-bfs", 3, 2),
+                                            ("interleaved-1f1b", 3, 2), ("zbv", 2, 2)])
+def test_search_equals_brute_force_where_checkpointing_decides(schedule: str, v: int,
+                                                               p: int) -> None:
+    """Memory limits just below what the stages need without recomputation, on more ranks and
+    more stages per rank: what fits is weighed per rank and pattern of checkpointed stages,
+    and only each rank's smallest fitting patterns are replayed."""
+    rng = random.Random(f"decides-{schedule}-{v}-{p}")
+    checkpointed = 0
+    for _ in range(6):
+        n, m = rng.randint(p * v, p * v + 1), rng.choice([4, 6])  # 1F1B: m ≥ p
+        order = torch_order(schedule, p, v, m)
+        problem = _random_problem(rng, n, m, None)
+        loose = brute_force_joint(problem, order)
+        assert loose is not None
+        cap = max(loose.memory_bytes) * rng.uniform(0.6, 1.0)
+        problem = dataclasses.replace(problem, capacity_bytes=(cap,) * p,
+                                      action_ms=rng.uniform(0, 0.5))
+        checkpointing = order.splits_backward is False
+        found = solve_joint(problem, order, checkpointing)
+        oracle = brute_force_joint(problem, order, checkpointing)
+        assert (found is None) == (oracle is None)
+        if found is not None and oracle is not None:
+            assert found.step_ms == pytest.approx(oracle.step_ms, rel=1e-9)
+            assert (found.balance, found.checkpoint) == (oracle.balance, oracle.checkpoint)
+            checkpointed += any(found.checkpoint)
+    if schedule != "zbv":
+        assert checkpointed >= 1
+
+
 def _split(profile: Profile, weight_share: float = 0.5) -> Profile:
     """The profile with a measured-looking input/weight split and checkpoint bytes."""
     blocks = tuple(dataclasses.replace(

@@ -35,8 +35,12 @@ balance. The search:
   head_r = Σ_{s < s_min(r)} F_s (rank r's first forward waits for the stages before it) and,
   for schedules that do not split the backward, tail_r = Σ_{s < s_min(r)} (B_s + c_s F_s)
   (its last backward still has to reach stage 0), and (b) one micro-batch's round trip
-  Σ_s (F_s + G_s), G_s the input-gradient work; both ≤ the replay, whose durations only add;
-* replays candidates in increasing bound and stops when the bound reaches the best step.
+  Σ_s (F_s + G_s), G_s the input-gradient work, and (c) the balance's replay without
+  recomputation (computed once for every balance: recomputing only lengthens a backward);
+  all ≤ the replay, whose durations only add;
+* takes the masks with the fewest checkpointed stages first and, once a step is known, bounds,
+  weighs the memory of and replays only the balances whose bound does not exceed it. With no
+  memory limit nothing is weighed: no mask beats the mask-free replay, which wins the ties.
 
 Ties: steps within a relative 1e-9 are equal; fewer checkpointed stages win, then the
 lexicographically smallest balance, then the smallest mask.
@@ -87,6 +91,36 @@ def _masks(s: int, checkpointing: bool) -> list[tuple[bool, ...]]:
         return [(False,) * s]
     masks = list(itertools.product((False, True), repeat=s))
     return sorted(masks, key=lambda c: (sum(c), c))
+
+
+def _minimal_patterns(fits: np.ndarray, on: Sequence[np.ndarray],
+                      masks: list[tuple[bool, ...]]
+                      ) -> tuple[np.ndarray, list[tuple[bool, ...]]]:
+    """Where a rank's pattern of checkpointed stages is worth replaying, and the masks made of
+    such patterns only.
+
+    ``fits[j, x, r]``: pattern j (bit k: rank r's k-th stage checkpointed) fits rank r on
+    balance x. A pattern with a fitting proper subset never wins on that balance: the subset
+    fits too (the other ranks' memory does not depend on it) and recomputes less, so its step
+    is no longer and it has fewer checkpointed stages. Returns ``fits`` kept to the minimal
+    fitting patterns, and ``masks`` kept to those whose every rank's pattern is minimal on
+    some balance (their order unchanged)."""
+    minimal = fits.copy()
+    for j in range(1, len(fits)):
+        sub = (j - 1) & j
+        while True:  # every proper subset of j
+            minimal[j] &= ~fits[sub]
+            if sub == 0:
+                break
+            sub = (sub - 1) & j
+    useful = minimal.any(axis=1)  # pattern × rank
+    stages = [np.flatnonzero(o_r) for o_r in on]
+
+    def wanted(mask: tuple[bool, ...]) -> bool:
+        return all(useful[sum(int(mask[s]) << k for k, s in enumerate(idx)), r]
+                   for r, idx in enumerate(stages))
+
+    return minimal, [mk for mk in masks if wanted(mk)]
 
 
 def _better(step: float, key: tuple, best: tuple[float, tuple] | None) -> bool:
@@ -244,32 +278,65 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
         static[:, :-1] += buffers
         static[:, 1:] += buffers
     static_r = np.stack([static[:, o].sum(axis=1) for o in on], axis=1)
+    # every micro-batch has an F and a B or I on each stage, each with the runtime's cost
+    fo, go, o = f + problem.action_ms, g + problem.action_ms, problem.action_ms
+    # the replay of every balance without recomputation: recomputing only lengthens a
+    # backward and the replay's durations only add, so it bounds every mask from below
+    no_mask = _steps(order, sequence, {"F": fo, "W": w + o, "I": go, "B": go + w}, hop_f, hop_b)
+
+    def memory(rows: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """The rows' memory per rank (bytes), R × p, under the checkpoint mask c."""
+        both = saved_out[rows] * (1 - c)  # counted once: in the activations, then by the send
+        return static_r[rows] + model.peaks(
+            act[rows] * (1 - c) + keep[rows] * c - both * sent, act[rows] * c,
+            None if between is None else between[rows], output[rows] * sent,
+            None if sent_back is None else sent_back[rows], running[rows],
+            (output[rows] - both) * ~sent, None if grads is None else grads[rows])
+
+    # a rank's memory depends on its own stages' masks only (its actions touch no other
+    # stage): what fits is weighed once per pattern of checkpointed stages on a rank (2^v
+    # patterns, each on every rank at once), then a mask fits where each rank's pattern does
+    slot = np.zeros(order.n, np.int64)  # a stage's place among its rank's stages
+    for o_r in on:
+        slot[o_r] = np.arange(int(o_r.sum()))
+    fits = None
+    masks = _masks(order.n, checkpointing and cap is not None)
+    if cap is not None:
+        every = np.arange(len(f))
+        fits = np.stack([
+            memory(every, ((j >> slot) & 1).astype(float)) <= cap * (1 + 1e-12)
+            for j in range(1 << int(slot.max() + 1) if checkpointing else 1)])
+        fits, masks = _minimal_patterns(fits, on, masks)
     best: tuple[float, tuple] | None = None
     chosen: tuple[tuple[int, ...], tuple[bool, ...]] | None = None
     proven = True
-    for mask in _masks(order.n, checkpointing):
+    # no memory limit: recomputation never shortens a step, and fewer checkpointed stages
+    # win the ties, so the mask-free replay is the answer
+    for mask in masks:
         if time_limit_s is not None and time.perf_counter() - started > time_limit_s:
             proven = False
             break
         c = np.asarray(mask, dtype=float)
         recompute = f * c
-        both = saved_out * (1 - c)  # counted once: in the activations, then by the send
-        memory = static_r + model.peaks(act * (1 - c) + keep * c - both * sent, act * c,
-                                        between, output * sent, sent_back, running,
-                                        (output - both) * ~sent, grads)
-        ok = np.ones(len(f), bool) if cap is None else np.all(memory <= cap * (1 + 1e-12), 1)
-        # every micro-batch has an F and a B or I on each stage, each with the runtime's cost
-        fo, go, o = f + problem.action_ms, g + problem.action_ms, problem.action_ms
-        work = problem.m * (fo + go + w + recompute)
-        bound = np.sum(fo + go + recompute, axis=1)
-        for r in range(order.p):
-            rank = work[:, on[r]].sum(axis=1) + (fo * below[r]).sum(axis=1)
-            if not split:
-                rank = rank + ((go + recompute) * below[r]).sum(axis=1)
-            bound = np.maximum(bound, rank)
-        if best is not None:
-            ok &= bound <= best[0] * (1 + TIE_RTOL)
-        rows = np.flatnonzero(ok)
+        rows = np.arange(len(f))
+        if best is not None:  # only where the mask-free replay leaves a chance
+            rows = np.flatnonzero(no_mask <= best[0] * (1 + TIE_RTOL))
+        if fits is not None and len(rows):
+            pattern = np.asarray(mask, np.int64) << slot
+            ok = np.ones(len(rows), bool)
+            for r in range(order.p):
+                ok &= fits[int(pattern[on[r]].sum()), rows, r]
+            rows = rows[ok]
+        if best is not None and len(rows):
+            rec = recompute[rows]
+            work = problem.m * (fo[rows] + go[rows] + w[rows] + rec)
+            bound = np.sum(fo[rows] + go[rows] + rec, axis=1)
+            for r in range(order.p):
+                rank = work[:, on[r]].sum(axis=1) + (fo[rows] * below[r]).sum(axis=1)
+                if not split:
+                    rank = rank + ((go[rows] + rec) * below[r]).sum(axis=1)
+                bound = np.maximum(bound, rank)
+            rows = rows[bound <= best[0] * (1 + TIE_RTOL)]
         if not len(rows):
             continue
         dur = {"F": fo[rows], "W": w[rows] + o, "I": recompute[rows] + go[rows],
