@@ -1,6 +1,10 @@
 """Time the exact planner: the committed ResNet50 profile on 2 … 8 stages, and a synthetic
 1,000-block model on 8 stages (GPipe and 1F1B), each ``autosplit.plan`` call repeated; the
-median and the range of the repeats, after one untimed call that imports the planner.
+median and the range of the repeats, after one untimed call that imports the planner. Then the
+joint search of ``schedule="auto"`` (schedule, stages per rank, cuts, micro-batch size and
+recomputation) on a ResNet50 profile with the backward split and checkpointing measured, on
+2, 4 and 8 ranks, without a memory limit and with one at 70 % of what its unlimited plan needs
+(where recomputation decides).
 
     PYTHONPATH=. python benchmarks/exact_search.py [--repeats 5] [--smoke] [--out DIR]
 
@@ -26,6 +30,9 @@ from common import RESULTS, command_line, describe, machine, write_results  # no
 from synthetic import make_profile  # noqa: E402
 
 GOALS_S = {"resnet50": 1.0, "1000 blocks": 2.0}
+SCHEDULES_FIXTURE = "resnet50_schedules_profile.json"
+"""ResNet50 at the tutorial's size (B=120, 3×128×128) on a CPU worker, with input/weight
+gradients and checkpointing measured (AMD EPYC, 2 cores)."""
 
 
 def thousand_blocks(n: int = 1000) -> autosplit.Profile:
@@ -47,7 +54,25 @@ def timed(prof: autosplit.Profile, gpus: int, repeats: int, **kw: object) -> dic
     return {"gpus": gpus, "schedule": kw["schedule"], "seconds": seconds,
             "median_s": statistics.median(seconds), "split_size": plan.split_size,
             "balance": list(plan.balance), "predicted_step_ms": plan.predicted_step_ms,
-            "proven": "not proven" not in plan.solver}
+            "proven": "not proven" not in plan.solver, "chosen": plan.schedule,
+            "v": plan.stages_per_rank, "checkpointed": sum(s.checkpoint for s in plan.stages),
+            "memory_per_gpu": kw.get("memory_per_gpu")}
+
+
+def joint_rows(prof: autosplit.Profile, ranks: list[int], repeats: int) -> list[dict]:
+    """``schedule="auto"`` on each number of ranks, unlimited, then at 70 % of the memory per
+    rank its unlimited plan needs."""
+    rows = []
+    for gpus in ranks:
+        free = timed(prof, gpus, repeats, schedule="auto")
+        rows.append({"model": "resnet50 (auto)", **free})
+        print(rows[-1])
+        need = max(s.memory_bytes for s in autosplit.plan(prof, gpus=gpus,
+                                                           schedule="auto").stages)
+        rows.append({"model": "resnet50 (auto)", **timed(
+            prof, gpus, repeats, schedule="auto", memory_per_gpu=int(0.7 * need))})
+        print(rows[-1])
+    return rows
 
 
 def main() -> None:
@@ -72,6 +97,9 @@ def main() -> None:
         rows.append({"model": name, **timed(big, 8, repeats, schedule=schedule,
                                             bandwidth_bytes_per_s=1e9)})
         print(rows[-1])
+    joint = autosplit.Profile.load(fixture.parent / SCHEDULES_FIXTURE)
+    autosplit.plan(joint, gpus=2, schedule="auto")  # imports torch's schedules (their orders)
+    rows += joint_rows(joint, [2] if args.smoke else [2, 4, 8], repeats)
     info = machine()
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     note = (f"Each `autosplit.plan` call timed {repeats}× after one untimed call that imports "
@@ -89,12 +117,35 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        if r["schedule"] == "auto":
+            continue
         goal = GOALS_S.get(r["model"], "–")
         balance = ", ".join(map(str, r["balance"])) if r["model"] == "resnet50" else "…"
         lines.append(
             f"| {r['model']} | {r['schedule']} | {r['gpus']} | {r['median_s']:.3f} | "
             f"{min(r['seconds']):.3f}–{max(r['seconds']):.3f} | {goal} | {r['split_size']} | "
             f"{'yes' if r['proven'] else 'no'} | {balance} |"
+        )
+    lines += [
+        "", "## The joint search (`schedule=\"auto\"`)", "",
+        (f"`tests/fixtures/{SCHEDULES_FIXTURE}`: ResNet50 at the tutorial's size on a CPU "
+         "worker, the backward's input/weight split and checkpointing measured; every schedule "
+         "torch runs, 1 or 2 stages per rank, every cut, micro-batch size and (within a memory "
+         "limit) stage to recompute. The limit is 70 % of the memory per rank that the "
+         "unlimited plan needs."), "",
+        ("| p | memory limit | median (s) | range (s) | chosen | v | b | recomputed stages | "
+         "predicted step (ms) | proven |"),
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["schedule"] != "auto":
+            continue
+        limit = "–" if r["memory_per_gpu"] is None else f"{r['memory_per_gpu'] / 2**20:.0f} MiB"
+        lines.append(
+            f"| {r['gpus']} | {limit} | {r['median_s']:.3f} | "
+            f"{min(r['seconds']):.3f}–{max(r['seconds']):.3f} | {r['chosen']} | {r['v']} | "
+            f"{r['split_size']} | {r['checkpointed']} | {r['predicted_step_ms']:.0f} | "
+            f"{'yes' if r['proven'] else 'no'} |"
         )
     write_results(args.out, "exact_search_smoke" if args.smoke else "exact_search",
                   {"machine": info, "repeats": repeats, "load": os.getloadavg(), "rows": rows}, "\n".join(lines) + "\n")

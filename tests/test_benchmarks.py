@@ -45,10 +45,17 @@ def test_planning_benchmark_smoke(tmp_path) -> None:
 def test_exact_search_benchmark_smoke(tmp_path) -> None:
     run_benchmark("exact_search.py", tmp_path)
     data = json.loads((tmp_path / "exact_search_smoke.json").read_text())
-    assert [(r["model"], r["schedule"], r["gpus"]) for r in data["rows"]][-2:] == [
-        ("100 blocks", "gpipe", 8), ("100 blocks", "1f1b", 8)]
+    assert [(r["model"], r["schedule"], r["gpus"]) for r in data["rows"]][-4:] == [
+        ("100 blocks", "gpipe", 8), ("100 blocks", "1f1b", 8),
+        ("resnet50 (auto)", "auto", 2), ("resnet50 (auto)", "auto", 2)]
     assert all(r["proven"] and sum(r["balance"]) in (19, 100) for r in data["rows"])
-    assert "| model | schedule | p |" in (tmp_path / "exact_search_smoke.md").read_text()
+    free, limited = data["rows"][-2:]
+    assert free["memory_per_gpu"] is None and limited["memory_per_gpu"] > 0
+    # the limit binds: the limited plan is slower, or recomputes
+    assert (limited["predicted_step_ms"] > free["predicted_step_ms"]
+            or limited["checkpointed"] > 0)
+    text = (tmp_path / "exact_search_smoke.md").read_text()
+    assert "| model | schedule | p |" in text and "## The joint search" in text
 
 
 def test_analytic_benchmark_smoke(tmp_path) -> None:

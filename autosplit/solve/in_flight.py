@@ -3,7 +3,8 @@
 The in-flight bytes of :func:`autosplit.schedules.replay` depend only on each rank's action
 order, not on the times (a rank runs one action at a time): :class:`InFlight` counts, after
 every change the replay applies, how many micro-batches hold each kind of bytes of each
-stage, so that a C × S matrix of bytes per micro-batch gives the C × p peaks in one product.
+stage, so that a C × S matrix of bytes per micro-batch gives the C × p peaks in one product
+per rank (a rank's actions touch its own stages only).
 :func:`stage_transients` is :func:`~autosplit.solve.joint_problem.stage_transient` for every
 stage of C balances.
 """
@@ -37,7 +38,7 @@ class InFlight:
         last = {(a.stage, a.microbatch): a.kind for row in order.actions for a in row
                 if a.kind in ("B", "W")}
         fwd_held, bwd_held = order.holds_sends
-        self.rows: list[tuple[np.ndarray, ...]] = []
+        rows: list[tuple[np.ndarray, ...]] = []
         for row in order.actions:
             # held, recomputing, between, sent out, sent back, running, cached, graded
             counts = np.zeros((self.KINDS, order.n))
@@ -68,7 +69,11 @@ class InFlight:
                     counts[7, s] = 1
                 snaps.append(counts.copy())
             stacked = np.array(snaps)
-            self.rows.append(tuple(stacked[:, j] for j in range(self.KINDS)))
+            rows.append(tuple(stacked[:, j] for j in range(self.KINDS)))
+        # per rank, its stages' counts of every kind side by side: (kinds · stages) × changes
+        self.stages = [np.flatnonzero(np.asarray(order.stage_rank) == r) for r in range(order.p)]
+        self.counts = [np.concatenate([c[:, idx] for c in row], axis=1).T
+                       for row, idx in zip(rows, self.stages)]
 
     def peaks(self, kept: np.ndarray, recomputed: np.ndarray, between: np.ndarray | None = None,
               sent_out: np.ndarray | None = None, sent_back: np.ndarray | None = None,
@@ -79,13 +84,13 @@ class InFlight:
         ``sent_back`` (what each stage sends forward and backward), ``running`` (a backward's
         transient), ``cached`` (the output a stage keeps until its backward, less what is
         counted otherwise) and ``grads`` (bytes per stage, once); the last six default 0."""
+        zero = np.zeros_like(kept)
+        kinds = [kept, recomputed, *(zero if x is None else x
+                                     for x in (between, sent_out, sent_back, running, cached,
+                                               grads))]
         out = []
-        for h, r, w, f, g, t, c, d in self.rows:
-            level = kept @ h.T + recomputed @ r.T
-            for row, counts in ((between, w), (sent_out, f), (sent_back, g), (running, t),
-                                (cached, c), (grads, d)):
-                if row is not None:
-                    level = level + row @ counts.T
+        for idx, counts in zip(self.stages, self.counts):  # a rank counts its own stages only
+            level = np.concatenate([x[:, idx] for x in kinds], axis=1) @ counts
             out.append(np.max(level, axis=1))
         return np.stack(out, axis=1)
 

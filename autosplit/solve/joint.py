@@ -93,8 +93,7 @@ def _masks(s: int, checkpointing: bool) -> list[tuple[bool, ...]]:
     return sorted(masks, key=lambda c: (sum(c), c))
 
 
-def _minimal_patterns(fits: np.ndarray, on: Sequence[np.ndarray],
-                      masks: list[tuple[bool, ...]]
+def _minimal_patterns(fits: np.ndarray, on: Sequence[np.ndarray]
                       ) -> tuple[np.ndarray, list[tuple[bool, ...]]]:
     """Where a rank's pattern of checkpointed stages is worth replaying, and the masks made of
     such patterns only.
@@ -103,8 +102,8 @@ def _minimal_patterns(fits: np.ndarray, on: Sequence[np.ndarray],
     balance x. A pattern with a fitting proper subset never wins on that balance: the subset
     fits too (the other ranks' memory does not depend on it) and recomputes less, so its step
     is no longer and it has fewer checkpointed stages. Returns ``fits`` kept to the minimal
-    fitting patterns, and ``masks`` kept to those whose every rank's pattern is minimal on
-    some balance (their order unchanged)."""
+    fitting patterns, and every mask whose each rank's pattern is minimal on some balance,
+    fewest checkpointed stages first (as :func:`_masks` orders them)."""
     minimal = fits.copy()
     for j in range(1, len(fits)):
         sub = (j - 1) & j
@@ -115,12 +114,16 @@ def _minimal_patterns(fits: np.ndarray, on: Sequence[np.ndarray],
             sub = (sub - 1) & j
     useful = minimal.any(axis=1)  # pattern × rank
     stages = [np.flatnonzero(o_r) for o_r in on]
-
-    def wanted(mask: tuple[bool, ...]) -> bool:
-        return all(useful[sum(int(mask[s]) << k for k, s in enumerate(idx)), r]
-                   for r, idx in enumerate(stages))
-
-    return minimal, [mk for mk in masks if wanted(mk)]
+    choices = [[j for j in range(min(len(fits), 1 << len(idx))) if useful[j, r]]
+               for r, idx in enumerate(stages)]
+    masks = []
+    for combo in itertools.product(*choices):
+        mask = [False] * sum(len(idx) for idx in stages)
+        for j, idx in zip(combo, stages):
+            for k, s in enumerate(idx):
+                mask[s] = bool(j >> k & 1)
+        masks.append(tuple(mask))
+    return minimal, sorted(masks, key=lambda c: (sum(c), c))
 
 
 def _better(step: float, key: tuple, best: tuple[float, tuple] | None) -> bool:
@@ -300,18 +303,18 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
     for o_r in on:
         slot[o_r] = np.arange(int(o_r.sum()))
     fits = None
-    masks = _masks(order.n, checkpointing and cap is not None)
+    # no memory limit: recomputation never shortens a step, and fewer checkpointed stages
+    # win the ties, so the mask-free replay is the answer
+    masks = [(False,) * order.n]
     if cap is not None:
         every = np.arange(len(f))
         fits = np.stack([
             memory(every, ((j >> slot) & 1).astype(float)) <= cap * (1 + 1e-12)
             for j in range(1 << int(slot.max() + 1) if checkpointing else 1)])
-        fits, masks = _minimal_patterns(fits, on, masks)
+        fits, masks = _minimal_patterns(fits, on)
     best: tuple[float, tuple] | None = None
     chosen: tuple[tuple[int, ...], tuple[bool, ...]] | None = None
     proven = True
-    # no memory limit: recomputation never shortens a step, and fewer checkpointed stages
-    # win the ties, so the mask-free replay is the answer
     for mask in masks:
         if time_limit_s is not None and time.perf_counter() - started > time_limit_s:
             proven = False
