@@ -38,9 +38,13 @@ balance. The search:
   Σ_s (F_s + G_s), G_s the input-gradient work, and (c) the balance's replay without
   recomputation (computed once for every balance: recomputing only lengthens a backward);
   all ≤ the replay, whose durations only add;
-* takes the masks with the fewest checkpointed stages first and, once a step is known, bounds,
-  weighs the memory of and replays only the balances whose bound does not exceed it. With no
-  memory limit nothing is weighed: no mask beats the mask-free replay, which wins the ties.
+* with a memory limit, weighs each rank's memory once per pattern of checkpointed stages on
+  it (2^v patterns: a rank's memory depends on its own stages' masks only) and keeps the masks
+  whose every rank's pattern is a smallest fitting one on some balance (a pattern with a
+  fitting proper subset recomputes more for nothing); with none, only the mask-free replay
+  (no mask beats it, and it wins the ties);
+* takes the masks with the fewest checkpointed stages first and, once a step is known, bounds
+  and replays only the balances that fit and whose bound does not exceed it.
 
 Ties: steps within a relative 1e-9 are equal; fewer checkpointed stages win, then the
 lexicographically smallest balance, then the smallest mask.
