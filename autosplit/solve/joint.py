@@ -346,9 +346,12 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
             rows = rows[bound <= best[0] * (1 + TIE_RTOL)]
         if not len(rows):
             continue
-        dur = {"F": fo[rows], "W": w[rows] + o, "I": recompute[rows] + go[rows],
-               "B": recompute[rows] + go[rows] + w[rows]}
-        steps = _steps(order, sequence, dur, hop_f[rows], hop_b[rows])
+        if any(mask):
+            dur = {"F": fo[rows], "W": w[rows] + o, "I": recompute[rows] + go[rows],
+                   "B": recompute[rows] + go[rows] + w[rows]}
+            steps = _steps(order, sequence, dur, hop_f[rows], hop_b[rows])
+        else:  # replayed already
+            steps = no_mask[rows]
         low = steps.min()
         row = int(rows[np.flatnonzero(steps <= low * (1 + TIE_RTOL))[0]])
         balance = tuple(int(x) for x in np.diff(edges[row]))
