@@ -60,7 +60,7 @@ from accuracy_cases import (
 )
 from common import describe, machine
 from harness import Config, Group, measure
-from report import load_sentence, plural
+from report import lead_in_words, load_sentence, plural
 from run_options import benchmark_parser, chosen_cases, write_and_show
 from torchgpipe_peer import INSTALL_TORCHGPIPE, TORCHGPIPE, balance_by_time, torchgpipe_balance
 
@@ -153,12 +153,15 @@ def measure_group(group: Group, predicted: dict[str, float], args: argparse.Name
                   ) -> dict[str, Any]:
     """Time ``group`` on 2 gloo ranks (``predicted``: ms by label, for the duration printed);
     each label's spread and timings, and the other processes' load."""
-    guess = sum(predicted[c.label] for c in group.configs) * (args.rounds + 1) / 1000 * 1.2
+    lead_ms = args.lead_in * 1000  # a step under it: as long again before each timing
+    guess = sum(ms + (lead_ms if ms < lead_ms else 0.0) for ms in
+                (predicted[c.label] for c in group.configs)) * (args.rounds + 1) / 1000 * 1.2
     print(f"  measuring {len(group.configs)} configurations, {args.rounds} rounds + warm-up "
           f"(about {guess:.0f} s by the predictions) …", flush=True)
     got = measure([group], nprocs=2, backend="gloo", timeout_s=args.timeout)[group.name]
     return {"measured": {label: {**spread(times), "seconds": times}
-                         for label, times in got["times"].items()}, "load": got["load"]}
+                         for label, times in got["times"].items()}, "load": got["load"],
+            "lead_in_steps": got["lead_in_steps"]}
 
 
 def measure_agreement(case: Case, profiles: Sequence[dict[str, Any]], configs: dict[str, Config],
@@ -172,7 +175,7 @@ def measure_agreement(case: Case, profiles: Sequence[dict[str, Any]], configs: d
     print(f"{case.label}: the {len(chosen)} plans of its profiles together …", flush=True)
     group = Group(f"{case.label}, agreement", case.spec,
                   tuple(configs[row["label"]] for row in chosen.values()), rounds=args.rounds,
-                  warmup=1, max_others=args.max_others, retries=args.retries)
+                  warmup=1, max_others=args.max_others, retries=args.retries, lead_in_s=args.lead_in)
     predicted = {row["label"]: row["predicted_ms"] for row in chosen.values()}
     return measure_group(group, predicted, args)
 
@@ -192,7 +195,7 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
             # the machine's drift between prediction and measurement is a few minutes' drift
             group = Group(f"{case.label}, profile {p + 1}", case.spec, tuple(todo),
                           rounds=args.rounds, warmup=1, max_others=args.max_others,
-                          retries=args.retries)
+                          retries=args.retries, lead_in_s=args.lead_in)
             predicted = {r["label"]: r["predicted_ms"] for r in result["plans"].values()}
             start = time.perf_counter()
             result.update(measure_group(group, predicted, args))
@@ -217,7 +220,7 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
             "machine": machine(), "command": args.command, "smoke": args.smoke,
             "devices": "2 CPU workers of 1 thread each, one process per stage (gloo), GPipe",
             "profiles": args.profiles, "rounds": args.rounds, "warmup_rounds": 1,
-            "steps_per_timing": 1, "profile_budget_s": args.profile_budget,
+            "steps_per_timing": 1, "lead_in_s": args.lead_in, "profile_budget_s": args.profile_budget,
             "verify_budget_s": args.verify_budget, "max_others": args.max_others,
             "retries": args.retries, "torchgpipe": TORCHGPIPE,
             "loss": "MSE against one-hot labels (the tutorial's), SGD lr 0.001",
@@ -279,7 +282,7 @@ def markdown(data: dict[str, Any]) -> str:
         f"Command: `{s['command']}`.  ",
         (f"{s['devices']}; {plural(s['profiles'], 'independent profile')} per model, each "
          f"profile's plans measured right after they were made, {plural(s['rounds'], 'time')} "
-         f"each after a warm-up round, interleaved; "
+         f"each after a warm-up round{lead_in_words(s)}, interleaved; "
          f"torchgpipe {s['torchgpipe'] or 'not installed (' + INSTALL_TORCHGPIPE + ')'}; "
          f"{s['loss']}. Total {data['seconds']['total']:.0f} s."), "",
         "## Goals", "", "| goal | value | target | |", "|---|---|---|---|",

@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            for name in measured.values()}
         phases[f"stage check {case.label}"] = time.perf_counter() - start
         groups.append(Group(case.label, case.spec, tuple(configs), rounds=args.rounds, warmup=1,
-                            max_others=args.max_others, retries=args.retries))
+                            max_others=args.max_others, retries=args.retries, lead_in_s=args.lead_in))
         prepared.append((case, profile, plans, notes, measured))
         del model
 
@@ -194,7 +194,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     groups.append(Group("oracle", oracle_case.spec, tuple(Config(g["label"], g["plan"]) for g in grid),
                         rounds=args.oracle_rounds, warmup=1, refine=args.refine,
                         refine_rounds=args.refine_rounds, keep=tuple(keep),
-                        max_others=args.max_others, retries=args.retries))
+                        max_others=args.max_others, retries=args.retries, lead_in_s=args.lead_in))
 
     print(f"measuring: {sum(len(g.configs) for g in groups)} configurations in {len(groups)} "
           f"groups, 2 ranks ({backend}) …", flush=True)
@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "max_others": args.max_others,
             "retries": args.retries,
             "torchgpipe": TORCHGPIPE,
-            "steps_per_timing": 1,
+            "steps_per_timing": 1, "lead_in_s": args.lead_in,
             "loss": "MSE against one-hot labels (the tutorial's), SGD lr 0.001",
             "gpus": gpus,
         },
@@ -250,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.smoke:
         args.rounds, args.oracle_rounds, args.refine, args.refine_rounds = 1, 1, 2, 1
-        args.retries = 0  # a smoke run checks that it runs, not how fast
+        args.retries, args.lead_in = 0, 0.0  # a smoke run checks that it runs, not how fast
     if min(args.rounds, args.oracle_rounds) < 1 or args.refine < 0 or args.refine_rounds < 0:
         parser.error("--rounds and --oracle-rounds must be positive, --refine and --refine-rounds ≥ 0")
     args.command = command_line("compare.py", sys.argv[1:] if argv is None else argv)

@@ -10,7 +10,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import describe  # noqa: E402
 from compare_results import AUTO, HAND, ONE  # noqa: E402
-from report import despine, load_sentence, plural, pyplot, save_figure  # noqa: E402
+from report import despine, lead_in_words, load_sentence, plural, pyplot, save_figure  # noqa: E402
 
 
 def _stages(row: dict) -> str:
@@ -32,7 +32,8 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         f"Machine: {describe(st['machine'])}. Devices: {st['devices']}; schedule GPipe; "
         f"{st['loss']}. Every configuration of a model is trained in one job, interleaved round "
-        f"by round after a warm-up round; {st['rounds']} timed rounds of one step each, the "
+        f"by round after a warm-up round{lead_in_words(st)}; {st['rounds']} timed rounds of one "
+        "step each, the "
         "median is reported (spread = (max − min) / median). Command: "
         f"`{st['command']}`; whole run {data['phases_seconds']['total'] / 60:.1f} min.",
         "",

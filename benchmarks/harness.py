@@ -3,7 +3,8 @@
 :func:`measure` launches the ranks once (``autosplit.distributed.launch``) and times groups of
 configurations in them: plans run one process per stage (a ``Trainer`` per rank), or the whole
 model on one device on rank 0, interleaved round by round (A B C, C B A, …) after untimed
-warm-up rounds. A timing is the slowest rank's wall time from a common barrier; one during which
+warm-up rounds, a short step after untimed steps of its own (``Group.lead_in_s``). A timing is
+the slowest rank's wall time from a common barrier; one during which
 other processes took more than a share of the machine's CPU time (``/proc/stat``'s busy time
 minus the ranks' own) is taken again, every rank deciding alike on rank 0's reading.
 
@@ -15,6 +16,7 @@ Also here: :class:`ModelSpec` (a model and its batch, rebuilt identically in eve
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import math
 import os
@@ -95,7 +97,13 @@ class Group:
 
     Every configuration first runs ``warmup`` untimed rounds, then ``rounds`` timed ones; a
     timing is ``steps`` training steps back to back (the slowest rank's wall time, every rank
-    starting after a barrier). Rounds alternate direction (A B C, C B A, …). A timing during
+    starting after a barrier). A configuration whose step took less than ``lead_in_s`` seconds
+    in the warm-up round runs ``ceil(lead_in_s / step)`` untimed steps right before each of its
+    timings, so that a short step is timed as training runs it, after steps of its own, not as
+    the first step after another configuration or an idle wait (GPT small's 2-rank GPipe step,
+    0.33 s: 2–4 % slower right after a one-device step, 5–8 % after both ranks sat idle for
+    0.5 s, medians of 20–30 interleaved pairs on 2 AMD EPYC cores); a step of ``lead_in_s`` or
+    more is timed as it comes (such a transient is a small share of it). Rounds alternate direction (A B C, C B A, …). A timing during
     which other processes took more than ``max_others`` of the machine's CPU time is taken again
     (at most ``retries`` times). With ``refine``, the ``refine`` fastest configurations by
     median (and those in ``keep``) are timed ``refine_rounds`` more times afterwards,
@@ -109,6 +117,7 @@ class Group:
     rounds: int
     warmup: int = 1
     steps: int = 1
+    lead_in_s: float = 0.0
     refine: int = 0
     refine_rounds: int = 0
     keep: tuple[str, ...] = ()
@@ -122,7 +131,8 @@ def measure(groups: Sequence[Group], nprocs: int = 2, backend: str = "gloo",
     """Launch ``nprocs`` ranks once and time every group in them (see :class:`Group`).
 
     Returns ``{group name: {"times": {label: [s, …]}, "refined": {label: [s, …]}, "load": {…},
-    "peak_bytes": {label: [rank 0's, rank 1's, …]}}}``: seconds per timing, the slowest rank's;
+    "peak_bytes": {label: [rank 0's, rank 1's, …]}, "lead_in_steps": {label: n},
+    "steps_run": {label: n}}}``: seconds per timing, the slowest rank's;
     ``load`` says how much CPU time other processes took during the timed rounds
     (``others_share``: of all cores' time); ``peak_bytes`` (plans only, with ``Group.memory``)
     is each rank's peak tensor memory in a training step (:func:`peak_memory`).
@@ -148,38 +158,51 @@ def sync(device: torch.device) -> None:
 
 def _runner(config: Config, model: nn.Module, inputs: tuple[torch.Tensor, ...], targets: Any,
             device: torch.device, rank: int, steps: int) -> Any:
-    """A function that times ``steps`` training steps of ``config`` on this rank (seconds)."""
+    """A function ``run(lead=0)`` that runs ``lead`` untimed training steps of ``config`` on this
+    rank, then times ``steps`` more, back to back after a barrier (seconds)."""
     if config.plan is None:
         optimizer = torch.optim.SGD(model.parameters(), lr=LR)
         local_inputs = tuple(x.to(device) for x in inputs)
         local_targets = tuple(t.to(device) for t in targets)
 
-        def run_single() -> float:
-            dist.barrier()
-            sync(device)
-            start = time.perf_counter()
+        def single_step() -> None:
             if rank == 0:
-                for _ in range(steps):
-                    optimizer.zero_grad(set_to_none=True)
-                    distributed.tutorial_loss(model(*local_inputs), local_targets).backward()
-                    optimizer.step()
-                sync(device)
-            return time.perf_counter() - start
+                optimizer.zero_grad(set_to_none=True)
+                distributed.tutorial_loss(model(*local_inputs), local_targets).backward()
+                optimizer.step()
 
-        return run_single
+        return _timed(single_step, steps, device)
     trainer = _trainer(config.plan, model, device)
 
-    def run_pipeline() -> float:
+    def pipeline_step() -> None:
+        trainer.step(inputs if trainer.holds_first else None,
+                     targets if trainer.holds_last else None)
+
+    return _timed(pipeline_step, steps, device)
+
+
+def _timed(step: Any, steps: int, device: torch.device) -> Any:
+    """``run(lead=0)``: ``lead`` untimed calls of ``step``, a barrier, then ``steps`` timed ones
+    (seconds on this rank); ``run.steps_run`` counts the calls."""
+
+    def counted() -> None:
+        step()
+        run.steps_run += 1  # type: ignore[attr-defined]
+
+    def run(lead: int = 0) -> float:
+        for _ in range(lead):
+            dist.barrier()
+            counted()
         dist.barrier()
         sync(device)
         start = time.perf_counter()
         for _ in range(steps):
-            trainer.step(inputs if trainer.holds_first else None,
-                         targets if trainer.holds_last else None)
+            counted()
         sync(device)
         return time.perf_counter() - start
 
-    return run_pipeline
+    run.steps_run = 0  # type: ignore[attr-defined]
+    return run
 
 
 def _trainer(plan: Plan, model: nn.Module, device: torch.device) -> Any:
@@ -255,24 +278,31 @@ def _checked(runner: Any, group: Group, rank: int, label: str) -> tuple[float, f
         time.sleep(1.0 + attempt)
 
 def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count: int,
-            skip: int, rank: int, what: str) -> tuple[dict[str, list[float]], dict[str, Any]]:
-    """Time ``count`` rounds after ``skip`` untimed ones (see :func:`_checked`); also what other
-    processes took of the machine during the timed rounds (the whole machine's busy CPU time
-    minus the ranks' own, discarded timings included)."""
+            skip: int, rank: int, what: str, leads: dict[str, int] | None = None
+            ) -> tuple[dict[str, list[float]], dict[str, Any], dict[str, int]]:
+    """Time ``count`` rounds after ``skip`` untimed ones (see :func:`_checked`), each timing
+    after its configuration's lead-in steps (``leads``; else from the untimed rounds' steps, see
+    :class:`Group`); also what other processes took of the machine during the timed rounds
+    (the whole machine's busy CPU time minus the ranks' own, discarded timings included).
+    Returns the times, the load and the lead-in steps per configuration."""
     times: dict[str, list[float]] = {label: [] for label in labels}
+    untimed: dict[str, list[float]] = {label: [] for label in labels}
     shares: list[float] = []
     retried = 0
     marks: dict[str, Any] = {}
     for r in range(skip + count):
         if r == skip:
             marks = start_marks()
+            if leads is None:
+                leads = _lead_ins(group, untimed)
         order = list(labels) if r % 2 == 0 else list(reversed(labels))
         start = time.perf_counter()
         for label in order:
             if r < skip:
-                runners[label]()
+                untimed[label].append(runners[label]() / group.steps)
                 continue
-            seconds, share, retries = _checked(runners[label], group, rank, label)
+            run = functools.partial(runners[label], (leads or {}).get(label, 0))
+            seconds, share, retries = _checked(run, group, rank, label)
             times[label].append(seconds)
             shares.append(share)
             retried += retries
@@ -294,7 +324,22 @@ def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count:
         "max_kept_share": max(judged, default=math.nan),
     }
     add_machine_load(load, marks, after)
-    return merged, load
+    return merged, load, dict(leads or {})
+
+
+def _lead_ins(group: Group, untimed: dict[str, list[float]]) -> dict[str, int]:
+    """Per configuration, the untimed steps to run before each timing (:class:`Group`), from
+    its steps in the untimed rounds (the slowest rank's last; none timed: none). Collective:
+    every rank decides on the same gathered times."""
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, untimed)
+    leads = {}
+    for label in untimed:
+        last = [g[label][-1] for g in gathered if g[label]]
+        step = max(last, default=math.inf)
+        short = group.lead_in_s > 0 and step < group.lead_in_s
+        leads[label] = math.ceil(group.lead_in_s / max(step, 1e-3)) if short else 0
+    return leads
 
 
 def _run_group(group: Group, device: torch.device, rank: int) -> dict[str, Any]:
@@ -307,14 +352,15 @@ def _run_group(group: Group, device: torch.device, rank: int) -> dict[str, Any]:
     runners: dict[str, Any] = {}
     for config in group.configs:  # every rank builds them in the same order (collectives)
         runners[config.label] = _runner(config, model, inputs, targets, device, rank, group.steps)
-    times, load = _rounds(group, labels, runners, group.rounds, group.warmup, rank, "round")
+    times, load, leads = _rounds(group, labels, runners, group.rounds, group.warmup, rank, "round")
     refined: dict[str, list[float]] = {}
     if group.refine and group.refine_rounds:
         # the same choice on every rank: all hold the same gathered times
         ranked = sorted(labels, key=lambda lb: (statistics.median(times[lb]), labels.index(lb)))
         chosen = ranked[: group.refine] + [lb for lb in group.keep if lb not in ranked[: group.refine]]
         chosen = [lb for lb in labels if lb in chosen]  # original order
-        refined, refine_load = _rounds(group, chosen, runners, group.refine_rounds, 0, rank, "refine round")
+        refined, refine_load, _ = _rounds(group, chosen, runners, group.refine_rounds, 0, rank,
+                                          "refine round", leads)
         load = {k: load[k] + refine_load[k] if k in ("wall_s", "ranks_cpu_s", "timings", "retried",
                                                      "kept_over_limit", "machine_cpu_s", "steal_s",
                                                      "others_cpu_s") else load[k]
@@ -322,13 +368,15 @@ def _run_group(group: Group, device: torch.device, rank: int) -> dict[str, Any]:
         load["max_kept_share"] = max(load["max_kept_share"], refine_load["max_kept_share"])
         if "others_cpu_s" in load:
             load["others_share"] = load["others_cpu_s"] / (load["wall_s"] * (os.cpu_count() or 1))
+    steps_run = {label: runner.steps_run for label, runner in runners.items()}
     del runners
     peaks: dict[str, list[int]] = {}
     if group.memory:
         for config in group.configs:
             if config.plan is not None:
                 peaks[config.label] = peak_memory(config.plan, model, inputs, targets, device)
-    return {"times": times, "refined": refined, "load": load, "peak_bytes": peaks}
+    return {"times": times, "refined": refined, "load": load, "peak_bytes": peaks,
+            "lead_in_steps": leads, "steps_run": steps_run}
 
 
 def peak_memory(plan: Plan, model: nn.Module, inputs: tuple[torch.Tensor, ...], targets: Any,
@@ -402,9 +450,14 @@ def stage_check(plan: Plan, model: nn.Module, inputs: tuple[torch.Tensor, ...], 
 
 
 def add_load_arguments(parser: argparse.ArgumentParser) -> None:
-    """--max-others and --retries: what to do about other processes on a shared machine."""
+    """--max-others and --retries: what to do about other processes on a shared machine;
+    --lead-in: how a short step is brought to the steady state of training (:class:`Group`)."""
     parser.add_argument("--max-others", type=float, default=0.10,
                         help="retake a timing during which other processes used more than this "
                              "share of the machine's CPU time (default 0.10)")
     parser.add_argument("--retries", type=int, default=3,
                         help="at most this many retakes per timing (default 3; 0: never)")
+    parser.add_argument("--lead-in", type=float, default=1.0, metavar="S", dest="lead_in",
+                        help="a configuration whose step is shorter than S seconds runs untimed "
+                             "steps of its own for S seconds before each timing (default 1.0; "
+                             "0: never)")

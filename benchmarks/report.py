@@ -12,6 +12,17 @@ def plural(count: int, word: str, suffix: str = "s") -> str:
     return f"{count} {word}{'' if count == 1 else suffix}"
 
 
+def lead_in_words(settings: dict[str, Any]) -> str:
+    """How a short step was timed (``settings["lead_in_s"]``, harness's ``Group.lead_in_s``), as
+    a clause to put after "after a warm-up round"; empty where there was no lead-in (results
+    written before it)."""
+    seconds = settings.get("lead_in_s", 0.0)
+    if not seconds:
+        return ""
+    return (f", a step under {seconds:g} s timed after {seconds:g} s of untimed steps of its "
+            "own")
+
+
 def load_sentence(load: dict[str, Any]) -> str:
     """What other processes took of the machine while the timings ran, in words."""
     if "others_share" not in load:

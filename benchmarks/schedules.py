@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accuracy_cases import Case, ExampleSpec, resnet50_hand, spread
 from common import describe, machine
 from harness import Config, Group, ModelSpec, measure
-from report import load_sentence
+from report import lead_in_words, load_sentence
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
 from autosplit.allocator import restart_keeping_freed_memory
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
                        "backward_split": found["backward_split"],
                        "action_ms": found["action_ms"]})
         group = Group(case.label, case.spec, configs, rounds=args.rounds, warmup=1,
-                      max_others=args.max_others, retries=args.retries, memory=True)
+                      max_others=args.max_others, retries=args.retries, lead_in_s=args.lead_in, memory=True)
         # measured right after its plans were verified: the machine's drift between the
         # prediction and the measurement is that of a few minutes, not of the whole run
         print(f"  measuring {len(configs)} configurations …", flush=True)
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
     for m in models:
         got = results[m["model"]]
         m["measured"] = {label: {**spread(t), "seconds": t} for label, t in got["times"].items()}
-        m["load"] = got["load"]
+        m["load"], m["lead_in_steps"] = got["load"], got["lead_in_steps"]
         for row in m["plans"].values():
             row["measured_ms"] = m["measured"][row["label"]]["median_ms"]
             row["error"] = (row["predicted_ms"] - row["measured_ms"]) / row["measured_ms"]
@@ -217,7 +217,7 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
         "settings": {
             "machine": machine(), "command": args.command, "smoke": args.smoke,
             "devices": "2 CPU workers of 1 thread each (gloo), torch's schedule classes",
-            "rounds": args.rounds, "warmup_rounds": 1, "profile_budget_s": args.profile_budget,
+            "rounds": args.rounds, "warmup_rounds": 1, "lead_in_s": args.lead_in, "profile_budget_s": args.profile_budget,
             "verify_budget_s": args.verify_budget, "max_others": args.max_others,
             "retries": args.retries,
             "loss": "MSE against one-hot labels (the tutorial's), SGD lr 0.001",
@@ -248,7 +248,8 @@ def markdown(data: dict[str, Any]) -> str:
     lines = [
         "# Schedules and recomputation on 2 CPU workers: predicted and measured", "",
         f"Machine: {describe(s['machine'])}.  ", f"Command: `{s['command']}`.  ",
-        (f"{s['devices']}; every plan measured {s['rounds']} times after a warm-up round, "
+        (f"{s['devices']}; every plan measured {s['rounds']} times after a warm-up round"
+         f"{lead_in_words(s)}, "
          f"interleaved; {s['loss']}. Total {data['seconds']['total']:.0f} s."), "",
         "## Goals", "", "| goal | value | target | |", "|---|---|---|---|",
     ]

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         configs += [Config(label, bare_plan(model, HAND_SPLIT, s, batch))
                     for label, s in split_configs.items()]
         group = Group("tutorial", spec, tuple(configs), rounds=args.repeats, warmup=1,
-                      steps=args.batches, max_others=args.max_others, retries=args.retries)
+                      steps=args.batches, max_others=args.max_others, retries=args.retries, lead_in_s=args.lead_in)
         result = measure([group], backend="gloo", timeout_s=args.timeout)["tutorial"]
         times, load = result["times"], result["load"]
         devices_text = "CPU workers of 1 thread: one process per stage (gloo)"
@@ -294,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.smoke:
         args.batch, args.image, args.repeats, args.batches = 4, 64, 1, 1
         args.split_sizes = [1, 2]
-        args.retries = 0  # a smoke run checks that it runs, not how fast
+        args.retries, args.lead_in = 0, 0.0  # a smoke run checks that it runs, not how fast
     if args.batch < 1 or args.repeats < 1 or args.batches < 1:
         parser.error("--batch, --repeats and --batches must be positive")
     data = run(args)

@@ -310,3 +310,34 @@ def test_schedules_benchmark_smoke(tmp_path) -> None:
     assert data["goals"]["memory_error"] == max(
         abs(e) for m in models.values() for r in m["plans"].values() for e in r["memory_errors"])
     assert "## Goals" in (tmp_path / "schedules_smoke.md").read_text()
+
+
+LEAD_IN_SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from harness import Config, Group, ModelSpec, measure
+if __name__ == "__main__":
+    spec = ModelSpec("resnet18", 2, (3, 16, 16))
+    groups = [Group(name, spec, (Config("one device", None),), rounds=2, warmup=1, lead_in_s=lead)
+              for name, lead in (("led", 0.5), ("plain", 0.0))]
+    got = measure(groups, nprocs=2, timeout_s=120)
+    print(json.dumps({name: {"leads": g["lead_in_steps"], "times": g["times"], "run": g["steps_run"]}
+                      for name, g in got.items()}))
+"""
+
+
+def test_a_short_step_is_timed_after_steps_of_its_own(tmp_path) -> None:
+    """The harness's lead-in: a configuration whose warm-up step took less than lead_in_s runs
+    ceil(lead_in_s / step) untimed steps before each timing; none without a lead-in."""
+    script = tmp_path / "lead_in.py"
+    script.write_text(LEAD_IN_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(ROOT / "benchmarks")],
+                          capture_output=True, text=True, timeout=300, check=True)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["plain"]["leads"] == {"one device": 0}
+    led = got["led"]["leads"]["one device"]
+    step = max(got["led"]["times"]["one device"])  # a ResNet18 step on 2 images: well under 0.5 s
+    assert step < 0.5 and led >= 2
+    for name, lead in (("led", led), ("plain", 0)):
+        assert len(got[name]["times"]["one device"]) == 2
+        assert got[name]["run"] == {"one device": 1 + 2 * (lead + 1)}  # warm-up, 2 timings
