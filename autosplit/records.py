@@ -19,6 +19,7 @@ B = m·b batch size. Times are milliseconds (``_ms``), sizes bytes (``_bytes``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,6 +244,15 @@ class Plan:
         busy = sum(s.compute_ms for s in self.stages) * self.microbatches
         total = len(self.stages) // self.stages_per_rank * self.predicted_step_ms
         return max(0.0, 1.0 - busy / total) if total > 0 else 0.0
+
+    @property
+    def sync_after_ms(self) -> float:
+        """What runs after the pipeline's last backward and no schedule hides (ms): the
+        all-reduce of every weight shared across stages (``shared``) and, with replicas, of
+        the replicas' gradients (``replica_sync_ms``). ``predicted_step_ms`` is the schedule's
+        simulation plus this."""
+        shared = math.fsum(w.sync_ms for w in self.shared)
+        return shared + (self.replica_sync_ms if self.replicas > 1 else 0.0)
 
     @property
     def speedup(self) -> float:

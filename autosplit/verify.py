@@ -140,8 +140,9 @@ def verify_plans(
 
     Each returned plan's stages have ``compute_ms`` / ``forward_ms`` from the stage runs,
     ``block_sum_ms`` from the search and ``verified_spread``; ``predicted_step_ms`` is the
-    schedule simulation of those times (plus the replicas' gradient all-reduce, from the cost
-    model, for a plan with replicas), ``step_spread`` its spread (the simulation of every
+    schedule simulation of those times plus the all-reduces after the last backward, from the
+    cost model (:attr:`Plan.sync_after_ms`: weights shared across stages, the replicas'
+    gradients), ``step_spread`` its spread (the simulation of every
     stage at median ± spread), ``single_device_ms`` the whole model timed in one piece (the
     faster of the profile's best micro-batch size, accumulated, and, on a CPU, the whole batch
     at once; ``one_device=False``: not timed, the plan's kept), and ``verification`` says
@@ -178,8 +179,7 @@ def verify_plans(
         stage_times = [times[r].per_step(plan.microbatches) for r in _stage_runs(plan)]
         split = _split_costs(profile, plan)
         mid, low, high = (_scaled(plan, stage_times, f, split) for f in (0, -1, 1))
-        sync = plan.replica_sync_ms if plan.replicas > 1 else 0.0  # not timed: the model's
-        step = simulate_plan(mid).step_ms + sync
+        step = simulate_plan(mid).step_ms + plan.sync_after_ms  # all-reduces: not timed
         spread = (simulate_plan(high).step_ms - simulate_plan(low).step_ms) / 2 / step
         one_ms, one = min(((_step_of(times[r], math.ceil(plan.batch_size / r[2])), times[r])
                            for r in singles[name]), key=lambda way: way[0],

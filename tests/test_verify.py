@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from models import LongSkip
+from models import LongSkip, TiedLM
 from torch import nn
 
 import autosplit
@@ -22,6 +22,7 @@ from autosplit.cost import single_device_ms
 from autosplit.graph import trace
 from autosplit.planner import plan_candidates
 from autosplit.records import Plan, Profile
+from autosplit.simulator import simulate_plan
 from autosplit.verify import time_stages, verify_and_choose, verify_plans
 
 # ------------------------------------------------------------------------ claims (hand numbers)
@@ -439,3 +440,23 @@ def test_cli_compare_verifies_every_plan(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert "stage times verified" in out
     assert "±" in out or "within noise" in out
+
+
+def test_a_verified_plan_keeps_the_all_reduce_of_its_shared_weights(fake_clock) -> None:
+    # a tied embedding on stages 0 and 1: its gradients are all-reduced after the last
+    # backward; the stage runs do not time that, so the verified step adds it as planned
+    torch.manual_seed(0)
+    model = TiedLM()
+    ids = (torch.randint(0, 11, (8, 5), generator=torch.Generator().manual_seed(3)),)
+    prof = autosplit.profile(model, ids, microbatch_sizes=[2, 4], warmup=0, repeats=1)
+    plan = autosplit.plan(prof, gpus=2, split_size=4, bandwidth_bytes_per_s=1000.0)  # 1 kB/s
+    (weight,) = plan.shared
+    assert weight.stages == (0, 1) and plan.sync_after_ms == weight.sync_ms > 100.0
+    verified = verify_plans(trace(model), ids, prof, {"p": plan}, one_device=False,
+                            rounds=2, max_rounds=2)["p"]
+    # every forward and backward lasts 1 s (fake clock); the slow link's transfers are in the
+    # simulation, the all-reduce after it
+    assert all(s.compute_ms == 2000.0 for s in verified.stages)
+    simulated = simulate_plan(verified).step_ms
+    assert simulated > (verified.microbatches + 1) * 2000.0
+    assert verified.predicted_step_ms == pytest.approx(simulated + weight.sync_ms, rel=1e-12)

@@ -116,7 +116,7 @@ def assemble(
         action_ms=runtime_action_ms(settings, profile),
     )
     # the shared weights' all-reduce runs after the pipeline's last backward: it adds up
-    simulated = simulate_plan(plan).step_ms + math.fsum(w.sync_ms for w in shared)
+    simulated = simulate_plan(plan).step_ms + plan.sync_after_ms
     return dataclasses.replace(
         plan, predicted_step_ms=simulated, bound_step_ms=step_ms(part.bottleneck, m, p)
     )
