@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -341,3 +342,23 @@ def test_a_short_step_is_timed_after_steps_of_its_own(tmp_path) -> None:
     for name, lead in (("led", led), ("plain", 0)):
         assert len(got[name]["times"]["one device"]) == 2
         assert got[name]["run"] == {"one device": 1 + 2 * (lead + 1)}  # warm-up, 2 timings
+
+
+def test_runtime_gap_benchmark_smoke(tmp_path) -> None:
+    """Every action of torch's runtime timed inside it, the replay of those times, each rank's
+    step taken apart."""
+    run_benchmark("runtime_gap.py", tmp_path)
+    data = json.loads((tmp_path / "runtime_gap_smoke.json").read_text())
+    (m,) = data["models"]
+    assert len(m["measured_ms"]) == data["settings"]["steps"] == 2
+    stages = len(m["balance"])
+    assert {f"{kind}{s}" for kind in "FB" for s in range(stages)} <= set(m["runtime"])
+    assert m["replay_ms"] > 0 and m["predicted_ms"] > 0 and m["loss_ms"] > 0
+    for parts, step in zip(m["per_rank"], [statistics.fmean(m["measured_ms"])] * 2):
+        # the parts of a rank's step add up to the step (the rest is what no event covers)
+        assert sum(parts.values()) == pytest.approx(step, rel=1e-9)
+        assert parts["actions"] > 0
+    delays = m["input_delays"]
+    assert delays["count"] == 2 * 2 * m["microbatches"]  # per step: m forwards in, m backwards
+    assert len(delays["per_step_ms"]) == 2
+    assert "| replay of the runtime's own action times |" in (tmp_path / "runtime_gap_smoke.md").read_text()

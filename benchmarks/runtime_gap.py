@@ -1,0 +1,371 @@
+"""Where a pipeline step's time goes: autosplit's verified prediction against torch's runtime,
+action by action, on 2 CPU workers.
+
+For each model, autosplit plans it for 2 CPU workers with ``--schedule`` (GPipe by default;
+the profile, the runtime's cost per action and the link measured as ``autosplit plan``
+measures them) and verifies the plan's stages (``autosplit.verify.verify_plans``). Then the
+plan trains ``--steps`` steps on 2 gloo ranks, back to back after warm-up steps, with every
+action of torch's runtime timed from inside it on a clock common to both ranks: each stage's
+forward, backward and weight pass (``forward_one_chunk``, ``backward_one_chunk``,
+``backward_weight_one_chunk``), the loss, the posting of sends and receives and the waits for
+them (torch's private ``_sorted_batch_p2p`` / ``_wait_batch_p2p``, wrapped in the ranks only:
+a diagnostic, not how autosplit runs).
+
+Reported, per model: the predicted step (verified, and verified again right after the training:
+the machine's drift) against the measured steps (median, IQR); each stage's forward and
+backward as verified against the same inside the runtime (medians);
+the replay of the plan with the runtime's own action times (the schedule simulation, with the
+cost per action and the link as planned), which splits the gap in two: the stages computing
+slower or faster in the runtime than when verified, and what the runtime spends outside the
+actions that the model does not see; and each rank's step taken apart (actions, loss, posting,
+waiting, the rest) with the receives that took over 1 ms.
+
+    python benchmarks/runtime_gap.py                   # writes benchmarks/results/runtime_gap.{json,md}
+    python benchmarks/runtime_gap.py --models gpt-small --schedule 1f1b --out /tmp/gap
+    python benchmarks/runtime_gap.py --smoke --out /tmp/gap   # a tiny model in seconds (tests)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from accuracy_cases import Case, ExampleSpec
+from common import describe, machine
+from harness import ModelSpec
+from run_options import benchmark_parser, chosen_cases, write_and_show
+
+from autosplit.allocator import restart_keeping_freed_memory
+import autosplit
+from autosplit.collectives import measure_link_bandwidth
+from autosplit.records import Plan
+from autosplit.runtime_cost import measure_action_ms
+from autosplit.simulator import simulate_plan
+from autosplit.validation import KNOWN_SCHEDULES
+from autosplit.verify import verify_plans
+
+SLOW_RECEIVE_MS = 1.0  # a receive (posting + waiting) longer than this is counted as slow
+KINDS = ("F", "B", "W")
+
+
+def default_cases() -> list[Case]:
+    return [
+        Case("gpt-small", "GPT small", ModelSpec("gpt-small", 64), None, None, 0.45),
+        Case("resnet50-64", "ResNet50", ModelSpec("resnet50", 48, (3, 64, 64)), None, None, 1.2),
+    ]
+
+
+def smoke_cases() -> list[Case]:
+    return [Case("bigvocab", "Big vocabulary (tiny)", ExampleSpec("bigvocab-tiny", 8), None,
+                 None, 0.02)]
+
+
+# ------------------------------------------------------------------- inside the ranks
+
+
+def _recording(events: list[tuple[str, int, int, float, float]]) -> None:
+    """Wrap torch's pipeline runtime so that every action, loss, posting and wait is appended
+    to ``events`` as (kind, stage or -1, micro-batch or -1, start, end) on
+    ``time.perf_counter`` (CLOCK_MONOTONIC on Linux: one clock for every process of the
+    machine)."""
+    from torch.distributed.pipelining import schedules, stage
+
+    def wrap(owner: Any, name: str, kind: str, stage_arg: int | None) -> None:
+        inner = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                on = args[stage_arg] if stage_arg is not None else None
+                if kind != "loss" or on.is_last:  # the loss: where there is one
+                    index = -1 if on is None else on.stage_index
+                    chunk = args[1] if kind in KINDS else -1  # (self, chunk id, …)
+                    events.append((kind, index, int(chunk), start, time.perf_counter()))
+
+        setattr(owner, name, timed)
+
+    base = stage._PipelineStageBase
+    wrap(base, "forward_one_chunk", "F", 0)
+    wrap(base, "backward_one_chunk", "B", 0)
+    wrap(base, "backward_weight_one_chunk", "W", 0)
+    wrap(schedules._PipelineSchedule, "_maybe_compute_loss", "loss", 1)  # (self, stage, …)
+    wrap(schedules, "_sorted_batch_p2p", "post", None)
+    wrap(schedules, "_wait_batch_p2p", "wait", None)
+
+
+def _rank(spec: Any, plan: Plan, steps: int, warmup: int) -> list[Any] | None:
+    """Train ``plan`` for ``warmup`` + ``steps`` steps, recording each timed step's events;
+    rank 0 returns every rank's [(step start, step end, events), …]."""
+    import torch
+    import torch.distributed as dist
+
+    from autosplit import distributed
+
+    events: list[tuple[str, int, int, float, float]] = []
+    _recording(events)
+    torch.manual_seed(0)
+    model, inputs = spec.build(), spec.make_inputs()
+    targets = distributed.tutorial_targets(model, inputs)
+    trainer = distributed.Trainer(model, plan, distributed.tutorial_loss,
+                                  lambda params: torch.optim.SGD(params, lr=0.001))
+    mine = []
+    for k in range(warmup + steps):
+        dist.barrier()
+        events.clear()
+        start = time.perf_counter()
+        trainer.step(inputs if trainer.holds_first else None,
+                     targets if trainer.holds_last else None)
+        if k >= warmup:
+            mine.append((start, time.perf_counter(), list(events)))
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return gathered if dist.get_rank() == 0 else None
+
+
+# ------------------------------------------------------------------------- the analysis
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _quartiles(values: Sequence[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return values[0], values[0]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q3
+
+
+def analyse(plan: Plan, ranks: list[list[Any]]) -> dict[str, Any]:
+    """Steps, per-stage action medians, the replay with them, each rank's breakdown and the
+    delays of the actions whose input comes from the other rank."""
+    steps = len(ranks[0])
+    measured = [1000.0 * (max(r[k][1] for r in ranks) - min(r[k][0] for r in ranks))
+                for k in range(steps)]
+    durations: dict[tuple[str, int], list[float]] = {}
+    loss: list[float] = []
+    breakdown = []
+    for rank in ranks:
+        parts: dict[str, list[float]] = {name: [] for name in (
+            "actions", "loss", "posting", "waiting", "rest", "after its step")}
+        for k, (start, end, events) in enumerate(rank):
+            total = {"actions": 0.0, "loss": 0.0, "posting": 0.0, "waiting": 0.0}
+            for kind, stage, _, a, b in events:
+                ms = 1000.0 * (b - a)
+                if kind in KINDS:
+                    durations.setdefault((kind, stage), []).append(ms)
+                    total["actions"] += ms
+                elif kind == "loss":
+                    loss.append(ms)
+                    total["loss"] += ms
+                else:
+                    total["posting" if kind == "post" else "waiting"] += ms
+            own = 1000.0 * (end - start)
+            for name, ms in total.items():
+                parts[name].append(ms)
+            parts["rest"].append(own - sum(total.values()))
+            parts["after its step"].append(measured[k] - own)
+        breakdown.append({name: statistics.fmean(v) for name, v in parts.items()})
+    order = sorted(durations, key=lambda key: (key[1], KINDS.index(key[0])))
+    runtime = {f"{kind}{stage}": statistics.median(durations[kind, stage])
+               for kind, stage in order}
+    q1, q3 = _quartiles(measured)
+    return {
+        "measured_ms": measured, "measured_median_ms": statistics.median(measured),
+        "measured_iqr_ms": [q1, q3],
+        "predicted_ms": plan.predicted_step_ms,
+        "replay_ms": _replay(plan, durations, _median(loss) or 0.0),
+        "verified": {f"F{s.index}": s.forward_ms for s in plan.stages}
+        | {f"B{s.index}": s.compute_ms - s.forward_ms for s in plan.stages},
+        "runtime": runtime,
+        "loss_ms": _median(loss),
+        "per_rank": breakdown,
+        "input_delays": _input_delays(plan, ranks),
+    }
+
+
+def _input_delays(plan: Plan, ranks: list[list[Any]]) -> dict[str, Any]:
+    """For every forward or backward whose input comes from a stage on the other rank: how
+    long after both its input could have arrived (the producing action's end plus the link
+    time of the plan's cut) and its rank was free (the end of the rank's previous action or
+    loss) it started (ms). The replay starts it at the later of the two, plus the cost per
+    action; what is beyond is the runtime's (posting, stalled receives)."""
+    where = {e[1]: r for r, rank in enumerate(ranks) for _, _, events in rank for e in events
+             if e[0] in KINDS}
+    delays: list[float] = []
+    per_step = [0.0] * len(ranks)
+    for k in range(len(ranks[0])):
+        ends = {(e[0], e[1], e[2]): e[4] for rank in ranks for e in rank[k][2] if e[0] in KINDS}
+        for r, rank in enumerate(ranks):
+            previous = rank[k][0]
+            for kind, stage, chunk, a, b in sorted(rank[k][2], key=lambda e: e[3]):
+                if kind not in ("F", "B"):
+                    previous = b if kind == "loss" else previous
+                    continue
+                source = stage - 1 if kind == "F" else stage + 1
+                cut = min(stage, source)
+                produced = ends.get((kind, source, chunk))
+                if produced is not None and where.get(source) != r:
+                    hop = plan.stages[cut].send_ms / 2 / 1000.0
+                    delay = 1000.0 * (a - max(produced + hop, previous))
+                    delays.append(delay)
+                    per_step[r] += delay / len(ranks[0])
+                previous = b
+    slow = [d for d in delays if d > SLOW_RECEIVE_MS]
+    return {"count": len(delays), "median_ms": _median(delays),
+            "mean_ms": statistics.fmean(delays) if delays else None,
+            "slow": len(slow), "slow_mean_ms": statistics.fmean(slow) if slow else None,
+            "per_step_ms": per_step}
+
+
+def _replay(plan: Plan, durations: dict[tuple[str, int], list[float]], loss_ms: float) -> float:
+    """The plan's schedule simulation (its cost per action, link and all-reduces after the
+    step as planned) with each stage's forward and backward as timed inside the runtime; the
+    last stage's forward with the loss, as verification times it."""
+    stages = []
+    last = len(plan.stages) - 1
+    for s in plan.stages:
+        f = durations.get(("F", s.index))
+        b = durations.get(("B", s.index))
+        if not f or not b:
+            return float("nan")
+        forward = statistics.median(f) + (loss_ms if s.index == last else 0.0)
+        w = durations.get(("W", s.index))
+        weight = statistics.median(w) if w else s.weight_grad_ms
+        backward = statistics.median(b) + (weight if w else 0.0)
+        stages.append(dataclasses.replace(s, forward_ms=forward, compute_ms=forward + backward,
+                                          weight_grad_ms=min(weight, backward)))
+    replayed = dataclasses.replace(plan, stages=tuple(stages))
+    return simulate_plan(replayed).step_ms + plan.sync_after_ms
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+def run(args: Any, cases: Sequence[Case]) -> dict[str, Any]:
+    from autosplit.distributed import launch
+
+    started = time.perf_counter()
+    models = []
+    for case in cases:
+        print(f"{case.label} ({case.spec.describe}): profile, plan, verify …", flush=True)
+        model, inputs = case.spec.build(), case.spec.make_inputs()
+        graph = autosplit.trace(model, example_inputs=inputs)
+        profile = autosplit.profile(model, inputs, microbatch_sizes=args.sizes,
+                                    budget_s=args.profile_budget)
+        profile = dataclasses.replace(profile, action_ms=measure_action_ms(),
+                                      link_bytes_per_s=measure_link_bandwidth())
+        planned = autosplit.plan(profile, 2, schedule=args.schedule)
+        timing = (graph, inputs, profile, {"plan": planned})
+        plan = verify_plans(*timing, one_device=False, budget_s=args.verify_budget)["plan"]
+        print(f"  training {args.steps} steps with the runtime's actions timed …", flush=True)
+        ranks = launch(_rank, 2, case.spec, plan, args.steps, 2, timeout_s=args.timeout)[0]
+        print("  timing the stages again …", flush=True)
+        again = verify_plans(*timing, one_device=False,  # the machine's drift, apart
+                             budget_s=args.verify_budget)["plan"]
+        found = analyse(plan, ranks)
+        found["again_ms"] = again.predicted_step_ms
+        found["verified_again"] = {f"F{s.index}": s.forward_ms for s in again.stages} | {
+            f"B{s.index}": s.compute_ms - s.forward_ms for s in again.stages}
+        models.append({"model": case.label, "key": case.name, "input": case.spec.describe,
+                       "schedule": plan.schedule, "v": plan.stages_per_rank,
+                       "split_size": plan.split_size, "microbatches": plan.microbatches,
+                       "balance": list(plan.balance), "action_ms": plan.action_ms,
+                       "link_bytes_per_s": profile.link_bytes_per_s, **found})
+    return {
+        "settings": {"machine": machine(), "command": args.command, "steps": args.steps,
+                     "warmup_steps": 2, "schedule": args.schedule,
+                     "profile_budget_s": args.profile_budget,
+                     "verify_budget_s": args.verify_budget, "slow_receive_ms": SLOW_RECEIVE_MS},
+        "models": models, "seconds": time.perf_counter() - started,
+    }
+
+
+def _pct(value: float, base: float) -> str:
+    return f"{(value - base) / base:+.1%}"
+
+
+def markdown(data: dict[str, Any]) -> str:
+    s = data["settings"]
+    lines = [
+        "# Where a pipeline step's time goes: prediction against torch's runtime", "",
+        f"Machine: {describe(s['machine'])}.  ", f"Command: `{s['command']}`.  ",
+        (f"2 CPU workers of 1 thread (gloo ranks); {s['steps']} steps back to back after "
+         f"{s['warmup_steps']} warm-up steps, each after a barrier; every action timed inside "
+         f"torch's runtime. Total {data['seconds']:.0f} s."), "",
+    ]
+    for m in data["models"]:
+        measured = m["measured_median_ms"]
+        q1, q3 = m["measured_iqr_ms"]
+        lines += [
+            f"## {m['model']} ({m['input']})", "",
+            (f"{m['schedule']}{'' if m['v'] == 1 else ' v=' + str(m['v'])}, balance "
+             f"{m['balance']}, b = {m['split_size']}, m = {m['microbatches']}; cost per action "
+             f"{m['action_ms']:.2f} ms."), "",
+            "| | step ms | against measured |", "|---|---|---|",
+            f"| measured (median; IQR {q1:.0f}–{q3:.0f}) | {measured:.1f} | |",
+        ]
+        for name, ms in (("predicted (verified stages)", m["predicted_ms"]),
+                         ("predicted, the stages timed again after the training", m["again_ms"]),
+                         ("replay of the runtime's own action times", m["replay_ms"])):
+            lines.append(f"| {name} | {ms:.1f} | {_pct(ms, measured)} |")
+        lines += [
+            "",
+            "| action | verified ms | again after ms | in the runtime ms | runtime / verified |",
+            "|---|---|---|---|---|",
+        ]
+        for name, ms in m["runtime"].items():
+            ver, after = m["verified"].get(name), m["verified_again"].get(name)
+            lines.append(f"| {name} | {'–' if ver is None else f'{ver:.2f}'} | "
+                         f"{'–' if after is None else f'{after:.2f}'} | {ms:.2f} | "
+                         f"{'' if ver is None else _pct(ms, ver)} |")
+        if m["loss_ms"] is not None:
+            lines.append(f"| loss | (in the last F) | | {m['loss_ms']:.2f} | |")
+        lines += ["", ("Each rank's step, ms (mean): its actions, the loss, posting sends and "
+                       "receives, waiting for them, the rest of its own step, and after it until "
+                       "the slower rank ends."), "",
+                  "| rank | actions | loss | posting | waiting | rest | after its step |",
+                  "|---|---|---|---|---|---|---|"]
+        for r, parts in enumerate(m["per_rank"]):
+            lines.append(f"| {r} | {parts['actions']:.1f} | {parts['loss']:.1f} | "
+                         f"{parts['posting']:.1f} | {parts['waiting']:.1f} | {parts['rest']:.1f} | "
+                         f"{parts['after its step']:.1f} |")
+        d = m["input_delays"]
+        if d["count"]:
+            lines += ["", (f"Actions whose input comes from the other rank: {d['count']}; each "
+                           "started after both its input could have arrived and its rank was "
+                           f"free by {d['median_ms']:.2f} ms at the median, {d['mean_ms']:.2f} ms "
+                           f"on average; {d['slow']} by over {s['slow_receive_ms']:g} ms"
+                           + (f" (mean {d['slow_mean_ms']:.1f} ms)" if d["slow"] else "")
+                           + "; per step, rank by rank: "
+                           + ", ".join(f"{x:.1f}" for x in d["per_step_ms"]) + " ms.")]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = benchmark_parser(__doc__, [c.name for c in default_cases()])
+    parser.add_argument("--schedule", default="gpipe", choices=KNOWN_SCHEDULES,
+                        help="the schedule to plan and run (default gpipe)")
+    parser.add_argument("--steps", type=int, default=12, help="timed steps (default 12)")
+    args = parser.parse_args(argv)
+    cases = chosen_cases(parser, args, argv, "runtime_gap.py", default_cases, smoke_cases)
+    if args.steps < 1:
+        parser.error("--steps must be positive")
+    if args.smoke:
+        args.steps = 2
+    data = run(args, cases)
+    write_and_show(args, "runtime_gap.py", data, markdown(data))
+
+
+if __name__ == "__main__":
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
+    main()
