@@ -13,7 +13,9 @@ a diagnostic, not how autosplit runs).
 
 Reported, per model: the predicted step (verified, and verified again right after the training:
 the machine's drift) against the measured steps (median, IQR); each stage's forward and
-backward as verified against the same inside the runtime (medians);
+backward as verified, timed the same way inside the ranks (``--in-rank`` times, interleaved:
+alone, the other rank waiting, and together, the other rank timing its own stage: what the
+other core's work costs) and inside the runtime (medians);
 the replay of the plan with the runtime's own action times (the schedule simulation, with the
 cost per action and the link as planned), which splits the gap in two: the stages computing
 slower or faster in the runtime than when verified, and what the runtime spends outside the
@@ -101,9 +103,11 @@ def _recording(events: list[tuple[str, int, int, float, float]]) -> None:
     wrap(schedules, "_wait_batch_p2p", "wait", None)
 
 
-def _rank(spec: Any, plan: Plan, steps: int, warmup: int) -> list[Any] | None:
+def _rank(spec: Any, plan: Plan, steps: int, warmup: int, loss: str,
+          repeats: int) -> list[Any] | None:
     """Train ``plan`` for ``warmup`` + ``steps`` steps, recording each timed step's events;
-    rank 0 returns every rank's [(step start, step end, events), …]."""
+    then time this rank's stages as verification does (:func:`_in_rank`). Rank 0 returns
+    every rank's ([(step start, step end, events), …], in-rank stage times)."""
     import torch
     import torch.distributed as dist
 
@@ -125,9 +129,58 @@ def _rank(spec: Any, plan: Plan, steps: int, warmup: int) -> list[Any] | None:
                      targets if trainer.holds_last else None)
         if k >= warmup:
             mine.append((start, time.perf_counter(), list(events)))
+    timed = _in_rank(model, inputs, plan, loss, repeats)
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
+    dist.all_gather_object(gathered, (mine, timed))
     return gathered if dist.get_rank() == 0 else None
+
+
+def _in_rank(model: Any, inputs: Any, plan: Plan, loss: str, repeats: int
+             ) -> dict[str, dict[str, list[float]]]:
+    """This rank's stages timed in the rank as verification times them
+    (:func:`autosplit.stage_timing.time_stages`: the stage's blocks together, its schedule's
+    micro-batches in flight, here in this process), ``repeats`` times each way, interleaved:
+    ``"alone"`` while the other ranks wait at a barrier, ``"together"`` while they time
+    theirs. Per way, ``{"F<s>": [ms, …], "B<s>": [ms, …]}``."""
+    import os
+
+    import torch.distributed as dist
+
+    from autosplit import fresh_process, verify
+    from autosplit.distributed import stage_ranks
+    from autosplit.distributed.stage_module import V_SCHEDULES
+    from autosplit.stage_timing import time_stages
+    from autosplit.stages import block_ranges
+
+    os.environ[fresh_process.IN_PROCESS] = "1"  # in this rank, not in a fresh process
+    rank, world = dist.get_rank(), dist.get_world_size()
+    graph = autosplit.trace(model, example_inputs=inputs)
+    place = stage_ranks(len(plan.stages), world, plan.schedule in V_SCHEDULES)
+    depths = verify._depths(plan)  # the depth in flight verification gives each stage
+    runs = {s: (first, end, plan.split_size)
+            for s, (first, end) in enumerate(block_ranges(plan.balance)) if place[s] == rank}
+    out: dict[str, dict[str, list[float]]] = {"alone": {}, "together": {}}
+
+    def time_mine(way: str) -> None:
+        got = time_stages(graph, inputs, list(runs.values()), loss=loss, warmup=1, rounds=2,
+                          max_rounds=2, budget_s=None,
+                          depths={r: depths[s] for s, r in runs.items()})
+        for s, r in runs.items():
+            out[way].setdefault(f"F{s}", []).append(got[r].forward_ms)
+            out[way].setdefault(f"B{s}", []).append(got[r].per_step(plan.microbatches).backward_ms)
+
+    for k in range(repeats):
+        for way in ("alone", "together") if k % 2 == 0 else ("together", "alone"):
+            if way == "together":
+                dist.barrier()
+                time_mine(way)
+                continue
+            for who in range(world):
+                dist.barrier()
+                if who == rank:
+                    time_mine(way)
+    dist.barrier()
+    return out
 
 
 # ------------------------------------------------------------------------- the analysis
@@ -267,11 +320,16 @@ def run(args: Any, cases: Sequence[Case]) -> dict[str, Any]:
         timing = (graph, inputs, profile, {"plan": planned})
         plan = verify_plans(*timing, one_device=False, budget_s=args.verify_budget)["plan"]
         print(f"  training {args.steps} steps with the runtime's actions timed …", flush=True)
-        ranks = launch(_rank, 2, case.spec, plan, args.steps, 2, timeout_s=args.timeout)[0]
+        got = launch(_rank, 2, case.spec, plan, args.steps, 2, profile.loss, args.in_rank,
+                     timeout_s=args.timeout)[0]
+        ranks = [steps for steps, _ in got]
+        in_rank = {way: {name: statistics.median(values) for _, timed in got
+                         for name, values in timed[way].items()} for way in ("alone", "together")}
         print("  timing the stages again …", flush=True)
         again = verify_plans(*timing, one_device=False,  # the machine's drift, apart
                              budget_s=args.verify_budget)["plan"]
         found = analyse(plan, ranks)
+        found["in_rank"] = in_rank
         found["again_ms"] = again.predicted_step_ms
         found["verified_again"] = {f"F{s.index}": s.forward_ms for s in again.stages} | {
             f"B{s.index}": s.compute_ms - s.forward_ms for s in again.stages}
@@ -319,16 +377,27 @@ def markdown(data: dict[str, Any]) -> str:
             lines.append(f"| {name} | {ms:.1f} | {_pct(ms, measured)} |")
         lines += [
             "",
-            "| action | verified ms | again after ms | in the runtime ms | runtime / verified |",
-            "|---|---|---|---|---|",
+            ("Each stage's forward and backward per micro-batch (ms): verified (a fresh "
+             "process, the other core idle), verified again after the training, timed the same "
+             "way inside the ranks with the other rank waiting (alone) and timing its own stage "
+             "(together), and inside torch's runtime."), "",
+            "| action | verified | again after | in the rank, alone | in the rank, together | "
+            "in the runtime | runtime / verified |",
+            "|---|---|---|---|---|---|---|",
         ]
+
+        def cell(value: float | None) -> str:
+            return "–" if value is None else f"{value:.2f}"
+
         for name, ms in m["runtime"].items():
-            ver, after = m["verified"].get(name), m["verified_again"].get(name)
-            lines.append(f"| {name} | {'–' if ver is None else f'{ver:.2f}'} | "
-                         f"{'–' if after is None else f'{after:.2f}'} | {ms:.2f} | "
-                         f"{'' if ver is None else _pct(ms, ver)} |")
+            ver = m["verified"].get(name)
+            lines.append(
+                f"| {name} | {cell(ver)} | {cell(m['verified_again'].get(name))} | "
+                f"{cell(m['in_rank']['alone'].get(name))} | "
+                f"{cell(m['in_rank']['together'].get(name))} | {ms:.2f} | "
+                f"{'' if ver is None else _pct(ms, ver)} |")
         if m["loss_ms"] is not None:
-            lines.append(f"| loss | (in the last F) | | {m['loss_ms']:.2f} | |")
+            lines.append(f"| loss | (in the last F) | | | | {m['loss_ms']:.2f} | |")
         lines += ["", ("Each rank's step, ms (mean): its actions, the loss, posting sends and "
                        "receives, waiting for them, the rest of its own step, and after it until "
                        "the slower rank ends."), "",
@@ -356,12 +425,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--schedule", default="gpipe", choices=KNOWN_SCHEDULES,
                         help="the schedule to plan and run (default gpipe)")
     parser.add_argument("--steps", type=int, default=12, help="timed steps (default 12)")
+    parser.add_argument("--in-rank", type=int, default=3, dest="in_rank",
+                        help="times each rank's stages are timed in the rank, alone and "
+                             "together, after the training (default 3)")
     args = parser.parse_args(argv)
     cases = chosen_cases(parser, args, argv, "runtime_gap.py", default_cases, smoke_cases)
     if args.steps < 1:
         parser.error("--steps must be positive")
     if args.smoke:
-        args.steps = 2
+        args.steps, args.in_rank = 2, 1
     data = run(args, cases)
     write_and_show(args, "runtime_gap.py", data, markdown(data))
 
