@@ -381,8 +381,8 @@ def markdown(data: dict[str, Any]) -> str:
              "process, the other core idle), verified again after the training, timed the same "
              "way inside the ranks with the other rank waiting (alone) and timing its own stage "
              "(together), and inside torch's runtime."), "",
-            "| action | verified | again after | in the rank, alone | in the rank, together | "
-            "in the runtime | runtime / verified |",
+            ("| action | verified | again after | in the rank, alone | in the rank, together | "
+             "in the runtime | runtime / verified |"),
             "|---|---|---|---|---|---|---|",
         ]
 
