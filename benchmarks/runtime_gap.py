@@ -8,7 +8,7 @@ plan trains ``--steps`` steps on 2 gloo ranks, back to back after warm-up steps,
 action of torch's runtime timed from inside it on a clock common to both ranks: each stage's
 forward, backward and weight pass (``forward_one_chunk``, ``backward_one_chunk``,
 ``backward_weight_one_chunk``), the loss, the posting of sends and receives and the waits for
-them (torch's private ``_sorted_batch_p2p`` / ``_wait_batch_p2p``, wrapped in the ranks only:
+them (torch's private ``_batch_p2p`` / ``_wait_batch_p2p``, wrapped in the ranks only:
 a diagnostic, not how autosplit runs).
 
 Reported, per model: the predicted step (verified, and verified again right after the training:
@@ -99,7 +99,7 @@ def _recording(events: list[tuple[str, int, int, float, float]]) -> None:
     wrap(base, "backward_one_chunk", "B", 0)
     wrap(base, "backward_weight_one_chunk", "W", 0)
     wrap(schedules._PipelineSchedule, "_maybe_compute_loss", "loss", 1)  # (self, stage, …)
-    wrap(schedules, "_sorted_batch_p2p", "post", None)
+    wrap(schedules, "_batch_p2p", "post", None)  # (what _sorted_batch_p2p calls per peer)
     wrap(schedules, "_wait_batch_p2p", "wait", None)
 
 
