@@ -21,7 +21,8 @@ minutes later), one process per stage (``harness.py``: two gloo ranks, GPipe, in
 A B … B A after a warm-up round, a timing disturbed by other processes taken again); then the
 distinct plans autosplit chose from the profiles, timed together, for the agreement. Reported: the median and p90 of
 |predicted − measured| / measured over every (profile, plan); each profile's predicted ratio
-autosplit / other plan against the measured ratio; whether the profiles gave the same plan (or
+autosplit / other plan against the measured ratio, with that ratio's own spread over the paired
+rounds (each round times both plans) and how many errors exceed it; whether the profiles gave the same plan (or
 plans within 1 % measured). Models (``--models``): ResNet50 (B=120, 3×128×128), ResNet101
 (B=48, 3×64×64), GPT small (examples/gpt.py, B=64 × 64 tokens) and examples/bigvocab.py (a
 32,000-token vocabulary on 2 small blocks, B=32 × 32 tokens).
@@ -237,6 +238,11 @@ def _pct(x: float) -> str:
     return f"{x:+.1%}"
 
 
+def _ratio_spread(e: dict[str, Any]) -> str:
+    """A measured ratio's spread over the paired rounds (results written before it: –)."""
+    return "–" if "measured_ratio_spread" not in e else f"{e['measured_ratio_spread']:.1%}"
+
+
 def _measured_row(prefix: str, label: str, x: dict[str, Any], row: dict[str, Any]) -> str:
     return (f"| {prefix}{label} | {', '.join(row['cut_before']) or '–'} | {row['split_size']} | "
             f"{x['median_ms']:.0f} | {x['min_ms']:.0f}–{x['max_ms']:.0f} | "
@@ -291,6 +297,11 @@ def markdown(data: dict[str, Any]) -> str:
         value = g["value"] if isinstance(g["value"], str) else f"{g['value']:.1%}"
         met = "met" if g["met"] else "missed"
         lines.append(f"| {g['goal']} | {value} | {g['target']} | {met} |")
+    resolved = [g["beyond_noise"] for g in data["goals"] if "beyond_noise" in g]
+    if resolved:
+        lines += ["", (f"Ratio errors larger than their measured ratio's own spread (half the "
+                       f"interquartile range of the per-round ratios, each round timing both "
+                       f"plans): {resolved[0]}; the others are within what the rounds resolve.")]
     for m in data["models"]:
         lines += ["", f"## {m['model']} ({m['input']})", ""] + measured_table(m)
         lines += ["", "| profile | plan | predicted ms | measured ms | error |",
@@ -298,10 +309,12 @@ def markdown(data: dict[str, Any]) -> str:
         lines += [f"| {e['profile']} | {e['plan']} | {e['predicted_ms']:.0f} | "
                   f"{e['measured_ms']:.0f} | {e['error']:.1%} |" for e in m["step_errors"]]
         lines += ["", f"Step error: median {m['median_error']:.1%}, p90 {m['p90_error']:.1%}.", "",
-                  "| profile | autosplit / | predicted ratio | measured ratio | error |",
-                  "|---|---|---|---|---|"]
+                  ("| profile | autosplit / | predicted ratio | measured ratio | ± (paired "
+                   "rounds) | error |"),
+                  "|---|---|---|---|---|---|"]
         lines += [f"| {e['profile']} | {e['plan']} | {e['predicted_ratio']:.3f} | "
-                  f"{e['measured_ratio']:.3f} | {_pct(e['error'])} |" for e in m["ratio_errors"]]
+                  f"{e['measured_ratio']:.3f} | {_ratio_spread(e)} | {_pct(e['error'])} |"
+                  for e in m["ratio_errors"]]
         lines += ["", agreement_sentence(m)]
     return "\n".join(lines) + "\n"
 

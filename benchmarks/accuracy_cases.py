@@ -136,9 +136,25 @@ def errors(model: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, 
                 continue
             predicted = auto["predicted_ms"] / row["predicted_ms"]
             actual = measured[auto["label"]] / measured[row["label"]]
+            noise = paired_spread(prof["measured"][auto["label"]]["seconds"],
+                                  prof["measured"][row["label"]]["seconds"])
+            error = predicted / actual - 1
             ratios.append({"profile": p + 1, "plan": name, "predicted_ratio": predicted,
-                           "measured_ratio": actual, "error": predicted / actual - 1})
+                           "measured_ratio": actual, "error": error,
+                           "measured_ratio_spread": noise,
+                           "beyond_noise": bool(abs(error) > noise)})
     return steps, ratios
+
+
+def paired_spread(first: Sequence[float], second: Sequence[float]) -> float:
+    """How well two configurations' measured ratio is known: half the interquartile range of
+    the per-round ratios ``first[k] / second[k]`` (timed in the same round, interleaved) over
+    their median, a fraction; 0 with fewer than 2 rounds."""
+    ratios = [a / b for a, b in zip(first, second)]
+    if len(ratios) < 2:
+        return 0.0
+    q1, mid, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return (q3 - q1) / 2 / mid
 
 
 def distinct_choices(profiles: Sequence[dict[str, Any]]
@@ -185,6 +201,8 @@ def goals(models: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
          f"every one within ±{GOALS['ratio']:.0%}", GOALS["ratio"]),
     ]
     out = [{"goal": g, "value": v, "target": t, "met": bool(v <= limit)} for g, v, t, limit in rows]
+    beyond = [e for m in models for e in m["ratio_errors"] if e["beyond_noise"]]
+    out[-1]["beyond_noise"] = f"{len(beyond)} of {len(ratios)}"  # errors the rounds resolve
     worst = min(agreeing, key=lambda a: a[0] / a[1]) if agreeing else (0, 0)
     out.append({"goal": "profiles giving the same plan (or within 1 % measured), worst model",
                 "value": f"{worst[0]} of {worst[1]}", "target": "all of them",

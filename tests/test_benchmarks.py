@@ -233,6 +233,22 @@ def test_accuracy_benchmark_smoke(tmp_path) -> None:
     assert data["settings"]["torchgpipe"] == ("0.0.7" if with_torchgpipe else None)
     text = (tmp_path / "accuracy_smoke.md").read_text()
     assert "## Goals" in text and "| profile | autosplit / |" in text
+    for model in models.values():  # each measured ratio with its spread over paired rounds
+        for e in model["ratio_errors"]:
+            assert e["measured_ratio_spread"] == 0.0  # one round: nothing to pair
+            assert e["beyond_noise"] == (e["error"] != 0.0)
+    assert "± (paired rounds)" in text and "Ratio errors larger than" in text
+
+
+def test_a_measured_ratio_is_known_to_its_paired_rounds_spread() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from accuracy_cases import paired_spread
+
+    # per-round ratios 1 … 5: quartiles 2 and 4 around the median 3
+    assert paired_spread([1, 2, 3, 4, 5], [1, 1, 1, 1, 1]) == pytest.approx(1 / 3)
+    # drift that hits both plans alike in a round leaves the ratio exact
+    assert paired_spread([1.0, 2.0, 1.5], [2.0, 4.0, 3.0]) == pytest.approx(0.0)
+    assert paired_spread([1.0], [2.0]) == 0.0
 
 
 def test_accuracy_smoke_never_writes_to_results() -> None:
