@@ -14,18 +14,19 @@ it); for each profile the plans below, predicted by autosplit from that profile:
   autosplit's best candidate by block sums;
 * one device (predicted: the verification's whole-model timing).
 
-Each profile's distinct plans and one device are then trained for real right after that
-profile's plans were made, as a user trains right after planning (the machine drifts 20-30 %
-over tens of minutes; a profile's prediction is compared with its own timed rounds, a few
-minutes later), one process per stage (``harness.py``: two gloo ranks, GPipe, interleaved rounds
-A B … B A after a warm-up round, a timing disturbed by other processes taken again); then the
-distinct plans autosplit chose from the profiles, timed together, for the agreement. Reported: the median and p90 of
-|predicted − measured| / measured over every (profile, plan); each profile's predicted ratio
+Each profile's distinct plans and one device are then trained for real right after that profile's
+plans were made, as a user trains right after planning (the machine drifts 20-30 % over tens of
+minutes; a profile's prediction is compared with its own timed rounds, a few minutes later), one
+process per stage (``harness.py``: two gloo ranks, GPipe, interleaved rounds A B … B A after a
+warm-up round, a timing disturbed by other processes taken again); then the distinct plans
+autosplit chose from the profiles, timed together, for the agreement. Reported: the median and p90
+of |predicted − measured| / measured over every (profile, plan); each profile's predicted ratio
 autosplit / other plan against the measured ratio, with that ratio's own spread over the paired
-rounds (each round times both plans) and how many errors exceed it; whether the profiles gave the same plan (or
-plans within 1 % measured). Models (``--models``): ResNet50 (B=120, 3×128×128), ResNet101
-(B=48, 3×64×64), GPT small (examples/gpt.py, B=64 × 64 tokens) and examples/bigvocab.py (a
-32,000-token vocabulary on 2 small blocks, B=32 × 32 tokens).
+rounds (each round times both plans) and how many errors exceed it; whether the profiles gave the
+same plan (or plans within 1 % measured). Models (``--models``): ResNet50 (B=120, 3×128×128),
+ResNet101 (B=48, 3×64×64), GPT small (examples/gpt.py, B=64 × 64 tokens) and examples/bigvocab.py
+(a 32,000-token vocabulary on 2 small blocks, B=32 × 32 tokens). A step under ``--lead-in``
+seconds is timed after untimed steps of its own (``harness.py``).
 
     python benchmarks/accuracy.py            # writes benchmarks/results/accuracy.{json,md}
     python benchmarks/accuracy.py --smoke --out /tmp/acc   # toy sizes in seconds (tests)
@@ -176,7 +177,8 @@ def measure_agreement(case: Case, profiles: Sequence[dict[str, Any]], configs: d
     print(f"{case.label}: the {len(chosen)} plans of its profiles together …", flush=True)
     group = Group(f"{case.label}, agreement", case.spec,
                   tuple(configs[row["label"]] for row in chosen.values()), rounds=args.rounds,
-                  warmup=1, max_others=args.max_others, retries=args.retries, lead_in_s=args.lead_in)
+                  warmup=1, max_others=args.max_others, retries=args.retries,
+                  lead_in_s=args.lead_in)
     predicted = {row["label"]: row["predicted_ms"] for row in chosen.values()}
     return measure_group(group, predicted, args)
 
@@ -221,7 +223,8 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
             "machine": machine(), "command": args.command, "smoke": args.smoke,
             "devices": "2 CPU workers of 1 thread each, one process per stage (gloo), GPipe",
             "profiles": args.profiles, "rounds": args.rounds, "warmup_rounds": 1,
-            "steps_per_timing": 1, "lead_in_s": args.lead_in, "profile_budget_s": args.profile_budget,
+            "steps_per_timing": 1, "lead_in_s": args.lead_in,
+            "profile_budget_s": args.profile_budget,
             "verify_budget_s": args.verify_budget, "max_others": args.max_others,
             "retries": args.retries, "torchgpipe": TORCHGPIPE,
             "loss": "MSE against one-hot labels (the tutorial's), SGD lr 0.001",

@@ -170,7 +170,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            for name in measured.values()}
         phases[f"stage check {case.label}"] = time.perf_counter() - start
         groups.append(Group(case.label, case.spec, tuple(configs), rounds=args.rounds, warmup=1,
-                            max_others=args.max_others, retries=args.retries, lead_in_s=args.lead_in))
+                            max_others=args.max_others, retries=args.retries,
+                            lead_in_s=args.lead_in))
         prepared.append((case, profile, plans, notes, measured))
         del model
 
@@ -194,7 +195,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     groups.append(Group("oracle", oracle_case.spec, tuple(Config(g["label"], g["plan"]) for g in grid),
                         rounds=args.oracle_rounds, warmup=1, refine=args.refine,
                         refine_rounds=args.refine_rounds, keep=tuple(keep),
-                        max_others=args.max_others, retries=args.retries, lead_in_s=args.lead_in))
+                        max_others=args.max_others, retries=args.retries,
+                        lead_in_s=args.lead_in))
 
     print(f"measuring: {sum(len(g.configs) for g in groups)} configurations in {len(groups)} "
           f"groups, 2 ranks ({backend}) …", flush=True)

@@ -4,9 +4,9 @@
 configurations in them: plans run one process per stage (a ``Trainer`` per rank), or the whole
 model on one device on rank 0, interleaved round by round (A B C, C B A, …) after untimed
 warm-up rounds, a short step after untimed steps of its own (``Group.lead_in_s``). A timing is
-the slowest rank's wall time from a common barrier; one during which
-other processes took more than a share of the machine's CPU time (``/proc/stat``'s busy time
-minus the ranks' own) is taken again, every rank deciding alike on rank 0's reading.
+the slowest rank's wall time from a common barrier; one during which other processes took more
+than a share of the machine's CPU time (``/proc/stat``'s busy time minus the ranks' own) is
+taken again, every rank deciding alike on rank 0's reading.
 
 Also here: :class:`ModelSpec` (a model and its batch, rebuilt identically in every process),
 :func:`stage_check` (each stage of a plan timed alone in this process), :func:`summary`
@@ -103,7 +103,8 @@ class Group:
     the first step after another configuration or an idle wait (GPT small's 2-rank GPipe step,
     0.33 s: 2–4 % slower right after a one-device step, 5–8 % after both ranks sat idle for
     0.5 s, medians of 20–30 interleaved pairs on 2 AMD EPYC cores); a step of ``lead_in_s`` or
-    more is timed as it comes (such a transient is a small share of it). Rounds alternate direction (A B C, C B A, …). A timing during
+    more is timed as it comes (such a transient is a small share of it). Rounds alternate
+    direction (A B C, C B A, …). A timing during
     which other processes took more than ``max_others`` of the machine's CPU time is taken again
     (at most ``retries`` times). With ``refine``, the ``refine`` fastest configurations by
     median (and those in ``keep``) are timed ``refine_rounds`` more times afterwards,

@@ -22,7 +22,7 @@ slower or faster in the runtime than when verified, and what the runtime spends 
 actions that the model does not see; and each rank's step taken apart (actions, loss, posting,
 waiting, the rest) with the receives that took over 1 ms.
 
-    python benchmarks/runtime_gap.py                   # writes benchmarks/results/runtime_gap.{json,md}
+    python benchmarks/runtime_gap.py        # writes benchmarks/results/runtime_gap.{json,md}
     python benchmarks/runtime_gap.py --models gpt-small --schedule 1f1b --out /tmp/gap
     python benchmarks/runtime_gap.py --smoke --out /tmp/gap   # a tiny model in seconds (tests)
 """

@@ -181,7 +181,8 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
                        "backward_split": found["backward_split"],
                        "action_ms": found["action_ms"]})
         group = Group(case.label, case.spec, configs, rounds=args.rounds, warmup=1,
-                      max_others=args.max_others, retries=args.retries, lead_in_s=args.lead_in, memory=True)
+                      max_others=args.max_others, retries=args.retries,
+                      lead_in_s=args.lead_in, memory=True)
         # measured right after its plans were verified: the machine's drift between the
         # prediction and the measurement is that of a few minutes, not of the whole run
         print(f"  measuring {len(configs)} configurations …", flush=True)
@@ -217,7 +218,8 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
         "settings": {
             "machine": machine(), "command": args.command, "smoke": args.smoke,
             "devices": "2 CPU workers of 1 thread each (gloo), torch's schedule classes",
-            "rounds": args.rounds, "warmup_rounds": 1, "lead_in_s": args.lead_in, "profile_budget_s": args.profile_budget,
+            "rounds": args.rounds, "warmup_rounds": 1, "lead_in_s": args.lead_in,
+            "profile_budget_s": args.profile_budget,
             "verify_budget_s": args.verify_budget, "max_others": args.max_others,
             "retries": args.retries,
             "loss": "MSE against one-hot labels (the tutorial's), SGD lr 0.001",

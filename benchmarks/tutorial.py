@@ -107,7 +107,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         configs += [Config(label, bare_plan(model, HAND_SPLIT, s, batch))
                     for label, s in split_configs.items()]
         group = Group("tutorial", spec, tuple(configs), rounds=args.repeats, warmup=1,
-                      steps=args.batches, max_others=args.max_others, retries=args.retries, lead_in_s=args.lead_in)
+                      steps=args.batches, max_others=args.max_others, retries=args.retries,
+                      lead_in_s=args.lead_in)
         result = measure([group], backend="gloo", timeout_s=args.timeout)["tutorial"]
         times, load = result["times"], result["load"]
         devices_text = "CPU workers of 1 thread: one process per stage (gloo)"
