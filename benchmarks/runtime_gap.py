@@ -130,6 +130,7 @@ def _rank(spec: Any, plan: Plan, steps: int, warmup: int, loss: str,
         if k >= warmup:
             mine.append((start, time.perf_counter(), list(events)))
     timed = _in_rank(model, inputs, plan, loss, repeats)
+    timed |= _by_hand(trainer, model, inputs, targets, plan, repeats)
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (mine, timed))
     return gathered if dist.get_rank() == 0 else None
@@ -181,6 +182,75 @@ def _in_rank(model: Any, inputs: Any, plan: Plan, loss: str, repeats: int
                     time_mine(way)
     dist.barrier()
     return out
+
+
+def _by_hand(trainer: Any, model: Any, inputs: Any, targets: Any, plan: Plan,
+             repeats: int) -> dict[str, dict[str, list[float]]]:
+    """This rank's stage modules, the very ones torch's runtime ran (``trainer.modules``), run
+    by a plain loop in the rank: the step's m forwards (the last stage's with the loss), then
+    their m backwards, no messages (each stage's inputs made beforehand); ``repeats`` times
+    each way, interleaved, ``"by hand, alone"`` and ``"by hand, together"`` as
+    :func:`_in_rank`. Per way, ``{"F<s>": [ms, …], "B<s>": [ms, …]}`` (means over the m)."""
+    import torch
+    import torch.distributed as dist
+
+    from autosplit import distributed
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    every = distributed.stage_modules(model, plan)  # to make the inputs of a later stage
+    b, m = plan.split_size, plan.microbatches
+    batches = [tuple(x[i * b:(i + 1) * b] for x in inputs) for i in range(m)]
+    wanted = [tuple(t[i * b:(i + 1) * b] for t in targets) for i in range(m)]
+    fed: dict[int, list[tuple[Any, ...]]] = {}
+    with torch.no_grad():
+        for module in trainer.modules:
+            values = batches
+            for earlier in every[:module.index]:
+                values = [tuple(_leaves(earlier(*v))) for v in values]
+            fed[module.index] = values
+    out: dict[str, dict[str, list[float]]] = {"by hand, alone": {}, "by hand, together": {}}
+
+    def run(way: str) -> None:
+        for module in trainer.modules:
+            s = module.index
+            outs, fwd, bwd = [], [], []
+            for i in range(m):
+                received = tuple(v.detach().requires_grad_(s > 0 and v.is_floating_point())
+                                 for v in fed[s][i])
+                start = time.perf_counter()
+                y = module(*received)
+                if module.is_last:
+                    y = distributed.tutorial_loss(module.unflatten_output(y), wanted[i])
+                fwd.append(1000.0 * (time.perf_counter() - start))
+                outs.append(y)
+            for y in outs:
+                leaves = [t for t in _leaves(y) if t.requires_grad]
+                start = time.perf_counter()
+                torch.autograd.backward(leaves, [torch.ones_like(t) for t in leaves])
+                bwd.append(1000.0 * (time.perf_counter() - start))
+            out[way].setdefault(f"F{s}", []).append(statistics.fmean(fwd))
+            out[way].setdefault(f"B{s}", []).append(statistics.fmean(bwd))
+        model.zero_grad(set_to_none=True)
+
+    run("by hand, alone")  # a warm-up, not kept
+    out["by hand, alone"].clear()
+    for k in range(repeats):
+        for way in ("by hand, alone", "by hand, together")[:: 1 if k % 2 == 0 else -1]:
+            if way.endswith("together"):
+                dist.barrier()
+                run(way)
+                continue
+            for who in range(world):
+                dist.barrier()
+                if who == rank:
+                    run(way)
+    dist.barrier()
+    return out
+
+
+def _leaves(value: Any) -> tuple[Any, ...]:
+    """A stage's output as a tuple of tensors."""
+    return (value,) if not isinstance(value, (tuple, list)) else tuple(value)
 
 
 # ------------------------------------------------------------------------- the analysis
@@ -324,7 +394,8 @@ def run(args: Any, cases: Sequence[Case]) -> dict[str, Any]:
                      timeout_s=args.timeout)[0]
         ranks = [steps for steps, _ in got]
         in_rank = {way: {name: statistics.median(values) for _, timed in got
-                         for name, values in timed[way].items()} for way in ("alone", "together")}
+                         for name, values in timed[way].items()}
+                   for way in ("alone", "together", "by hand, alone", "by hand, together")}
         print("  timing the stages again …", flush=True)
         again = verify_plans(*timing, one_device=False,  # the machine's drift, apart
                              budget_s=args.verify_budget)["plan"]
@@ -380,10 +451,12 @@ def markdown(data: dict[str, Any]) -> str:
             ("Each stage's forward and backward per micro-batch (ms): verified (a fresh "
              "process, the other core idle), verified again after the training, timed the same "
              "way inside the ranks with the other rank waiting (alone) and timing its own stage "
-             "(together), and inside torch's runtime."), "",
+             "(together), the runtime's own stage modules run by a plain loop in the ranks "
+             "(by hand: the step's forwards, then its backwards, no messages; alone and "
+             "together), and inside torch's runtime."), "",
             ("| action | verified | again after | in the rank, alone | in the rank, together | "
-             "in the runtime | runtime / verified |"),
-            "|---|---|---|---|---|---|---|",
+             "by hand, alone | by hand, together | in the runtime | runtime / verified |"),
+            "|---|---|---|---|---|---|---|---|---|",
         ]
 
         def cell(value: float | None) -> str:
@@ -393,11 +466,11 @@ def markdown(data: dict[str, Any]) -> str:
             ver = m["verified"].get(name)
             lines.append(
                 f"| {name} | {cell(ver)} | {cell(m['verified_again'].get(name))} | "
-                f"{cell(m['in_rank']['alone'].get(name))} | "
-                f"{cell(m['in_rank']['together'].get(name))} | {ms:.2f} | "
-                f"{'' if ver is None else _pct(ms, ver)} |")
+                + " | ".join(cell(m["in_rank"].get(way, {}).get(name)) for way in (
+                    "alone", "together", "by hand, alone", "by hand, together"))
+                + f" | {ms:.2f} | {'' if ver is None else _pct(ms, ver)} |")
         if m["loss_ms"] is not None:
-            lines.append(f"| loss | (in the last F) | | | | {m['loss_ms']:.2f} | |")
+            lines.append(f"| loss | (in the last F) | | | | | | {m['loss_ms']:.2f} | |")
         lines += ["", ("Each rank's step, ms (mean): its actions, the loss, posting sends and "
                        "receives, waiting for them, the rest of its own step, and after it until "
                        "the slower rank ends."), "",
