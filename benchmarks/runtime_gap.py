@@ -170,18 +170,27 @@ def _in_rank(model: Any, inputs: Any, plan: Plan, loss: str, repeats: int
             out[way].setdefault(f"F{s}", []).append(got[r].forward_ms)
             out[way].setdefault(f"B{s}", []).append(got[r].per_step(plan.microbatches).backward_ms)
 
+    _alone_and_together(time_mine, "alone", "together", repeats)
+    return out
+
+
+def _alone_and_together(run: Any, alone: str, together: str, repeats: int) -> None:
+    """``repeats`` times ``run(alone)`` on each rank in turn (the others waiting at a barrier)
+    and ``run(together)`` on every rank at once, interleaved A B, B A, …; collective."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
     for k in range(repeats):
-        for way in ("alone", "together") if k % 2 == 0 else ("together", "alone"):
-            if way == "together":
+        for way in (alone, together)[:: 1 if k % 2 == 0 else -1]:
+            if way == together:
                 dist.barrier()
-                time_mine(way)
+                run(way)
                 continue
             for who in range(world):
                 dist.barrier()
                 if who == rank:
-                    time_mine(way)
+                    run(way)
     dist.barrier()
-    return out
 
 
 def _by_hand(trainer: Any, model: Any, inputs: Any, targets: Any, plan: Plan,
@@ -192,11 +201,9 @@ def _by_hand(trainer: Any, model: Any, inputs: Any, targets: Any, plan: Plan,
     each way, interleaved, ``"by hand, alone"`` and ``"by hand, together"`` as
     :func:`_in_rank`. Per way, ``{"F<s>": [ms, …], "B<s>": [ms, …]}`` (means over the m)."""
     import torch
-    import torch.distributed as dist
 
     from autosplit import distributed
 
-    rank, world = dist.get_rank(), dist.get_world_size()
     every = distributed.stage_modules(model, plan)  # to make the inputs of a later stage
     b, m = plan.split_size, plan.microbatches
     batches = [tuple(x[i * b:(i + 1) * b] for x in inputs) for i in range(m)]
@@ -234,17 +241,7 @@ def _by_hand(trainer: Any, model: Any, inputs: Any, targets: Any, plan: Plan,
 
     run("by hand, alone")  # a warm-up, not kept
     out["by hand, alone"].clear()
-    for k in range(repeats):
-        for way in ("by hand, alone", "by hand, together")[:: 1 if k % 2 == 0 else -1]:
-            if way.endswith("together"):
-                dist.barrier()
-                run(way)
-                continue
-            for who in range(world):
-                dist.barrier()
-                if who == rank:
-                    run(way)
-    dist.barrier()
+    _alone_and_together(run, "by hand, alone", "by hand, together", repeats)
     return out
 
 
