@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from autosplit import allocator
+from autosplit.outputs import check_outputs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -64,10 +65,14 @@ def describe(info: dict[str, Any]) -> str:
 
 
 def write_results(out: Path, stem: str, data: dict[str, Any], markdown: str) -> None:
-    """``out/stem.json`` and ``out/stem.md``."""
+    """``out/stem.json`` and ``out/stem.md``, both or neither, each replaced atomically
+    (:mod:`autosplit.outputs`, as the CLI writes its files)."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n")
-    (out / f"{stem}.md").write_text(markdown)
+    json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
+    check_outputs({"json": str(json_path), "md": str(md_path)}, {}).commit({
+        "json": lambda path: path.write_text(json.dumps(data, indent=1) + "\n"),
+        "md": lambda path: path.write_text(markdown),
+    })
 
 
 def load_example(name: str) -> Any:

@@ -169,15 +169,16 @@ def _assemble(settings: PlanSettings, profile: Profile, k: int, schedule: str, v
     shared = shared_weights(settings, profile, bounds)
     single, _ = single_device_ms(profile, settings.batch_size)
     capacity = settings.capacity_bytes
-    return Plan(
+    plan = Plan(
         model=profile.model, fingerprint=profile.fingerprint, stages=tuple(stages),
         split_size=b, microbatches=m, batch_size=settings.batch_size, schedule=schedule,
-        predicted_step_ms=found.step_ms + math.fsum(w.sync_ms for w in shared),
-        single_device_ms=single, solver=label, candidates=sizes, profile=profile.describe(),
+        predicted_step_ms=found.step_ms, single_device_ms=single, solver=label,
+        candidates=sizes, profile=profile.describe(),
         memory_limit_bytes=None if capacity is None else int(min(capacity)),
         optimizer=settings.optimizer, shared=shared, stages_per_rank=v,
         action_ms=profile.action_ms_of(schedule),
     )
+    return dataclasses.replace(plan, predicted_step_ms=found.step_ms + plan.sync_after_ms)
 
 
 def too_many_cuts(blocks: int, stages: int) -> str:
