@@ -48,6 +48,7 @@ import autosplit
 from autosplit.collectives import measure_link_bandwidth
 from autosplit.records import Plan
 from autosplit.runtime_cost import measure_action_ms
+from autosplit.schedules import SPLIT_BACKWARD
 from autosplit.simulator import simulate_plan
 from autosplit.validation import KNOWN_SCHEDULES
 from autosplit.verify import verify_plans
@@ -303,13 +304,27 @@ def analyse(plan: Plan, ranks: list[list[Any]]) -> dict[str, Any]:
         "measured_iqr_ms": [q1, q3],
         "predicted_ms": plan.predicted_step_ms,
         "replay_ms": _replay(plan, durations, _median(loss) or 0.0),
-        "verified": {f"F{s.index}": s.forward_ms for s in plan.stages}
-        | {f"B{s.index}": s.compute_ms - s.forward_ms for s in plan.stages},
+        "verified": stage_actions(plan),
         "runtime": runtime,
         "loss_ms": _median(loss),
         "per_rank": breakdown,
         "input_delays": _input_delays(plan, ranks),
     }
+
+
+def stage_actions(plan: Plan) -> dict[str, float]:
+    """A verified plan's time per micro-batch of each stage's actions as the runtime names them
+    (ms): ``F<s>``; ``B<s>`` the whole backward, or, where the schedule splits it, its input
+    pass with the weight pass ``W<s>`` apart (a split stage's share of the backward)."""
+    split = plan.schedule in SPLIT_BACKWARD
+    out = {}
+    for s in plan.stages:
+        backward = s.compute_ms - s.forward_ms
+        out[f"F{s.index}"] = s.forward_ms
+        out[f"B{s.index}"] = backward - s.weight_grad_ms if split else backward
+        if split:
+            out[f"W{s.index}"] = s.weight_grad_ms
+    return out
 
 
 def _input_delays(plan: Plan, ranks: list[list[Any]]) -> dict[str, Any]:
@@ -399,8 +414,7 @@ def run(args: Any, cases: Sequence[Case]) -> dict[str, Any]:
         found = analyse(plan, ranks)
         found["in_rank"] = in_rank
         found["again_ms"] = again.predicted_step_ms
-        found["verified_again"] = {f"F{s.index}": s.forward_ms for s in again.stages} | {
-            f"B{s.index}": s.compute_ms - s.forward_ms for s in again.stages}
+        found["verified_again"] = stage_actions(again)
         models.append({"model": case.label, "key": case.name, "input": case.spec.describe,
                        "schedule": plan.schedule, "v": plan.stages_per_rank,
                        "split_size": plan.split_size, "microbatches": plan.microbatches,
@@ -416,7 +430,7 @@ def run(args: Any, cases: Sequence[Case]) -> dict[str, Any]:
 
 
 def _pct(value: float, base: float) -> str:
-    return f"{(value - base) / base:+.1%}"
+    return f"{(value - base) / base:+.1%}" if base > 0 else "–"
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -450,7 +464,10 @@ def markdown(data: dict[str, Any]) -> str:
              "way inside the ranks with the other rank waiting (alone) and timing its own stage "
              "(together), the runtime's own stage modules run by a plain loop in the ranks "
              "(by hand: the step's forwards, then its backwards, no messages; alone and "
-             "together), and inside torch's runtime."), "",
+             "together), and inside torch's runtime."
+             + (" Where the schedule splits the backward, B is its input pass and W its "
+                "weight pass, except in the four in-rank columns, which run it whole."
+                if m["schedule"] in SPLIT_BACKWARD else "")), "",
             ("| action | verified | again after | in the rank, alone | in the rank, together | "
              "by hand, alone | by hand, together | in the runtime | runtime / verified |"),
             "|---|---|---|---|---|---|---|---|---|",
