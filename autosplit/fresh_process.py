@@ -37,7 +37,9 @@ from typing import Any, TypeVar
 from autosplit import allocator
 from autosplit.errors import AutosplitError
 
-__all__ = ["IN_PROCESS", "FreshProcessError", "enabled", "run_fresh"]
+__all__ = [
+    "IN_PROCESS", "FreshProcessError", "enabled", "import_model_files", "model_files", "run_fresh",
+]
 
 IN_PROCESS = "AUTOSPLIT_TIME_IN_PROCESS"
 """Set to 1 to time in the calling process (no fresh process)."""
@@ -61,8 +63,9 @@ def enabled() -> bool:
     return os.environ.get(IN_PROCESS, "") in ("", "0")
 
 
-def _model_files() -> dict[str, str]:
-    """Modules imported from model files, by name: the child imports them first."""
+def model_files() -> dict[str, str]:
+    """Modules imported from model files, by name: a child process imports them first
+    (:func:`import_model_files`)."""
     return {name: str(module.__file__) for name, module in list(sys.modules.items())
             if name.startswith(_MODEL_FILES) and getattr(module, "__file__", None)}
 
@@ -80,7 +83,7 @@ def run_fresh(fn: Callable[..., T], *args: Any, progress: Progress | None = None
         FreshProcessError: the child failed otherwise (its traceback is the message).
     """
     try:
-        payload = (pickle.dumps(_model_files(), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = (pickle.dumps(model_files(), protocol=pickle.HIGHEST_PROTOCOL)
                    + pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL))
     except Exception as exc:  # noqa: BLE001 - a model that does not pickle is timed here
         return _here(fn, args, kwargs, progress, f"its arguments do not pickle ({exc})")
@@ -146,7 +149,7 @@ def _child(job: str, result: str, fd: str) -> None:
 
     try:
         with open(job, "rb") as f:
-            _import_model_files(pickle.load(f))  # before the job, whose classes they hold
+            import_model_files(pickle.load(f))  # before the job, whose classes they hold
             fn, args, kwargs = pickle.load(f)
     except Exception as exc:  # noqa: BLE001 - told back, and the caller times in its process
         write("unpicklable", f"{type(exc).__name__}: {exc}")
@@ -165,7 +168,9 @@ def _child(job: str, result: str, fd: str) -> None:
     write("ok", value)
 
 
-def _import_model_files(files: dict[str, str]) -> None:
+def import_model_files(files: dict[str, str]) -> None:
+    """Import the model files of :func:`model_files` here (before unpickling what they hold);
+    one that fails is left out (then what needs it does not load, and says so)."""
     from autosplit.modelfile import _import_file
 
     for name, path in files.items():

@@ -33,6 +33,7 @@ __all__ = [
     "private_copy",
     "segment_args",
     "spread_settled",
+    "stage_inputs",
     "timed_run",
     "timed_split_run",
     "warm_up",
@@ -99,6 +100,26 @@ def segment_args(graph: BlockGraph, env: dict[str, Any], seg: Segment) -> list[A
     return fresh_leaves(
         [env[name] for name in seg.inputs], [name not in graph.inputs for name in seg.inputs]
     )
+
+
+def stage_inputs(graph: BlockGraph, inputs: Sequence[torch.Tensor], b: int,
+                 runs: Sequence[tuple[int, int, int]], dev: torch.device) -> dict[str, Any]:
+    """The values every stage run ``(first, end, size)`` of ``runs`` with size b reads, made by
+    running the blocks before it on the first b samples of ``inputs`` (no gradients)."""
+    needed = {name for first, end, size in runs if size == b
+              for name in graph.extract(first, end).inputs}
+    env: dict[str, Any] = {n: x[:b].to(dev).clone() for n, x in zip(graph.inputs, inputs)}
+    kept = {n: v for n, v in env.items() if n in needed}
+    last = max((first for first, _, size in runs if size == b), default=0)
+    with torch.no_grad():
+        for i in range(last):
+            seg = graph.extract(i, i + 1)
+            outputs = seg.module(*(env[n] for n in seg.inputs))
+            env.update(zip(seg.outputs, outputs))
+            kept.update({n: env[n] for n in seg.outputs if n in needed})
+            live = set(graph.cuts[i].tensors) | set(graph.inputs)
+            env = {n: v for n, v in env.items() if n in live}
+    return kept
 
 
 def _storage(t: torch.Tensor) -> int:

@@ -34,6 +34,7 @@ in which independent devices are advanced, so there are no ties to break.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,7 +45,10 @@ from autosplit.errors import InvalidInputError
 from autosplit.records import Plan
 from autosplit.validation import KNOWN_SCHEDULES
 
-__all__ = ["SCHEDULES", "Event", "SimResult", "schedule_order", "simulate", "simulate_plan"]
+__all__ = [
+    "SCHEDULES", "Event", "SimResult", "overlap_fractions", "schedule_order", "simulate",
+    "simulate_plan",
+]
 
 SCHEDULES = KNOWN_SCHEDULES
 """Schedule names a plan may name: :func:`simulate_plan` replays the others (and any plan with
@@ -295,3 +299,29 @@ def _replayed(plan: Plan, comm: list[float]) -> SimResult:
         peaks.append(peak)
     return SimResult(plan.schedule, timeline.step_ms, events, tuple(peaks), timeline.busy_ms,
                      timeline.bubble_fraction)
+
+
+def overlap_fractions(result: SimResult) -> tuple[float, ...]:
+    """Per row of ``result.events`` (a device, or a rank), the share of its busy time during
+    which another row is busy too (0 … 1; 0 for a row that does nothing).
+
+    On a CPU the workers slow each other down while both compute (:mod:`autosplit.neighbour`);
+    this is how much of each one's work is exposed to that."""
+    rows = [sorted(row, key=lambda e: e.start_ms) for row in result.events]  # one op at a time
+    edges = sorted({t for row in rows for e in row for t in (e.start_ms, e.end_ms)})
+    busy = [0.0] * len(rows)
+    shared = [0.0] * len(rows)
+    at = [0] * len(rows)  # per row, the first op that has not ended before the current piece
+    for lo, hi in itertools.pairwise(edges):
+        mid = (lo + hi) / 2
+        on = []
+        for r, row in enumerate(rows):
+            while at[r] < len(row) and row[at[r]].end_ms <= mid:
+                at[r] += 1
+            on.append(at[r] < len(row) and row[at[r]].start_ms <= mid)
+        for r, yes in enumerate(on):
+            if yes:
+                busy[r] += hi - lo
+                if sum(on) > 1:
+                    shared[r] += hi - lo
+    return tuple(sh / b if b > 0 else 0.0 for sh, b in zip(shared, busy))

@@ -8,6 +8,10 @@ on while a run's interquartile range exceeds 5 % of its median, up to a cap and 
 Every other round a run starts without gradients, as a step's first micro-batch does (its
 backward makes them), the others add into them, as the step's later micro-batches do.
 
+Beside: on a CPU, a plan's workers share the machine and slow each other down, so a stage of a
+plan with several workers is timed while another process runs the neighbouring worker's stage
+on another core (:mod:`autosplit.neighbour`); one device is timed with the other cores idle.
+
 In flight: a run given a depth d runs d forwards, then their d backwards in the same order, as a
 GPipe stage runs its micro-batches (d = m), instead of one forward and its backward. With m
 micro-batches' activations held, a stage runs slower than one micro-batch at a time: measured
@@ -34,12 +38,25 @@ from autosplit import checks, fresh_process, measurement
 from autosplit.devices import resolve_device
 from autosplit.graph import BlockGraph, Segment
 from autosplit.losses import timing_loss
+from autosplit.neighbour import Neighbour
+from autosplit.neighbour import enabled as neighbour_enabled
 from autosplit.profiler import check_inputs, check_microbatch_sizes
 
-__all__ = ["StageRun", "StageTime", "time_stages"]
+__all__ = ["Beside", "StageRun", "StageTime", "time_stages"]
 
 StageRun = tuple[int, int, int]
 """``(first, end, b)``: blocks ``first … end-1`` run together on a micro-batch of b."""
+
+Beside = tuple[StageRun, "StageRun | None"]
+"""A stage run and the run the neighbouring worker runs meanwhile (``None``: the other cores
+idle); see :mod:`autosplit.neighbour`."""
+
+
+def _job(item: StageRun | Beside) -> Beside:
+    """``item`` as ``(run, beside)``: a bare run is timed alone."""
+    if isinstance(item[0], tuple):
+        return item  # type: ignore[return-value]
+    return item, None  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +71,8 @@ class StageTime:
         first_backward_ms: median backward time when the stage's weights have no gradient
             yet (ms): a step's first micro-batch, whose gradients are new tensors, not a sum
             (``None``: not timed; then :attr:`backward_ms`).
+        beside: whether another process ran the neighbouring worker's run meanwhile
+            (:data:`Beside`).
     """
 
     forward_ms: float
@@ -61,6 +80,7 @@ class StageTime:
     spread: float
     rounds: int
     first_backward_ms: float | None = None
+    beside: bool = False
 
     def per_step(self, m: int) -> StageTime:
         """This stage's times averaged over a step's ``m`` micro-batches: the first
@@ -75,24 +95,20 @@ class StageTime:
         """Forward + backward (ms)."""
         return self.forward_ms + self.backward_ms
 
+    def blend(self, beside: StageTime, share: float) -> StageTime:
+        """This stage timed alone, with ``share`` (0 … 1) of its work run as timed ``beside``
+        a neighbour instead: every time and the spread interpolated linearly."""
+        share = min(max(share, 0.0), 1.0)
 
-def _inputs_at(graph: BlockGraph, inputs: Sequence[torch.Tensor], b: int,
-               runs: Sequence[StageRun], dev: torch.device) -> dict[str, Any]:
-    """The values every stage run at size b reads, made by running the blocks before it."""
-    needed = {name for first, end, size in runs if size == b
-              for name in graph.extract(first, end).inputs}
-    env: dict[str, Any] = {n: x[:b].to(dev).clone() for n, x in zip(graph.inputs, inputs)}
-    kept = {n: v for n, v in env.items() if n in needed}
-    last = max((first for first, _, size in runs if size == b), default=0)
-    with torch.no_grad():
-        for i in range(last):
-            seg = graph.extract(i, i + 1)
-            outputs = seg.module(*(env[n] for n in seg.inputs))
-            env.update(zip(seg.outputs, outputs))
-            kept.update({n: env[n] for n in seg.outputs if n in needed})
-            live = set(graph.cuts[i].tensors) | set(graph.inputs)
-            env = {n: v for n, v in env.items() if n in live}
-    return kept
+        def mix(a: float, b: float) -> float:
+            return a + share * (b - a)
+
+        first = (None if self.first_backward_ms is None or beside.first_backward_ms is None
+                 else mix(self.first_backward_ms, beside.first_backward_ms))
+        return StageTime(mix(self.forward_ms, beside.forward_ms),
+                         mix(self.backward_ms, beside.backward_ms),
+                         mix(self.spread, beside.spread), min(self.rounds, beside.rounds),
+                         first, beside=beside.beside and share > 0)
 
 
 def _spread(values: Sequence[float]) -> float:
@@ -105,7 +121,7 @@ def _spread(values: Sequence[float]) -> float:
 def time_stages(
     graph: BlockGraph,
     example_inputs: Any,
-    runs: Sequence[StageRun],
+    runs: Sequence[StageRun | Beside],
     *,
     device: str | torch.device | None = None,
     threads: int = 1,
@@ -115,11 +131,17 @@ def time_stages(
     budget_s: float | None = 60.0,
     progress: Callable[[int, int, str], None] | None = None,
     loss: str = "none",
-    depths: Mapping[StageRun, int] | None = None,
-) -> dict[StageRun, StageTime]:
-    """Time each stage run ``(first, end, b)``, taking turns round after round.
+    depths: Mapping[Any, int] | None = None,
+) -> dict[Any, StageTime]:
+    """Time each stage run ``(first, end, b)``, taking turns round after round; the result is
+    keyed by the items of ``runs``.
 
-    ``depths[run]``: how many micro-batches the run keeps in flight (d forwards, then their d
+    An item ``(run, other)`` (:data:`Beside`) is timed while another process runs ``other``
+    on another core (:class:`~autosplit.neighbour.Neighbour`; on a CPU, unless
+    ``AUTOSPLIT_TIME_ALONE=1``), as a plan's neighbouring worker does; a bare run, or
+    ``(run, None)``, with the other cores idle.
+
+    ``depths[item]``: how many micro-batches the run keeps in flight (d forwards, then their d
     backwards; 1, one forward and its backward, when not given); its times are per micro-batch.
 
     A run that ends with the model's last block is timed with ``loss`` after it
@@ -141,9 +163,10 @@ def time_stages(
     checks.positive_int("rounds", rounds)
     checks.non_negative_int("warmup", warmup)
     batch = int(inputs[0].shape[0])
-    for first, end, b in runs:
-        graph.extract(first, end)  # checks the range
-        check_microbatch_sizes([b], batch, "b")
+    for item in runs:
+        for first, end, b in filter(None, _job(item)):
+            graph.extract(first, end)  # checks the range
+            check_microbatch_sizes([b], batch, "b")
     timing_loss(loss)  # checks the name
     options = dict(device=device, threads=threads, warmup=warmup, rounds=rounds,
                    max_rounds=max_rounds, budget_s=budget_s, loss=loss, depths=depth)
@@ -156,7 +179,7 @@ def time_stages(
 def _time_here(
     graph: BlockGraph,
     inputs: tuple[torch.Tensor, ...],
-    runs: list[StageRun],
+    runs: list[StageRun | Beside],
     *,
     device: str | torch.device | None,
     threads: int,
@@ -166,28 +189,38 @@ def _time_here(
     budget_s: float | None,
     progress: Callable[[int, int, str], None] | None,
     loss: str,
-    depths: Mapping[StageRun, int],
-) -> dict[StageRun, StageTime]:
+    depths: Mapping[Any, int],
+) -> dict[Any, StageTime]:
     """:func:`time_stages` in this process, on checked arguments."""
     loss_fn = timing_loss(loss)
     dev = resolve_device(device)
     start = time.perf_counter()
     old_threads = torch.get_num_threads()
     rng = [dev.index or 0] if dev.type == "cuda" else []
-    fwd: dict[StageRun, list[float]] = {r: [] for r in runs}
-    bwd: dict[StageRun, list[float]] = {r: [] for r in runs}
-    first: dict[StageRun, list[float]] = {r: [] for r in runs}  # backwards into no gradient
-    sums: dict[tuple[StageRun, bool], list[float]] = {(r, new): [] for r in runs
-                                                       for new in (True, False)}
+    jobs = {item: _job(item) for item in runs}
+    own = list(dict.fromkeys(run for run, _ in jobs.values()))
+    others = list(dict.fromkeys(o for _, o in jobs.values() if o is not None))
+    fwd: dict[Any, list[float]] = {r: [] for r in runs}
+    bwd: dict[Any, list[float]] = {r: [] for r in runs}
+    first: dict[Any, list[float]] = {r: [] for r in runs}  # backwards into no gradient
+    sums: dict[tuple[Any, bool], list[float]] = {(r, new): [] for r in runs
+                                                 for new in (True, False)}
+    alone: set[Any] = set()  # items meant to be timed beside another run, but not
     rounds = max(rounds, 2)  # both kinds of backward
     try:
         if dev.type == "cpu":
             torch.set_num_threads(threads)
         on_device = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
-        with torch.random.fork_rng(devices=rng), on_device:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.random.fork_rng(devices=rng))
+            stack.enter_context(on_device)
+            neighbour = stack.enter_context(
+                Neighbour(graph, inputs, others, loss, threads)
+                if others and dev.type == "cpu" and neighbour_enabled()
+                else contextlib.nullcontext())  # type: ignore[arg-type]
             work = measurement.private_copy(graph, dev)
-            envs = {b: _inputs_at(work, inputs, b, runs, dev) for b in {r[2] for r in runs}}
-            segments = {r: work.extract(r[0], r[1]) for r in runs}
+            envs = {b: measurement.stage_inputs(work, inputs, b, own, dev) for b in {r[2] for r in own}}
+            segments = {r: work.extract(r[0], r[1]) for r in own}
             total = warmup + max(rounds, max_rounds)
             for k in range(total):
                 if k >= warmup + rounds:
@@ -197,15 +230,20 @@ def _time_here(
                     if settled or (budget_s is not None and elapsed + per_round > budget_s):
                         break
                 for j, r in enumerate(runs):  # A B A B …: every run once per round
-                    seg: Segment = segments[r]
+                    run, other = jobs[r]
+                    if neighbour is not None:
+                        neighbour.beside(other)
+                    if other is not None and (neighbour is None or not neighbour.running):
+                        alone.add(r)  # (then timed with the other cores idle, at least once)
+                    seg: Segment = segments[run]
                     fresh = (k + j) % 2 == 0  # every other round, the gradients start anew
                     for param in seg.module.parameters():
                         if fresh:
                             param.grad = None
                         elif param.grad is None:  # (another run's fresh start took it)
                             param.grad = torch.zeros_like(param)
-                    args = measurement.segment_args(work, envs[r[2]], seg)
-                    last = loss_fn if r[1] == len(work.blocks) else None
+                    args = measurement.segment_args(work, envs[run[2]], seg)
+                    last = loss_fn if run[1] == len(work.blocks) else None
                     f_ms, b_ms = _in_flight(seg, args, dev, last, depths[r])
                     if k >= warmup:
                         fwd[r].append(statistics.fmean(f_ms))
@@ -221,7 +259,8 @@ def _time_here(
     return {
         r: StageTime(statistics.median(fwd[r]), statistics.median(bwd[r] or first[r]),
                      max(_spread(sums[r, True]), _spread(sums[r, False])), len(fwd[r]),
-                     statistics.median(first[r] or bwd[r]))
+                     statistics.median(first[r] or bwd[r]),
+                     beside=jobs[r][1] is not None and r not in alone)
         for r in runs
     }
 

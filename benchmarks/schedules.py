@@ -7,7 +7,11 @@ search of ``schedule="auto"`` (``autosplit.planner.schedules.plan_schedules``: s
 per rank, cuts, micro-batch size and per-stage recomputation) gives the best plan of every
 schedule, and autosplit's choice is the fastest; the hand split (examples/resnet50.py's, GPipe,
 split 20) is scored on the same profile. Every plan's stages are then timed as they run
-(``autosplit.verify.verify_plans``) and its step predicted again from them. Measured right
+(``autosplit.verify.time_plans``: on a CPU, a pipeline's stages alone and beside the
+neighbouring worker's stage) and its step predicted again from them
+(``autosplit.verify.predict_verified``); from the same timings, each pipeline is also
+predicted with every stage as timed alone and as timed beside, to show where the measured step
+lies between the two. Measured right
 after (each model's plans measured before the next model is profiled, so that the machine's
 drift between prediction and measurement is that of minutes), interleaved on 2 gloo ranks (``harness.py``: a ``Trainer`` per rank on torch's own schedule
 classes, rounds A B … B A after a warm-up round, a timing disturbed by other processes taken
@@ -48,8 +52,8 @@ from harness import Config, Group, ModelSpec, measure
 from report import lead_in_words, load_sentence
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
-from autosplit.allocator import restart_keeping_freed_memory
 import autosplit
+from autosplit.allocator import restart_keeping_freed_memory
 from autosplit.collectives import measure_link_bandwidth
 from autosplit.comparison import manual_plan
 from autosplit.distributed.stage_module import V_SCHEDULES, stage_ranks
@@ -59,7 +63,7 @@ from autosplit.planner.search import candidate_sizes
 from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile
 from autosplit.runtime_cost import measure_action_ms
-from autosplit.verify import verify_plans
+from autosplit.verify import predict_verified, time_plans, verify_plans
 
 AUTO, HAND, LIMITED = "autosplit", "hand split (GPipe)", "autosplit, memory-limited"
 GOALS = {"vs_hand": 1.10, "step_error": 0.05, "memory_error": 0.10}
@@ -128,13 +132,19 @@ def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         except InfeasiblePlanError as exc:
             limited = {"memory_bytes": int(need * 0.8), "hand_needs_bytes": need,
                        "none": str(exc)}
-    verified = verify_plans(graph, inputs, profile, others, budget_s=args.verify_budget)
+    timed = time_plans(graph, inputs, profile, others, budget_s=args.verify_budget)
+    verified = predict_verified(profile, others, timed)
+    # the same timings, each pipeline stage taken as timed alone, and as timed beside its
+    # neighbour (autosplit weighs the two by the share of a rank's work that overlaps)
+    bounds = {share: {name: p.predicted_step_ms
+                      for name, p in predict_verified(profile, others, timed, share).items()}
+              for share in (0.0, 1.0)} if timed.beside else {}
 
     def again() -> dict[str, Plan]:  # the same stages timed again, after the measurement
         return verify_plans(graph, inputs, profile, others, budget_s=args.verify_budget)
 
     return {"plans": verified, "block_sums": others, "why": why, "limited": limited,
-            "retime": again,
+            "retime": again, "alone_ms": bounds.get(0.0), "beside_ms": bounds.get(1.0),
             "profile_s": profile_s, "plan_and_verify_s": time.perf_counter() - start - profile_s,
             "names": profile.block_names, "backward_split": profile.backward_split,
             "action_ms": dict(profile.action_ms)}
@@ -171,7 +181,9 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
         for name, plan in found["plans"].items():
             labels.setdefault(key(plan), name)
             rows[name] = {**plan_row(plan, found["block_sums"][name], found["names"]),
-                          "label": labels[key(plan)]}
+                          "label": labels[key(plan)],
+                          "alone_ms": (found["alone_ms"] or {}).get(name),
+                          "beside_ms": (found["beside_ms"] or {}).get(name)}
         configs = tuple(Config(label, found["plans"][label])
                         for label in dict.fromkeys(labels.values()))
         models.append({"model": case.label, "key": case.name, "input": case.spec.describe,
@@ -203,6 +215,10 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
             row["measured_ms"] = m["measured"][row["label"]]["median_ms"]
             row["error"] = (row["predicted_ms"] - row["measured_ms"]) / row["measured_ms"]
             row["retimed_error"] = (row["retimed_ms"] - row["measured_ms"]) / row["measured_ms"]
+            for way in ("alone", "beside"):
+                row[f"{way}_error"] = (None if row[f"{way}_ms"] is None else
+                                       (row[f"{way}_ms"] - row["measured_ms"])
+                                       / row["measured_ms"])
             peaks = got["peak_bytes"].get(row["label"])
             row["measured_peak_bytes"] = peaks
             row["memory_errors"] = None if not peaks else [
@@ -242,6 +258,30 @@ def memory_cell(row: dict[str, Any]) -> str:
         return "not measured"
     return "; ".join(f"{p / 2**20:.0f} / {q / 2**20:.0f} ({e:+.0%})" for p, q, e in
                      zip(row["memory_per_rank_bytes"], peaks, row["memory_errors"]))
+
+
+def contention_table(m: dict[str, Any]) -> list[str]:
+    """Each pipeline's prediction from the same stage timings taken alone, beside the
+    neighbour and weighed by the simulated overlap (autosplit's), against the measured step."""
+    rows = [(name, r) for name, r in m["plans"].items()
+            if r.get("alone_ms") is not None and r["label"] == name and len(r["balance"]) > 1]
+    if not rows:
+        return []
+    between = sum(min(r["alone_ms"], r["beside_ms"]) <= r["measured_ms"]
+                  <= max(r["alone_ms"], r["beside_ms"]) for _, r in rows)
+    out = ["", ("The same stage timings, each pipeline stage taken as timed alone (the other "
+                "core idle), as timed beside its neighbouring worker's stage, and weighed by "
+                "the share of its rank's work that overlaps the other's (autosplit's "
+                f"prediction); the measured step lay between alone and beside for {between} of "
+                f"{len(rows)} plans:"), "",
+           "| plan | alone ms | error | beside ms | error | weighed ms | error | measured ms |",
+           "|---|---|---|---|---|---|---|---|"]
+    for name, r in rows:
+        out.append(f"| {name} | {r['alone_ms']:.0f} | {r['alone_error']:+.1%} | "
+                   f"{r['beside_ms']:.0f} | {r['beside_error']:+.1%} | "
+                   f"{r['predicted_ms']:.0f} | {r['error']:+.1%} | "
+                   f"{m['measured'][r['label']]['median_ms']:.0f} |")
+    return out
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -296,6 +336,7 @@ def markdown(data: dict[str, Any]) -> str:
                 f"{x['median_ms']:.0f} | {x['min_ms']:.0f}–{x['max_ms']:.0f} | "
                 f"{r['error']:+.1%} | {r['retimed_ms']:.0f} | {r['retimed_error']:+.1%} | "
                 f"{memory_cell(r)} |")
+        lines += contention_table(m)
         notes = [f"{k}: {v}" for k, v in m["not_offered"].items()]
         if notes:
             lines += ["", "Not offered: " + "; ".join(notes) + "."]

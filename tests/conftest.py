@@ -15,10 +15,13 @@ from torch.utils import _pytree as pytree
 
 import autosplit
 from autosplit.fresh_process import IN_PROCESS
+from autosplit.neighbour import ALONE
 from autosplit.pipeline import PipelinedModule
 
 os.environ.setdefault(IN_PROCESS, "1")  # CPU timings here, not in a fresh process each: the
 # suite's timings assert nothing about speed; tests/test_fresh_process.py tests that path
+os.environ.setdefault(ALONE, "1")  # and stages timed without a neighbouring process each;
+# tests/test_neighbour.py tests that path
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -298,9 +298,11 @@ def test_the_chosen_candidate_is_predicted_from_a_second_session_not_the_one_tha
     sessions: list[list[tuple[int, int, int]]] = []
 
     def stage_times(graph, inputs, runs, **options):  # noqa: ARG001
-        sessions.append(list(runs))
-        per_sample = [0.1 if len(sessions) == 1 and b == lucky else 1.0 for _, _, b in runs]
-        return {r: verify.StageTime(c * r[2], c * r[2], 0.01, 3) for r, c in zip(runs, per_sample)}
+        sessions.append([run for run, _ in runs])  # (each run and what runs beside it)
+        per_sample = [0.1 if len(sessions) == 1 and b == lucky else 1.0
+                      for (_, _, b), _ in runs]
+        return {r: verify.StageTime(c * r[0][2], c * r[0][2], 0.01, 3)
+                for r, c in zip(runs, per_sample)}
 
     monkeypatch.setattr(verify, "time_stages", stage_times)
     best, others = verify_and_choose(graph, x, prof, candidates, {"hand": hand}, budget_s=30.0)
@@ -331,11 +333,11 @@ def test_one_device_is_the_faster_of_the_whole_batch_and_accumulated_micro_batch
     timed: list[tuple[int, int, int]] = []
 
     def stage_times(graph, inputs, runs, **options):  # noqa: ARG001
-        timed.extend(runs)
+        timed.extend(run for run, _ in runs)  # (each run and what runs beside it)
         # per sample, the whole batch at once costs 3 ms, smaller micro-batches 1 ms
-        return {r: verify.StageTime(r[2] * (3.0 if r[2] == plan.batch_size else 1.0) / 2,
-                                    r[2] * (3.0 if r[2] == plan.batch_size else 1.0) / 2,
-                                    0.0, 1) for r in runs}
+        return {r: verify.StageTime(b * (3.0 if b == plan.batch_size else 1.0) / 2,
+                                    b * (3.0 if b == plan.batch_size else 1.0) / 2,
+                                    0.0, 1) for r in runs for b in [r[0][2]]}
 
     monkeypatch.setattr(verify, "time_stages", stage_times)
     verified = verify_plans(trace(model), x, prof, {"p": plan})["p"]

@@ -1,0 +1,177 @@
+"""On a CPU, the stages of a plan with several workers are timed beside the neighbouring
+worker's stage, run by another process; one device is timed with the other cores idle. Nothing
+here depends on the machine's speed: the neighbour's work is seen in its CPU time, which grows
+by whole tenths of a second a second while it works and hardly at all while it is idle."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from models import LongSkip
+from torch import nn
+
+import autosplit
+from autosplit import neighbour, verify
+from autosplit.neighbour import Neighbour
+from autosplit.planner import plan_candidates, plan_with_balance
+from autosplit.simulator import overlap_fractions, simulate, simulate_plan
+from autosplit.stage_timing import StageTime, time_stages
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="reads a process's CPU time from /proc")
+
+
+@pytest.fixture
+def beside(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stages timed beside a neighbour (the suite times them alone otherwise, for speed)."""
+    monkeypatch.delenv(neighbour.ALONE, raising=False)
+    assert neighbour.enabled()
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (s)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / 100  # utime, stime in clock ticks (USER_HZ)
+
+
+def _busy(n: Neighbour, seconds: float) -> float:
+    """CPU seconds the neighbour used over ``seconds`` of wall time."""
+    before = _cpu_s(n._child.pid)
+    time.sleep(seconds)
+    return _cpu_s(n._child.pid) - before
+
+
+def _wide() -> tuple[autosplit.BlockGraph, tuple[torch.Tensor]]:
+    model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)])
+    x = torch.randn(32, 256)
+    return autosplit.trace(model, example_inputs=(x,)), (x,)
+
+
+def test_a_neighbour_works_while_told_to_and_rests_when_told_to() -> None:
+    graph, inputs = _wide()
+    with Neighbour(graph, inputs, [(0, 2, 16), (2, 4, 16)]) as n:
+        n.beside((2, 4, 16))  # waits until it has loaded the model
+        assert n.running
+        working = _busy(n, 1.0)
+        n.beside((0, 2, 16))
+        switched = _busy(n, 1.0)
+        n.beside(None)  # returns once it is idle
+        resting = _busy(n, 1.0)
+    assert working > 0.3 and switched > 0.3
+    assert resting < working / 3
+    assert n._child is None  # closed, and waited for
+
+
+def test_stages_timed_beside_a_neighbour_say_so(beside: None) -> None:
+    graph, inputs = _wide()
+    runs = [(0, 2, 16), ((0, 2, 16), (2, 4, 16)), ((2, 4, 16), (0, 2, 16)), ((2, 4, 8), None)]
+    times = time_stages(graph, inputs, runs, rounds=2, max_rounds=2)
+    assert list(times) == runs
+    assert [t.beside for t in times.values()] == [False, True, True, False]
+    assert all(t.forward_ms > 0 and t.backward_ms > 0 for t in times.values())
+
+
+def test_with_the_switch_off_every_stage_is_timed_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(neighbour.ALONE, "1")
+    graph, inputs = _wide()
+    times = time_stages(graph, inputs, [((0, 2, 16), (2, 4, 16))], rounds=2, max_rounds=2)
+    assert not times[(0, 2, 16), (2, 4, 16)].beside
+
+
+class Unloadable(nn.Module):
+    """A module of this test file: a fresh process cannot import its class."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).relu()
+
+
+def test_a_neighbour_that_cannot_load_the_model_leaves_the_stages_timed_alone(
+        beside: None) -> None:
+    model = nn.Sequential(Unloadable(), Unloadable())
+    x = torch.randn(8, 6)
+    graph = autosplit.trace(model, example_inputs=(x,), leaf_modules=[Unloadable])
+    with pytest.warns(RuntimeWarning, match="other cores idle.*cannot load the model"):
+        times = time_stages(graph, (x,), [((0, 1, 4), (1, 2, 4))], rounds=2, max_rounds=2)
+    assert not times[(0, 1, 4), (1, 2, 4)].beside
+
+
+def test_a_plans_stages_are_timed_beside_the_next_stage_and_one_device_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(neighbour.ALONE, "1")
+    x = torch.randn(8, 6)
+    profile = autosplit.profile(LongSkip(), (x,), microbatch_sizes=[2, 4], repeats=2)
+    two = next(iter(plan_candidates(profile, 2)))
+    assert len(two.stages) == 2
+    (s0, s1) = verify._stage_runs(two)
+    assert verify._timed_runs(two) == [(s0, s1), (s1, s0), (s0, None), (s1, None)]
+    assert verify._timed_runs(two, beside=False) == [(s0, s1), (s1, s0)]
+    one = plan_with_balance(profile, [len(profile.blocks)], 4)
+    assert verify._timed_runs(one) == [((0, len(profile.blocks), 4), None)]
+    replicated = dataclasses.replace(plan_with_balance(profile, [len(profile.blocks)], 2),
+                                     replicas=2, microbatches=2)
+    assert verify._timed_runs(replicated) == [((0, len(profile.blocks), 2),) * 2]
+
+
+def test_a_verified_plan_says_its_stages_ran_beside_each_other(beside: None) -> None:
+    graph, inputs = _wide()
+    profile = autosplit.profile(graph.module, inputs, microbatch_sizes=[8, 16], repeats=2)
+    plan = next(iter(plan_candidates(profile, 2)))
+    out = verify.verify_plans(graph, inputs, profile, {"p": plan}, rounds=2, max_rounds=2)
+    assert "beside its neighbouring worker" in out["p"].verification
+    monkeypatch = pytest.MonkeyPatch()
+    try:
+        monkeypatch.setenv(neighbour.ALONE, "1")
+        alone = verify.verify_plans(graph, inputs, profile, {"p": plan}, rounds=2, max_rounds=2)
+    finally:
+        monkeypatch.undo()
+    assert "beside" not in alone["p"].verification
+
+
+def test_overlap_is_the_share_of_a_ranks_work_while_another_works() -> None:
+    # GPipe, 2 stages, 4 micro-batches, f = 1, b = 2 ms: rank 0 works 0-4 and 7-15, rank 1
+    # works 1-13; each overlaps the other for 9 of its 12 ms
+    result = simulate([1.0, 1.0], [2.0, 2.0], 4, "gpipe")
+    assert overlap_fractions(result) == pytest.approx((0.75, 0.75))
+    assert overlap_fractions(simulate([1.0], [2.0], 4, "gpipe")) == (0.0,)
+
+
+def _time(ms: float, beside: bool) -> StageTime:
+    return StageTime(ms / 3, 2 * ms / 3, 0.01 if beside else 0.02, 5, 2 * ms / 3, beside=beside)
+
+
+def test_a_pipeline_stage_is_its_time_alone_plus_the_overlapping_share_of_the_difference(
+        ) -> None:
+    x = torch.randn(8, 6)
+    profile = autosplit.profile(LongSkip(), (x,), microbatch_sizes=[2], repeats=2)
+    plan = next(iter(plan_candidates(profile, 2, schedule="gpipe")))
+    alone = [_time(30.0, False), _time(30.0, False)]
+    together = [_time(36.0, True), _time(33.0, True)]
+    times, words = verify._stage_times(plan, together + alone, [1.0, 1.0])
+    shares = overlap_fractions(simulate_plan(verify._scaled(plan, times, 0)))
+    assert 0 < min(shares) and max(shares) < 1  # a pipeline's ranks overlap in part
+    for t, a, b, share in zip(times, alone, together, shares):
+        assert t.compute_ms == pytest.approx(a.compute_ms + share * (b.compute_ms - a.compute_ms),
+                                             rel=0.02)  # the shares simulated again once more
+        assert a.compute_ms < t.compute_ms < b.compute_ms
+    assert "alone and beside" in words and re.search(r"\(\d+%/\d+%\)", words)
+
+
+def test_replicas_take_their_time_beside_each_other_and_one_device_alone() -> None:
+    x = torch.randn(8, 6)
+    profile = autosplit.profile(LongSkip(), (x,), microbatch_sizes=[2], repeats=2)
+    one = plan_with_balance(profile, [len(profile.blocks)], 2)
+    replicated = dataclasses.replace(one, replicas=2, microbatches=2)
+    beside = _time(36.0, True)
+    assert verify._stage_times(replicated, [beside], [1.0])[0] == [beside]
+    alone = _time(30.0, False)
+    assert verify._stage_times(one, [alone], [1.0]) == ([alone], "")
