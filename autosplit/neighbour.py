@@ -135,14 +135,17 @@ class Neighbour:
         if index == self._current:
             return
         self._current = index
-        if index is None:
-            self._send("idle")
-            if self._answer(_READY_TIMEOUT_S) != "idle":
-                self.close()
-                warnings.warn("the neighbouring worker stopped; the remaining stages are "
-                              "timed with the other cores idle", RuntimeWarning, stacklevel=2)
-        else:
-            self._send(f"run {index}")
+        try:
+            if self._child.poll() is not None:  # it ended: told below
+                raise OSError("ended")
+            self._send("idle" if index is None else f"run {index}")
+            if index is not None or self._answer(_READY_TIMEOUT_S) == "idle":
+                return
+        except OSError:
+            pass
+        self.close()
+        warnings.warn("the neighbouring worker stopped; the remaining stages are timed with "
+                      "the other cores idle", RuntimeWarning, stacklevel=2)
 
     def close(self) -> None:
         """Stop the child and wait for it (idempotent)."""

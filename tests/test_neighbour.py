@@ -175,3 +175,16 @@ def test_replicas_take_their_time_beside_each_other_and_one_device_alone() -> No
     assert verify._stage_times(replicated, [beside], [1.0])[0] == [beside]
     alone = _time(30.0, False)
     assert verify._stage_times(one, [alone], [1.0]) == ([alone], "")
+
+
+def test_a_neighbour_that_dies_is_said_and_the_rest_is_timed_alone() -> None:
+    graph, inputs = _wide()
+    with Neighbour(graph, inputs, [(0, 2, 16), (2, 4, 16)]) as n:
+        n.beside((0, 2, 16))
+        assert n.running
+        n._child.kill()
+        n._child.wait()
+        with pytest.warns(RuntimeWarning, match="neighbouring worker stopped"):
+            n.beside((2, 4, 16))
+        assert not n.running
+        n.beside(None)  # nothing more to say
