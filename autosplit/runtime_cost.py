@@ -8,14 +8,22 @@ per action: next to GPT small's 6–25 ms actions, 5–9 % of the step, which a 
 stage times alone does not see.
 
 :func:`measure_action_ms` runs every schedule the planner searches on 2 local ranks with
-stages that cost next to nothing (a 16 × 16 linear layer, 8 micro-batches) and fits, per
-schedule, the cost ``o`` that one action must have for the replay of torch's own order
-(:mod:`autosplit.schedules`) to last the measured step (:func:`fit_action_ms`). The planner
-adds ``o`` to every action of that schedule (``Profile.action_ms``, ``Plan.action_ms``).
+stages that compute (:data:`LAYERS` linear layers of width :data:`WIDTH` and a tanh, micro-batches
+of :data:`ROWS` rows: some 3 ms forward and 5 ms backward on one CPU thread, the size of a small
+model's actions), times each rank's stages in a plain loop in the rank, both ranks at once,
+interleaved with the steps, and fits, per schedule, the cost ``o`` that one action must have
+for the replay of torch's own order (:mod:`autosplit.schedules`) with those stage times to last
+the measured step (:func:`fit_action_ms`). The planner adds ``o`` to every action of that
+schedule (``Profile.action_ms``, ``Plan.action_ms``).
+
+Stages that compute, not stages that cost nothing: on 2 CPU workers (AMD EPYC), the cost fitted
+on 16 × 16 layers was 0.3–0.9 ms per action, on these stages 0.6–1.8 ms (GPipe 0.4–0.5 against
+1.1–1.3 ms): a rank's sends and receives are serviced late while the ranks compute.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from typing import Any
@@ -24,35 +32,62 @@ from autosplit import checks
 from autosplit.planner.schedules import SEARCHED
 from autosplit.schedules import StageCosts, simulate_schedule, torch_class_name
 
-__all__ = ["MEASURED", "fit_action_ms", "measure_action_ms"]
+__all__ = ["LAYERS", "MEASURED", "ROWS", "WIDTH", "fit_action_ms", "measure_action_ms"]
 
 MEASURED = SEARCHED
 """The (schedule, stages per rank) pairs measured: those ``schedule="auto"`` searches."""
 
 _MICROBATCHES = 8
-_WIDTH = 16
+WIDTH = 768
+"""Width of the measuring stages' linear layers."""
+LAYERS = 4
+"""Linear layers (each followed by a tanh) in one measuring stage."""
+ROWS = 32
+"""Rows of one micro-batch of the measuring stages."""
 _CACHE: dict[str, tuple[tuple[str, float], ...]] = {}
 
 
-def fit_action_ms(schedule: str, v: int, m: int, step_ms: float, p: int = 2) -> float:
+def fit_action_ms(schedule: str, v: int, m: int, step_ms: float, p: int = 2,
+                  costs: StageCosts | None = None) -> float:
     """The cost of one action (ms) for which the replay of ``schedule``'s order (p ranks, v
-    stages per rank, m micro-batches; nothing else costing time) lasts ``step_ms``.
+    stages per rank, m micro-batches) with the stages' ``costs`` (their ``action_ms`` ignored;
+    ``None``: stages that cost nothing) lasts ``step_ms``; 0 when the replay without a cost per
+    action lasts that long already.
 
-    Every action costs the same ``o``, so the replayed step is ``o`` times the step of actions
-    that cost nothing but one unit each: ``o = step_ms / units`` (a DualPipeV full backward,
-    ``B`` beside its split ``I`` and ``W``, is one action too).
+    Without ``costs`` every action costs the same ``o`` and nothing else costs time, so the
+    replayed step is ``o`` times the step of actions that cost one unit each: ``o = step_ms /
+    units`` (a DualPipeV full backward, ``B`` beside its split ``I`` and ``W``, is one action
+    too). With ``costs`` the replayed step grows with ``o`` continuously and without bound, and
+    ``o`` is found by bisection (to 1e-6 ms).
 
     Raises:
         ArgumentTypeError, InvalidInputError: a count that is not a positive integer, a step
-            that is not a finite number ≥ 0.
+            that is not a finite number ≥ 0, ``costs`` that is not a StageCosts of p·v stages.
         ScheduleUnavailableError: torch's class cannot run (p, v, m).
     """
     checks.non_negative_finite("step_ms", step_ms, "ms")
     n = checks.positive_int("p", p) * checks.positive_int("v", v)
-    zero = (0.0,) * n
-    units = simulate_schedule(schedule, p, v, checks.positive_int("m", m),
-                              StageCosts(zero, zero, zero, action_ms=1.0)).step_ms
-    return step_ms / units
+    checks.positive_int("m", m)
+    if costs is None:
+        zero = (0.0,) * n
+        units = simulate_schedule(schedule, p, v, m,
+                                  StageCosts(zero, zero, zero, action_ms=1.0)).step_ms
+        return step_ms / units
+    checks.instance_of("costs", costs, StageCosts, "a StageCosts")
+
+    def replayed(o: float) -> float:
+        return simulate_schedule(schedule, p, v, m,
+                                 dataclasses.replace(costs, action_ms=o)).step_ms
+
+    if replayed(0.0) >= step_ms:
+        return 0.0
+    low, high = 0.0, max(step_ms, 1e-3)
+    while replayed(high) < step_ms:  # each action costs at least 1 ms more per step: bounded
+        high *= 2.0
+    while high - low > 1e-6:
+        mid = (low + high) / 2.0
+        low, high = (mid, high) if replayed(mid) < step_ms else (low, mid)
+    return high
 
 
 def measure_action_ms(backend: str = "gloo", timeout_s: float = 120.0
@@ -64,55 +99,121 @@ def measure_action_ms(backend: str = "gloo", timeout_s: float = 120.0
     if backend not in _CACHE:
         from autosplit.distributed import launch
 
-        steps = launch(_rank, 2, backend=backend, timeout_s=timeout_s)[0]
+        rounds = launch(_rank, 2, backend=backend, timeout_s=timeout_s)[0]
         _CACHE[backend] = tuple(
-            (schedule, fit_action_ms(schedule, v, _MICROBATCHES, steps[schedule]))
+            (schedule, statistics.median(
+                fit_action_ms(schedule, v, _MICROBATCHES, step, costs=costs)
+                for step, costs in rounds[schedule]))
             for schedule, v in MEASURED)
     return _CACHE[backend]
 
 
-def _rank(repeats: int = 7, warmup: int = 2) -> dict[str, float] | None:
-    """Time every schedule of :data:`MEASURED` on stages that cost next to nothing; rank 0
-    returns each one's median step (ms), the slower rank's."""
+def _stage_module() -> Any:
+    """One measuring stage: :data:`LAYERS` × (linear of :data:`WIDTH`, tanh)."""
+    import torch
+
+    layers: list[Any] = []
+    for _ in range(LAYERS):
+        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers)
+
+
+def _loss(y: Any, target: Any) -> Any:
+    return ((y - target) ** 2).mean()
+
+
+def _plain_times(modules: dict[int, Any], last: int, split: bool
+                 ) -> dict[int, tuple[float, float, float]]:
+    """Each of this rank's stages run once in a plain loop, as the runtime runs it: (forward,
+    input pass, weight pass) ms; a backward not split is all input pass. The last stage's
+    forward includes the loss; the first stage's input needs no gradient (its backward is all
+    weight work when split, as torch runs it)."""
+    import torch
+    from torch.distributed.pipelining._backward import (
+        stage_backward_input,
+        stage_backward_weight,
+    )
+
+    out = {}
+    for s, module in modules.items():
+        x = torch.randn(ROWS, WIDTH, requires_grad=s > 0)
+        t0 = time.perf_counter()
+        y = module(x)
+        if s == last:
+            y = _loss(y, torch.zeros_like(y))
+        t1 = time.perf_counter()
+        grad = torch.ones_like(y)
+        if split and s > 0:
+            _, groups = stage_backward_input([y], [grad], [x], module.parameters())
+            t2 = time.perf_counter()
+            stage_backward_weight(module.parameters(), groups)
+        else:
+            y.backward(grad)
+            t2 = time.perf_counter()
+        t3 = time.perf_counter()
+        for q in module.parameters():
+            q.grad = None
+        if split and s == 0:  # torch's first stage: the whole backward in the weight pass
+            t2 = t1
+        out[s] = ((t1 - t0) * 1000.0, (t2 - t1) * 1000.0, (t3 - t2) * 1000.0)
+    return out
+
+
+def _rank(repeats: int = 9, warmup: int = 2
+          ) -> dict[str, list[tuple[float, StageCosts]]] | None:
+    """Time every schedule of :data:`MEASURED` on the measuring stages, each step right after a
+    plain run of every stage (both ranks at once); rank 0 returns, per schedule and timed
+    round, the step (ms, the slower rank's) and the stages' costs in that round (a cost
+    fitted per round and the median taken: the machine's drift between rounds cancels)."""
     import torch
     import torch.distributed as dist
     from torch.distributed import pipelining
 
     from autosplit.distributed import stage_indices
     from autosplit.distributed.stage_module import V_SCHEDULES
+    from autosplit.schedules import SPLIT_BACKWARD
 
     rank = dist.get_rank()
     device = torch.device("cpu")
-    out: dict[str, float] = {}
+    out: dict[str, list[tuple[float, StageCosts]]] = {}
     for schedule, v in MEASURED:
         n = 2 * v
+        split = schedule in SPLIT_BACKWARD
         mine = stage_indices(n, rank, 2, v_shape=schedule in V_SCHEDULES)
         torch.manual_seed(0)
-        layers = [torch.nn.Linear(_WIDTH, _WIDTH) for _ in range(n)]
-        stages = [pipelining.PipelineStage(layers[i], i, n, device) for i in mine]
+        modules = {i: _stage_module() for i in mine}
+        stages = [pipelining.PipelineStage(modules[i], i, n, device) for i in mine]
         runner = getattr(pipelining, torch_class_name(schedule, v))(
-            stages if v > 1 else stages[0], n_microbatches=_MICROBATCHES,
-            loss_fn=lambda y, t: ((y - t) ** 2).mean())
-        x = torch.randn(_MICROBATCHES * 4, _WIDTH)
-        target = torch.randn(_MICROBATCHES * 4, _WIDTH)
+            stages if v > 1 else stages[0], n_microbatches=_MICROBATCHES, loss_fn=_loss)
+        x = torch.randn(_MICROBATCHES * ROWS, WIDTH)
+        target = torch.randn(_MICROBATCHES * ROWS, WIDTH)
         holds_last = (n - 1) in mine
-        times = []
+        timed: list[tuple[float, dict[int, tuple[float, float, float]]]] = []
         for i in range(warmup + repeats):
+            dist.barrier()
+            runs = _plain_times(modules, n - 1, split)
             dist.barrier()
             start = time.perf_counter()
             args = (x,) if 0 in mine else ()
             runner.step(*args, **({"target": target} if holds_last else {}))
             if i >= warmup:
-                times.append((time.perf_counter() - start) * 1000.0)
-        out[schedule] = _slowest(statistics.median(times))
+                timed.append(((time.perf_counter() - start) * 1000.0, runs))
+        out[schedule] = [_round(n, step, runs) for step, runs in timed]
     return out if rank == 0 else None
 
 
-def _slowest(value: float) -> float:
-    """The largest of every rank's ``value`` (collective)."""
+def _round(n: int, step: float, runs: dict[int, tuple[float, float, float]]
+           ) -> tuple[float, StageCosts]:
+    """One timed round of every rank (collective): the slowest rank's step and the n stages'
+    (forward, input pass, weight pass) ms as a StageCosts."""
     import torch.distributed as dist
 
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, value)
-    return max(float(x) for x in gathered)
-
+    dist.all_gather_object(gathered, (step, runs))
+    every: dict[int, tuple[float, float, float]] = {}
+    for _, r in gathered:
+        every.update(r)
+    per = [every[s] for s in range(n)]
+    return (max(float(t) for t, _ in gathered),
+            StageCosts(tuple(c[0] for c in per), tuple(c[1] for c in per),
+                       tuple(c[2] for c in per)))
