@@ -16,9 +16,11 @@ for the replay of torch's own order (:mod:`autosplit.schedules`) with those stag
 the measured step (:func:`fit_action_ms`). The planner adds ``o`` to every action of that
 schedule (``Profile.action_ms``, ``Plan.action_ms``).
 
-Stages that compute, not stages that cost nothing: on 2 CPU workers (AMD EPYC), the cost fitted
-on 16 × 16 layers was 0.3–0.9 ms per action, on these stages 0.6–1.8 ms (GPipe 0.4–0.5 against
-1.1–1.3 ms): a rank's sends and receives are serviced late while the ranks compute.
+Stages that compute, not stages that cost nothing: on 2 CPU workers (AMD EPYC, one day's fits),
+stages of one 16 × 16 layer gave GPipe 0.36–0.60 ms per action and stages that compute (192 to
+1024 wide) 0.5–1.5 ms, median about 1.1; 1F1B 0.16–0.33 against 0.17–0.67 ms; ZB-V and
+DualPipeV less (0.5–0.6 against 0.2–0.7 ms): the runtime's per-action work costs more while the
+ranks compute, and its sum is no longer what a replay of empty stages sees.
 """
 
 from __future__ import annotations
@@ -143,19 +145,18 @@ def _plain_times(modules: dict[int, Any], last: int, split: bool
             y = _loss(y, torch.zeros_like(y))
         t1 = time.perf_counter()
         grad = torch.ones_like(y)
-        if split and s > 0:
+        if split and s > 0:  # torch's two passes
             _, groups = stage_backward_input([y], [grad], [x], module.parameters())
             t2 = time.perf_counter()
             stage_backward_weight(module.parameters(), groups)
-        else:
+            input_ms, weight_ms = t2 - t1, time.perf_counter() - t2
+        else:  # whole: as the input pass, or, split on the first stage, as the weight pass
             y.backward(grad)
-            t2 = time.perf_counter()
-        t3 = time.perf_counter()
+            whole = time.perf_counter() - t1
+            input_ms, weight_ms = (0.0, whole) if split else (whole, 0.0)
         for q in module.parameters():
             q.grad = None
-        if split and s == 0:  # torch's first stage: the whole backward in the weight pass
-            t2 = t1
-        out[s] = ((t1 - t0) * 1000.0, (t2 - t1) * 1000.0, (t3 - t2) * 1000.0)
+        out[s] = ((t1 - t0) * 1000.0, input_ms * 1000.0, weight_ms * 1000.0)
     return out
 
 

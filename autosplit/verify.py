@@ -116,11 +116,11 @@ def _stage_ranks(plan: Plan) -> list[int]:
     class cannot run the plan)."""
     v = plan.stages_per_rank
     n = len(plan.stages)
+    ranks = [s % max(n // v, 1) for s in range(n)]
     try:
         order = torch_order(plan.schedule, n // v, v, plan.microbatches)
     except AutosplitError:
-        return [s % max(n // v, 1) for s in range(n)]
-    ranks = [s % max(n // v, 1) for s in range(n)]
+        return ranks
     for rank, row in enumerate(order.actions):
         for a in row:
             ranks[a.stage] = rank
