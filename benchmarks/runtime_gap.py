@@ -396,8 +396,9 @@ def run(args: Any, cases: Sequence[Case]) -> dict[str, Any]:
         graph = autosplit.trace(model, example_inputs=inputs)
         profile = autosplit.profile(model, inputs, microbatch_sizes=args.sizes,
                                     budget_s=args.profile_budget)
-        profile = dataclasses.replace(profile, action_ms=measure_action_ms(),
-                                      link_bytes_per_s=measure_link_bandwidth())
+        if not args.smoke:  # the runtime's cost per action and the link, as `autosplit plan`
+            profile = dataclasses.replace(profile, action_ms=measure_action_ms(),
+                                          link_bytes_per_s=measure_link_bandwidth())
         planned = autosplit.plan(profile, 2, schedule=args.schedule)
         timing = (graph, inputs, profile, {"plan": planned})
         plan = verify_plans(*timing, one_device=False, budget_s=args.verify_budget)["plan"]

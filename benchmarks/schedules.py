@@ -114,9 +114,10 @@ def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     include = [case.hand[1]] if case.hand is not None else []
     profile = autosplit.profile(model, inputs, include=include, microbatch_sizes=args.sizes,
                                 budget_s=args.profile_budget)
-    # the runtime's cost per action and the link, measured as `autosplit plan` measures them
-    profile = dataclasses.replace(profile, action_ms=measure_action_ms(),
-                                  link_bytes_per_s=measure_link_bandwidth())
+    if not args.smoke:  # the runtime's cost per action and the link, as `autosplit plan` does
+        # (tests/test_runtime_cost.py measures them; a smoke run is about the benchmark's code)
+        profile = dataclasses.replace(profile, action_ms=measure_action_ms(),
+                                      link_bytes_per_s=measure_link_bandwidth())
     profile_s = time.perf_counter() - start
     best, by_schedule, why = schedule_plans(profile)
     others: dict[str, Plan] = {AUTO: best, **by_schedule}
