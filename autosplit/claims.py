@@ -14,9 +14,11 @@ and the text says the figure is a prediction from block sums.
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Claim", "ratio_with_spread", "spread_text"]
+__all__ = ["Claim", "ratio_with_spread", "relative_spread", "spread_text"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,3 +106,12 @@ def spread_text(spread: float | None) -> str:
     if spread is None:
         return ""
     return f" ± {spread:.0%}" if spread >= 0.005 else " ± <1%"
+
+
+def relative_spread(values: Sequence[float]) -> float:
+    """Half the interquartile range of ``values`` over their median (a fraction; 0 for fewer
+    than two values or a median ≤ 0): the spread every measured time here carries."""
+    if len(values) < 2:
+        return 0.0
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return (q3 - q1) / 2 / median if median > 0 else 0.0

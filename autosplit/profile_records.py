@@ -191,6 +191,10 @@ class Profile:
             per schedule, measured on this machine's backend (``(schedule, ms)`` pairs,
             :func:`autosplit.runtime_cost.measure_action_ms`); empty when not measured (then
             0 is assumed).
+        action_spread: the spread of each schedule's ``action_ms`` over the measurement's
+            rounds (``(schedule, fraction)`` pairs: half the interquartile range over the
+            median, :func:`autosplit.runtime_cost.measure_action_spread`); empty when not
+            measured (older profiles: then 0).
         link_bytes_per_s: the bandwidth of one stage's send to the next, measured between 2
             local ranks of this machine's backend (bytes/s, one direction,
             :func:`autosplit.collectives.measure_link_bandwidth`), the planner's default link;
@@ -217,6 +221,7 @@ class Profile:
     backward_split: str = ""
     action_ms: tuple[tuple[str, float], ...] = ()
     link_bytes_per_s: float | None = None
+    action_spread: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         checked(self, lambda p: check_profile(
@@ -248,6 +253,12 @@ class Profile:
         search) the largest cost it measured, never an optimistic 0; 0 when nothing was
         measured."""
         measured = dict(self.action_ms)
+        return measured.get(schedule, max(measured.values(), default=0.0))
+
+    def action_spread_of(self, schedule: str) -> float:
+        """The spread of :meth:`action_ms_of` (a fraction; :attr:`action_spread`): for a
+        schedule not measured the largest spread measured, 0 when none was."""
+        measured = dict(self.action_spread)
         return measured.get(schedule, max(measured.values(), default=0.0))
 
     def describe(self) -> str:

@@ -174,7 +174,8 @@ class Plan:
         verification: how the stage times were verified (timed together, interleaved, how
             many rounds), or ``""`` when the prediction comes from block sums alone.
         step_spread: relative spread of ``predicted_step_ms`` from the verified stage times'
-            spreads (a fraction), ``None`` when not verified.
+            spreads and the runtime's cost per action's (``Profile.action_spread``; a
+            fraction), ``None`` when not verified.
         single_device_spread: relative spread of ``single_device_ms`` when the whole model
             was timed in one piece, else ``None``.
         replicas: d, the data-parallel replicas of every stage (1: pipeline only). With d > 1

@@ -14,7 +14,9 @@ model's actions), times each rank's stages in a plain loop in the rank, both ran
 interleaved with the steps, and fits, per schedule, the cost ``o`` that one action must have
 for the replay of torch's own order (:mod:`autosplit.schedules`) with those stage times to last
 the measured step (:func:`fit_action_ms`). The planner adds ``o`` to every action of that
-schedule (``Profile.action_ms``, ``Plan.action_ms``).
+schedule (``Profile.action_ms``, ``Plan.action_ms``), the median over the rounds; the fits'
+spread over the rounds (``Profile.action_spread``) widens a verified plan's predicted step
+(:func:`autosplit.verify.predict_verified`).
 
 Stages that compute, not stages that cost nothing: on 2 CPU workers (AMD EPYC, one day's fits),
 stages of one 16 × 16 layer gave GPipe 0.36–0.60 ms per action and stages that compute (192 to
@@ -31,10 +33,12 @@ import time
 from typing import Any
 
 from autosplit import checks
+from autosplit.claims import relative_spread
 from autosplit.planner.schedules import SEARCHED
 from autosplit.schedules import StageCosts, simulate_schedule, torch_class_name
 
-__all__ = ["LAYERS", "MEASURED", "ROWS", "WIDTH", "fit_action_ms", "measure_action_ms"]
+__all__ = ["LAYERS", "MEASURED", "ROWS", "WIDTH", "action_costs", "fit_action_ms",
+           "measure_action_ms", "measure_action_spread"]
 
 MEASURED = SEARCHED
 """The (schedule, stages per rank) pairs measured: those ``schedule="auto"`` searches."""
@@ -46,7 +50,7 @@ LAYERS = 4
 """Linear layers (each followed by a tanh) in one measuring stage."""
 ROWS = 32
 """Rows of one micro-batch of the measuring stages."""
-_CACHE: dict[str, tuple[tuple[str, float], ...]] = {}
+_CACHE: dict[str, dict[str, list[float]]] = {}
 
 
 def fit_action_ms(schedule: str, v: int, m: int, step_ms: float, p: int = 2,
@@ -92,22 +96,46 @@ def fit_action_ms(schedule: str, v: int, m: int, step_ms: float, p: int = 2,
     return high
 
 
-def measure_action_ms(backend: str = "gloo", timeout_s: float = 120.0
-                      ) -> tuple[tuple[str, float], ...]:
-    """Per schedule of :data:`MEASURED`, torch's runtime cost per action on 2 local ranks of
-    ``backend`` (ms; see the module docstring): ``((schedule, ms), …)``. Kept for the
-    process's lifetime: asking again measures nothing."""
+def _fits(backend: str, timeout_s: float) -> dict[str, list[float]]:
+    """Per schedule of :data:`MEASURED`, the cost per action fitted in each round (ms),
+    measured once per process and backend."""
     checks.one_of("backend", backend, ("gloo",))
     if backend not in _CACHE:
         from autosplit.distributed import launch
 
         rounds = launch(_rank, 2, backend=backend, timeout_s=timeout_s)[0]
-        _CACHE[backend] = tuple(
-            (schedule, statistics.median(
-                fit_action_ms(schedule, v, _MICROBATCHES, step, costs=costs)
-                for step, costs in rounds[schedule]))
-            for schedule, v in MEASURED)
+        _CACHE[backend] = {
+            schedule: [fit_action_ms(schedule, v, _MICROBATCHES, step, costs=costs)
+                       for step, costs in rounds[schedule]]
+            for schedule, v in MEASURED}
     return _CACHE[backend]
+
+
+def measure_action_ms(backend: str = "gloo", timeout_s: float = 120.0
+                      ) -> tuple[tuple[str, float], ...]:
+    """Per schedule of :data:`MEASURED`, torch's runtime cost per action on 2 local ranks of
+    ``backend`` (ms; see the module docstring): ``((schedule, ms), …)``, the median of the
+    rounds' fits. Kept for the process's lifetime: asking again measures nothing."""
+    return tuple((schedule, statistics.median(fits))
+                 for schedule, fits in _fits(backend, timeout_s).items())
+
+
+def measure_action_spread(backend: str = "gloo", timeout_s: float = 120.0
+                          ) -> tuple[tuple[str, float], ...]:
+    """Per schedule, the spread of :func:`measure_action_ms`'s cost over the rounds (half
+    the interquartile range over the median, a fraction): ``((schedule, spread), …)``. From
+    the same measurement (measured once per process)."""
+    return tuple((schedule, relative_spread(fits))
+                 for schedule, fits in _fits(backend, timeout_s).items())
+
+
+def action_costs(backend: str = "gloo", timeout_s: float = 120.0
+                 ) -> dict[str, tuple[tuple[str, float], ...]]:
+    """The profile fields of the runtime's cost per action, measured:
+    ``dataclasses.replace(profile, **action_costs())`` sets ``action_ms`` and
+    ``action_spread``."""
+    return {"action_ms": measure_action_ms(backend, timeout_s),
+            "action_spread": measure_action_spread(backend, timeout_s)}
 
 
 def _stage_module() -> Any:

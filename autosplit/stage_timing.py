@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from autosplit import checks, fresh_process, measurement
+from autosplit.claims import relative_spread
 from autosplit.devices import resolve_device
 from autosplit.graph import BlockGraph, Segment
 from autosplit.losses import timing_loss
@@ -109,13 +110,6 @@ class StageTime:
                          mix(self.backward_ms, beside.backward_ms),
                          mix(self.spread, beside.spread), min(self.rounds, beside.rounds),
                          first, beside=beside.beside and share > 0)
-
-
-def _spread(values: Sequence[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return (q3 - q1) / 2 / median if median > 0 else 0.0
 
 
 def time_stages(
@@ -258,7 +252,8 @@ def _time_here(
         torch.set_num_threads(old_threads)
     return {
         r: StageTime(statistics.median(fwd[r]), statistics.median(bwd[r] or first[r]),
-                     max(_spread(sums[r, True]), _spread(sums[r, False])), len(fwd[r]),
+                     max(relative_spread(sums[r, True]), relative_spread(sums[r, False])),
+                     len(fwd[r]),
                      statistics.median(first[r] or bwd[r]),
                      beside=jobs[r][1] is not None and r not in alone)
         for r in runs

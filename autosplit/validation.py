@@ -141,20 +141,20 @@ def check_ms(value: Any, path: str, what: str = "times") -> None:
         raise RecordError(path, f"is {value}: {what} must be finite and ≥ 0")
 
 
-def _check_action_ms(pairs: Any) -> None:
-    """``(schedule, ms)`` pairs: each a known schedule once, with a finite number ≥ 0."""
+def _check_per_schedule(pairs: Any, field: str, unit: str, what: str) -> None:
+    """``(schedule, value)`` pairs: each a known schedule once, with a finite number ≥ 0."""
     if not isinstance(pairs, tuple):
-        raise RecordError("action_ms", f"is {show(pairs)}: expected a list of pairs")
+        raise RecordError(field, f"is {show(pairs)}: expected a list of pairs")
     seen = set()
     for i, pair in enumerate(pairs):
-        where = f"action_ms[{i}]"
+        where = f"{field}[{i}]"
         if not isinstance(pair, tuple) or len(pair) != 2:
-            raise RecordError(where, f"is {show(pair)}: expected [schedule, ms]")
+            raise RecordError(where, f"is {show(pair)}: expected [schedule, {unit}]")
         check_choice(pair[0], f"{where}[0]", KNOWN_SCHEDULES)
         if pair[0] in seen:
             raise RecordError(f"{where}[0]", f"is {pair[0]!r} again: one entry per schedule")
         seen.add(pair[0])
-        check_ms(pair[1], f"{where}[1]")
+        check_ms(pair[1], f"{where}[1]", what)
 
 
 def _check_bandwidth(value: Any, path: str) -> None:
@@ -309,7 +309,8 @@ def check_profile(p: Any, *, block_type: type, cut_type: type, device_type: type
     _check_bandwidth(p.allreduce_bytes_per_s, "allreduce_bytes_per_s")
     _check_bandwidth(p.link_bytes_per_s, "link_bytes_per_s")
     check_text(p.backward_split, "backward_split", empty=True)
-    _check_action_ms(p.action_ms)
+    _check_per_schedule(p.action_ms, "action_ms", "ms", "times")
+    _check_per_schedule(p.action_spread, "action_spread", "fraction", "spreads")
     split = [b.input_grad_ms is None for b in p.blocks] + [
         b.weight_grad_ms is None for b in p.blocks]
     if len(set(split)) > 1:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autosplit import checks, fresh_process, neighbour
+from autosplit.claims import spread_text
 from autosplit.cost import single_device_ms
 from autosplit.devices import resolve_device
 from autosplit.errors import AutosplitError, InvalidInputError
@@ -191,10 +192,11 @@ def _split_costs(profile: Profile, plan: Plan) -> list[float]:
 
 
 def _scaled(plan: Plan, times: Sequence[StageTime], factor: int,
-            split_costs: Sequence[float] | None = None) -> Plan:
-    """The plan with each stage's time moved by ``factor`` (−1, 0, +1) times its spread; a
-    stage's weight-gradient part keeps its share of the stage's backward, and a split backward
-    costs ``split_costs[s]`` times the whole one (:func:`_split_costs`)."""
+            split_costs: Sequence[float] | None = None, action_spread: float = 0.0) -> Plan:
+    """The plan with each stage's time moved by ``factor`` (−1, 0, +1) times its spread, and
+    the runtime's cost per action by ``factor`` times ``action_spread``; a stage's
+    weight-gradient part keeps its share of the stage's backward, and a split backward costs
+    ``split_costs[s]`` times the whole one (:func:`_split_costs`)."""
     stages = []
     costs = split_costs or [1.0] * len(plan.stages)
     for s, t, split in zip(plan.stages, times, costs):
@@ -209,7 +211,8 @@ def _scaled(plan: Plan, times: Sequence[StageTime], factor: int,
             block_sum_ms=s.compute_ms if s.block_sum_ms is None else s.block_sum_ms,
             verified_spread=t.spread,
         ))
-    return dataclasses.replace(plan, stages=tuple(stages))
+    return dataclasses.replace(plan, stages=tuple(stages),
+                               action_ms=plan.action_ms * max(1 + factor * action_spread, 0.0))
 
 
 @dataclass(frozen=True)
@@ -285,7 +288,8 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
     schedule simulation of those times plus the all-reduces after the last backward, from the
     cost model (:attr:`Plan.sync_after_ms`: weights shared across stages, the replicas'
     gradients), ``step_spread`` its spread (the simulation of every
-    stage at median ± spread), ``single_device_ms`` the whole model timed in one piece (the
+    stage at median ± spread and of the runtime's cost per action at its median ± spread,
+    :attr:`Profile.action_spread`), ``single_device_ms`` the whole model timed in one piece (the
     faster of the profile's best micro-batch size, accumulated, and, on a CPU, the whole batch
     at once; not timed: the plan's kept), and ``verification`` says how.
 
@@ -300,7 +304,9 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
         stage_times, how = _stage_times(
             plan, [timed.times[r].per_step(plan.microbatches)
                    for r in _timed_runs(plan, timed.beside)], split, share)
-        mid, low, high = (_scaled(plan, stage_times, f, split) for f in (0, -1, 1))
+        action_spread = profile.action_spread_of(plan.schedule) if plan.action_ms > 0 else 0.0
+        mid, low, high = (_scaled(plan, stage_times, f, split, action_spread)
+                          for f in (0, -1, 1))
         step = simulate_plan(mid).step_ms + plan.sync_after_ms  # all-reduces: not timed
         spread = (simulate_plan(high).step_ms - simulate_plan(low).step_ms) / 2 / step
         one_ms, one = min(((_step_of(timed.times[r], math.ceil(plan.batch_size / r[0][2])),
@@ -320,7 +326,9 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
                 f"backward, micro-batches in flight per stage "
                 f"{'/'.join(map(str, timed.depths[name]))}, {distinct} stage runs taking "
                 f"turns over ≥ {timed.rounds} rounds{how}; "
-                f"block sums gave {plan.predicted_step_ms:.0f} ms"
+                + (f"torch's runtime {plan.action_ms:.2f} ms{spread_text(action_spread)} per "
+                   "action; " if plan.action_ms > 0 else "")
+                + f"block sums gave {plan.predicted_step_ms:.0f} ms"
             ),
         )
     return out

@@ -72,7 +72,7 @@ from autosplit.collectives import measure_link_bandwidth
 from autosplit.comparison import baseline_plans, manual_plan
 from autosplit.planner import plan_candidates, plan_with_balance
 from autosplit.records import Plan, Profile
-from autosplit.runtime_cost import measure_action_ms
+from autosplit.runtime_cost import action_costs
 from autosplit.verify import verify_and_choose
 
 TORCHGPIPE_ROW = "torchgpipe"
@@ -114,7 +114,7 @@ def profile_case(case: Case, p: int, args: argparse.Namespace, device: torch.dev
     profile = autosplit.profile(model, inputs, device=device, include=include,
                                 microbatch_sizes=args.sizes, budget_s=args.profile_budget)
     if not args.smoke:  # the runtime's cost per action and the link, as `autosplit plan` does
-        profile = dataclasses.replace(profile, action_ms=measure_action_ms(),
+        profile = dataclasses.replace(profile, **action_costs(),
                                       link_bytes_per_s=measure_link_bandwidth())
     profile_s = time.perf_counter() - start
     candidates, others, notes = plans_of(case, profile, model, inputs, device)

@@ -45,7 +45,7 @@ from autosplit.collectives import measure_allreduce_bandwidth, measure_link_band
 from autosplit.comparison import manual_plan
 from autosplit.planner import plan_candidates, plan_layouts
 from autosplit.records import Plan
-from autosplit.runtime_cost import measure_action_ms
+from autosplit.runtime_cost import action_costs
 from autosplit.verify import verify_and_choose
 
 AUTO, DP, PIPE, HAND = "autosplit", "data parallel", "best pipeline", "hand split"
@@ -86,7 +86,7 @@ def plans_of(case: Case, args: argparse.Namespace, width: float) -> dict[str, An
     profile = autosplit.profile(model, inputs, include=include, microbatch_sizes=args.sizes,
                                 budget_s=args.profile_budget)
     if not args.smoke:  # the runtime's cost per action and the link, as `autosplit plan` does
-        profile = dataclasses.replace(profile, action_ms=measure_action_ms(),
+        profile = dataclasses.replace(profile, **action_costs(),
                                       link_bytes_per_s=measure_link_bandwidth())
     profile_s = time.perf_counter() - start
     layouts = plan_layouts(profile, 2, allreduce_bandwidth_bytes_per_s=width)

@@ -47,7 +47,7 @@ from autosplit.allocator import restart_keeping_freed_memory
 import autosplit
 from autosplit.collectives import measure_link_bandwidth
 from autosplit.records import Plan
-from autosplit.runtime_cost import measure_action_ms
+from autosplit.runtime_cost import action_costs
 from autosplit.schedules import SPLIT_BACKWARD
 from autosplit.simulator import simulate_plan
 from autosplit.validation import KNOWN_SCHEDULES
@@ -397,7 +397,7 @@ def run(args: Any, cases: Sequence[Case]) -> dict[str, Any]:
         profile = autosplit.profile(model, inputs, microbatch_sizes=args.sizes,
                                     budget_s=args.profile_budget)
         if not args.smoke:  # the runtime's cost per action and the link, as `autosplit plan`
-            profile = dataclasses.replace(profile, action_ms=measure_action_ms(),
+            profile = dataclasses.replace(profile, **action_costs(),
                                           link_bytes_per_s=measure_link_bandwidth())
         planned = autosplit.plan(profile, 2, schedule=args.schedule)
         timing = (graph, inputs, profile, {"plan": planned})

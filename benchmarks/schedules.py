@@ -62,7 +62,7 @@ from autosplit.planner.schedules import plan_schedules
 from autosplit.planner.search import candidate_sizes
 from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile
-from autosplit.runtime_cost import measure_action_ms
+from autosplit.runtime_cost import action_costs
 from autosplit.verify import predict_verified, time_plans, verify_plans
 
 AUTO, HAND, LIMITED = "autosplit", "hand split (GPipe)", "autosplit, memory-limited"
@@ -116,7 +116,7 @@ def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
                                 budget_s=args.profile_budget)
     if not args.smoke:  # the runtime's cost per action and the link, as `autosplit plan` does
         # (tests/test_runtime_cost.py measures them; a smoke run is about the benchmark's code)
-        profile = dataclasses.replace(profile, action_ms=measure_action_ms(),
+        profile = dataclasses.replace(profile, **action_costs(),
                                       link_bytes_per_s=measure_link_bandwidth())
     profile_s = time.perf_counter() - start
     best, by_schedule, why = schedule_plans(profile)
@@ -148,7 +148,7 @@ def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
             "retime": again, "alone_ms": bounds.get(0.0), "beside_ms": bounds.get(1.0),
             "profile_s": profile_s, "plan_and_verify_s": time.perf_counter() - start - profile_s,
             "names": profile.block_names, "backward_split": profile.backward_split,
-            "action_ms": dict(profile.action_ms)}
+            "action_ms": dict(profile.action_ms), "action_spread": dict(profile.action_spread)}
 
 
 def rank_memory(plan: Plan, ranks: int = 2) -> list[int]:
@@ -192,7 +192,8 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
                        "plan_and_verify_s": found["plan_and_verify_s"], "plans": rows,
                        "not_offered": found["why"], "limited": found["limited"],
                        "backward_split": found["backward_split"],
-                       "action_ms": found["action_ms"]})
+                       "action_ms": found["action_ms"],
+                       "action_spread": found["action_spread"]})
         group = Group(case.label, case.spec, configs, rounds=args.rounds, warmup=1,
                       max_others=args.max_others, retries=args.retries,
                       lead_in_s=args.lead_in, memory=True)
@@ -350,8 +351,11 @@ def markdown(data: dict[str, Any]) -> str:
                            f"{lim['hand_needs_bytes'] / 2**20:.0f} MiB: {what}.")]
         if "vs_hand" in m:
             lines += ["", f"autosplit's choice: ×{m['vs_hand']:.2f} the hand split, measured."]
-        cost = ", ".join(f"{k} {v:.2f} ms" for k, v in m.get("action_ms", {}).items())
-        lines += ["", (f"Runtime cost per action, measured (`autosplit.runtime_cost`) and in "
+        spreads = m.get("action_spread", {})
+        cost = ", ".join(f"{k} {v:.2f} ms" + (f" ± {spreads[k]:.0%}" if k in spreads else "")
+                         for k, v in m.get("action_ms", {}).items())
+        lines += ["", (f"Runtime cost per action, measured (`autosplit.runtime_cost`; ± its "
+                       f"spread over the rounds, in each verified plan's ±) and in "
                        f"every prediction: {cost or 'not measured'}.")]
         lines += ["", (f"Backward split: {m['backward_split'] or 'none'}. Profile "
                        f"{m['profile_s']:.0f} s, plan and verification "

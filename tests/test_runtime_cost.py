@@ -4,6 +4,7 @@ in every action of the plans that the schedule search makes and verifies."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 
 import pytest
@@ -16,7 +17,13 @@ from autosplit.planner import plan_with_balance
 from autosplit.planner.schedules import plan_schedules
 from autosplit.planner.search import candidate_sizes
 from autosplit.planner.settings import PlanSettings
-from autosplit.runtime_cost import MEASURED, fit_action_ms, measure_action_ms
+from autosplit.runtime_cost import (
+    MEASURED,
+    action_costs,
+    fit_action_ms,
+    measure_action_ms,
+    measure_action_spread,
+)
 from autosplit.schedules import SPLIT_BACKWARD, StageCosts, simulate_schedule, torch_order
 from autosplit.solve.joint import JointProblem, brute_force_joint, solve_joint
 
@@ -133,3 +140,11 @@ def test_measured_on_two_ranks() -> None:
     assert set(measured) == {schedule for schedule, _ in MEASURED}
     assert all(0.0 <= ms < 1000.0 for ms in measured.values())
     assert any(ms > 0.0 for ms in measured.values())
+    # from the same rounds (measured once per process): each cost's spread over them
+    spreads = dict(measure_action_spread())
+    assert set(spreads) == set(measured)
+    assert all(0.0 <= s < math.inf for s in spreads.values())
+    prof = dataclasses.replace(make_profile([2], [[1.0]] * 2, batch_size=4),
+                               **action_costs())  # as `autosplit plan` sets them
+    assert prof.action_ms == tuple(measured.items())
+    assert prof.action_spread == tuple(spreads.items())

@@ -15,7 +15,7 @@ from torch import nn
 
 import autosplit
 from autosplit import measurement, profiler, verify
-from autosplit.claims import ratio_with_spread, spread_text
+from autosplit.claims import ratio_with_spread, relative_spread, spread_text
 from autosplit.cli import main
 from autosplit.comparison import manual_plan
 from autosplit.cost import single_device_ms
@@ -70,6 +70,12 @@ def test_a_spread_above_the_median_leaves_everything_open() -> None:
 def test_claims_refuse_impossible_numbers(args: tuple) -> None:
     with pytest.raises(ValueError):
         ratio_with_spread(*args)
+
+
+def test_relative_spread_is_half_the_interquartile_range_over_the_median() -> None:
+    assert relative_spread([8.0, 9.0, 10.0, 11.0, 12.0]) == pytest.approx(2.0 / 2 / 10.0)
+    assert relative_spread([5.0]) == 0.0 and relative_spread([]) == 0.0
+    assert relative_spread([0.0, 0.0, 1.0]) == 0.0  # no median to be relative to
 
 
 def test_spread_text() -> None:
@@ -462,3 +468,25 @@ def test_a_verified_plan_keeps_the_all_reduce_of_its_shared_weights(fake_clock) 
     simulated = simulate_plan(verified).step_ms
     assert simulated > (verified.microbatches + 1) * 2000.0
     assert verified.predicted_step_ms == pytest.approx(simulated + weight.sync_ms, rel=1e-12)
+
+
+def test_the_runtime_cost_per_action_widens_the_step_by_its_spread(small, fake_clock) -> None:
+    # every forward and backward lasts 1 s (fake clock): the stage times have no spread, so
+    # the step's spread is the runtime's cost per action at its median ± its spread
+    model, x, prof = small
+    costly = dataclasses.replace(prof, action_ms=(("gpipe", 100.0),),
+                                 action_spread=(("gpipe", 0.5),))
+    plan = autosplit.plan(costly, gpus=2, split_size=4, schedule="gpipe",
+                          bandwidth_bytes_per_s=1e15)
+    assert plan.action_ms == 100.0
+    graph = trace(model)
+    sure = dataclasses.replace(costly, action_spread=())
+    verified, certain = (verify_plans(graph, x, p, {"p": plan}, one_device=False, rounds=2,
+                                      max_rounds=2)["p"] for p in (costly, sure))
+    m = plan.microbatches
+    # GPipe on 2 equal stages: (m + 1) · (f + b + 2 o); o = 100 ± 50 ms
+    assert verified.predicted_step_ms == pytest.approx((m + 1) * 2200.0, rel=1e-6)
+    assert verified.step_spread == pytest.approx(100.0 / 2200.0, rel=1e-3)
+    assert certain.predicted_step_ms == verified.predicted_step_ms
+    assert certain.step_spread == 0.0
+    assert "torch's runtime 100.00 ms ± 50% per action" in verified.verification

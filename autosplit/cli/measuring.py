@@ -120,12 +120,15 @@ def _with_allreduce(prof: Profile, stages: int, console: Console) -> Profile:
     prof = dataclasses.replace(prof, allreduce_bytes_per_s=width, link_bytes_per_s=link)
     if prof.device.kind != "cpu":  # measured between CPU workers (gloo) only, so far
         return prof
-    from autosplit.runtime_cost import measure_action_ms
+    from autosplit.claims import spread_text
+    from autosplit.runtime_cost import action_costs
 
-    cost = measure_action_ms()
+    costs = action_costs()
+    spreads = dict(costs["action_spread"])
     console.print("measured torch's pipeline runtime per action (gloo, 2 CPU workers): "
-                  + ", ".join(f"{name} {ms:.2f} ms" for name, ms in cost))
-    return dataclasses.replace(prof, action_ms=cost)
+                  + ", ".join(f"{name} {ms:.2f} ms{spread_text(spreads[name])}"
+                              for name, ms in costs["action_ms"]))
+    return dataclasses.replace(prof, **costs)
 
 
 def profile_for(args: argparse.Namespace, source: Any, model: Any, inputs: Any,
