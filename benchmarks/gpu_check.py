@@ -422,7 +422,13 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+NO_GPU = ("gpu_check: no CUDA device on this machine, nothing to check "
+          "(--dry-run runs the same steps on the CPU)")
+"""The one line printed, with exit code 0, on a machine without a GPU."""
+
+
+def parse(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The command line's parser and arguments."""
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="the same steps on the CPU, tiny")
@@ -432,10 +438,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=330.0, help="global time budget (s)")
     parser.add_argument("--steps", nargs="+", choices=[n for n, _ in STEPS], default=None,
                         help="run only these steps")
-    args = parser.parse_args(argv)
-    if not args.dry_run and not torch.cuda.is_available():
-        print("gpu_check: no CUDA device on this machine, nothing to check "
-              "(--dry-run runs the same steps on the CPU)")
+    return parser, parser.parse_args(argv)
+
+
+def nothing_to_check(args: argparse.Namespace) -> bool:
+    """No GPU and no ``--dry-run``: :data:`NO_GPU` is all there is to say."""
+    return not args.dry_run and not torch.cuda.is_available()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, args = parse(argv)
+    if nothing_to_check(args):
+        print(NO_GPU)
         return 0
     out = args.out or (Path(tempfile.mkdtemp(prefix="gpu-check-")) if args.dry_run else RESULTS)
     if args.dry_run and out.resolve() == RESULTS.resolve():
@@ -490,5 +504,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if nothing_to_check(parse()[1]):  # said before restarting: one line, at once
+        print(NO_GPU)
+        sys.exit(0)
     restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
     sys.exit(main())
