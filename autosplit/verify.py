@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from autosplit import checks, fresh_process, neighbour
-from autosplit.claims import spread_text
 from autosplit.cost import single_device_ms
 from autosplit.devices import resolve_device
 from autosplit.errors import AutosplitError, InvalidInputError
@@ -326,8 +325,9 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
                 f"backward, micro-batches in flight per stage "
                 f"{'/'.join(map(str, timed.depths[name]))}, {distinct} stage runs taking "
                 f"turns over ≥ {timed.rounds} rounds{how}; "
-                + (f"torch's runtime {plan.action_ms:.2f} ms{spread_text(action_spread)} per "
-                   "action; " if plan.action_ms > 0 else "")
+                + (f"torch's runtime {plan.action_ms:.2f} ± "
+                   f"{plan.action_ms * action_spread:.2f} ms per action; "
+                   if plan.action_ms > 0 else "")
                 + f"block sums gave {plan.predicted_step_ms:.0f} ms"
             ),
         )

@@ -489,4 +489,4 @@ def test_the_runtime_cost_per_action_widens_the_step_by_its_spread(small, fake_c
     assert verified.step_spread == pytest.approx(100.0 / 2200.0, rel=1e-3)
     assert certain.predicted_step_ms == verified.predicted_step_ms
     assert certain.step_spread == 0.0
-    assert "torch's runtime 100.00 ms ± 50% per action" in verified.verification
+    assert "torch's runtime 100.00 ± 50.00 ms per action" in verified.verification

@@ -120,13 +120,13 @@ def _with_allreduce(prof: Profile, stages: int, console: Console) -> Profile:
     prof = dataclasses.replace(prof, allreduce_bytes_per_s=width, link_bytes_per_s=link)
     if prof.device.kind != "cpu":  # measured between CPU workers (gloo) only, so far
         return prof
-    from autosplit.claims import spread_text
     from autosplit.runtime_cost import action_costs
 
     costs = action_costs()
     spreads = dict(costs["action_spread"])
-    console.print("measured torch's pipeline runtime per action (gloo, 2 CPU workers): "
-                  + ", ".join(f"{name} {ms:.2f} ms{spread_text(spreads[name])}"
+    console.print("measured torch's pipeline runtime per action (gloo, 2 CPU workers; ± half "
+                  "the interquartile range over the rounds): "
+                  + ", ".join(f"{name} {ms:.2f} ± {ms * spreads[name]:.2f} ms"
                               for name, ms in costs["action_ms"]))
     return dataclasses.replace(prof, **costs)
 
