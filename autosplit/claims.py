@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Claim", "ratio_with_spread", "relative_spread", "spread_text"]
+__all__ = ["Claim", "half_iqr", "ratio_with_spread", "relative_spread", "spread_text"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +108,16 @@ def spread_text(spread: float | None) -> str:
     return f" ± {spread:.0%}" if spread >= 0.005 else " ± <1%"
 
 
-def relative_spread(values: Sequence[float]) -> float:
-    """Half the interquartile range of ``values`` over their median (a fraction; 0 for fewer
-    than two values or a median ≤ 0): the spread every measured time here carries."""
+def half_iqr(values: Sequence[float]) -> float:
+    """Half the interquartile range of ``values`` (their unit; 0 for fewer than two)."""
     if len(values) < 2:
         return 0.0
-    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return (q3 - q1) / 2 / median if median > 0 else 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return (q3 - q1) / 2
+
+
+def relative_spread(values: Sequence[float]) -> float:
+    """:func:`half_iqr` over the median (a fraction; 0 for fewer than two values or a median
+    ≤ 0): the spread every measured time here carries."""
+    median = statistics.median(values) if values else 0.0
+    return half_iqr(values) / median if median > 0 else 0.0

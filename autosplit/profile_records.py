@@ -192,9 +192,9 @@ class Profile:
             :func:`autosplit.runtime_cost.measure_action_ms`); empty when not measured (then
             0 is assumed).
         action_spread: the spread of each schedule's ``action_ms`` over the measurement's
-            rounds (``(schedule, fraction)`` pairs: half the interquartile range over the
-            median, :func:`autosplit.runtime_cost.measure_action_spread`); empty when not
-            measured (older profiles: then 0).
+            rounds (``(schedule, ms)`` pairs: half the interquartile range,
+            :func:`autosplit.runtime_cost.measure_action_spread`); empty when not measured
+            (older profiles: then 0).
         link_bytes_per_s: the bandwidth of one stage's send to the next, measured between 2
             local ranks of this machine's backend (bytes/s, one direction,
             :func:`autosplit.collectives.measure_link_bandwidth`), the planner's default link;
@@ -256,7 +256,7 @@ class Profile:
         return measured.get(schedule, max(measured.values(), default=0.0))
 
     def action_spread_of(self, schedule: str) -> float:
-        """The spread of :meth:`action_ms_of` (a fraction; :attr:`action_spread`): for a
+        """The spread of :meth:`action_ms_of` (ms; :attr:`action_spread`): for a
         schedule not measured the largest spread measured, 0 when none was."""
         measured = dict(self.action_spread)
         return measured.get(schedule, max(measured.values(), default=0.0))

@@ -33,7 +33,7 @@ import time
 from typing import Any
 
 from autosplit import checks
-from autosplit.claims import relative_spread
+from autosplit.claims import half_iqr
 from autosplit.planner.schedules import SEARCHED
 from autosplit.schedules import StageCosts, simulate_schedule, torch_class_name
 
@@ -122,10 +122,11 @@ def measure_action_ms(backend: str = "gloo", timeout_s: float = 120.0
 
 def measure_action_spread(backend: str = "gloo", timeout_s: float = 120.0
                           ) -> tuple[tuple[str, float], ...]:
-    """Per schedule, the spread of :func:`measure_action_ms`'s cost over the rounds (half
-    the interquartile range over the median, a fraction): ``((schedule, spread), …)``. From
-    the same measurement (measured once per process)."""
-    return tuple((schedule, relative_spread(fits))
+    """Per schedule, the spread of :func:`measure_action_ms`'s cost over the rounds: half
+    the interquartile range of the rounds' fits (ms, not relative: a cost whose median is 0 can
+    still spread), ``((schedule, ms), …)``. From the same measurement (measured once per
+    process)."""
+    return tuple((schedule, half_iqr(fits))
                  for schedule, fits in _fits(backend, timeout_s).items())
 
 

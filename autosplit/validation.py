@@ -310,7 +310,7 @@ def check_profile(p: Any, *, block_type: type, cut_type: type, device_type: type
     _check_bandwidth(p.link_bytes_per_s, "link_bytes_per_s")
     check_text(p.backward_split, "backward_split", empty=True)
     _check_per_schedule(p.action_ms, "action_ms", "ms", "times")
-    _check_per_schedule(p.action_spread, "action_spread", "fraction", "spreads")
+    _check_per_schedule(p.action_spread, "action_spread", "ms", "spreads")
     split = [b.input_grad_ms is None for b in p.blocks] + [
         b.weight_grad_ms is None for b in p.blocks]
     if len(set(split)) > 1:

@@ -191,11 +191,11 @@ def _split_costs(profile: Profile, plan: Plan) -> list[float]:
 
 
 def _scaled(plan: Plan, times: Sequence[StageTime], factor: int,
-            split_costs: Sequence[float] | None = None, action_spread: float = 0.0) -> Plan:
+            split_costs: Sequence[float] | None = None, action_spread_ms: float = 0.0) -> Plan:
     """The plan with each stage's time moved by ``factor`` (−1, 0, +1) times its spread, and
-    the runtime's cost per action by ``factor`` times ``action_spread``; a stage's
-    weight-gradient part keeps its share of the stage's backward, and a split backward costs
-    ``split_costs[s]`` times the whole one (:func:`_split_costs`)."""
+    the runtime's cost per action by ``factor`` times ``action_spread_ms`` (not below 0); a
+    stage's weight-gradient part keeps its share of the stage's backward, and a split backward
+    costs ``split_costs[s]`` times the whole one (:func:`_split_costs`)."""
     stages = []
     costs = split_costs or [1.0] * len(plan.stages)
     for s, t, split in zip(plan.stages, times, costs):
@@ -211,7 +211,7 @@ def _scaled(plan: Plan, times: Sequence[StageTime], factor: int,
             verified_spread=t.spread,
         ))
     return dataclasses.replace(plan, stages=tuple(stages),
-                               action_ms=plan.action_ms * max(1 + factor * action_spread, 0.0))
+                               action_ms=max(plan.action_ms + factor * action_spread_ms, 0.0))
 
 
 @dataclass(frozen=True)
@@ -303,7 +303,8 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
         stage_times, how = _stage_times(
             plan, [timed.times[r].per_step(plan.microbatches)
                    for r in _timed_runs(plan, timed.beside)], split, share)
-        action_spread = profile.action_spread_of(plan.schedule) if plan.action_ms > 0 else 0.0
+        runtime = len(plan.stages) > 1  # stages on torch's runtime: its cost per action
+        action_spread = profile.action_spread_of(plan.schedule) if runtime else 0.0
         mid, low, high = (_scaled(plan, stage_times, f, split, action_spread)
                           for f in (0, -1, 1))
         step = simulate_plan(mid).step_ms + plan.sync_after_ms  # all-reduces: not timed
@@ -325,9 +326,8 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
                 f"backward, micro-batches in flight per stage "
                 f"{'/'.join(map(str, timed.depths[name]))}, {distinct} stage runs taking "
                 f"turns over ≥ {timed.rounds} rounds{how}; "
-                + (f"torch's runtime {plan.action_ms:.2f} ± "
-                   f"{plan.action_ms * action_spread:.2f} ms per action; "
-                   if plan.action_ms > 0 else "")
+                + (f"torch's runtime {plan.action_ms:.2f} ± {action_spread:.2f} ms per "
+                   "action; " if runtime and plan.action_ms + action_spread > 0 else "")
                 + f"block sums gave {plan.predicted_step_ms:.0f} ms"
             ),
         )

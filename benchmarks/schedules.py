@@ -352,7 +352,7 @@ def markdown(data: dict[str, Any]) -> str:
         if "vs_hand" in m:
             lines += ["", f"autosplit's choice: ×{m['vs_hand']:.2f} the hand split, measured."]
         spreads = m.get("action_spread", {})
-        cost = ", ".join(f"{k} {v:.2f}" + (f" ± {v * spreads[k]:.2f}" if k in spreads else "")
+        cost = ", ".join(f"{k} {v:.2f}" + (f" ± {spreads[k]:.2f}" if k in spreads else "")
                          + " ms" for k, v in m.get("action_ms", {}).items())
         lines += ["", (f"Runtime cost per action, measured (`autosplit.runtime_cost`; ± its "
                        f"spread over the rounds, in each verified plan's ±) and in "

@@ -187,6 +187,8 @@ PROFILE_CASES = {
                                "action_ms[0] has 3 items: expected 2"),
     "negative action spread": (_set("action_spread", [["1f1b", -0.1]]),
                                "action_spread[0][1] is -0.1: spreads must be finite and ≥ 0"),
+    "action spread not a number": (_set("action_spread", [["1f1b", "wide"]]),
+                                   "action_spread[0][1] is 'wide'"),
     "action spread twice": (_set("action_spread", [["1f1b", 0.1], ["1f1b", 0.2]]),
                             "action_spread[1][0] is '1f1b' again"),
     "missing cut": (_drop_last_cut, "cuts has 2 entries for 4 blocks"),

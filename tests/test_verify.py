@@ -15,7 +15,7 @@ from torch import nn
 
 import autosplit
 from autosplit import measurement, profiler, verify
-from autosplit.claims import ratio_with_spread, relative_spread, spread_text
+from autosplit.claims import half_iqr, ratio_with_spread, relative_spread, spread_text
 from autosplit.cli import main
 from autosplit.comparison import manual_plan
 from autosplit.cost import single_device_ms
@@ -76,6 +76,7 @@ def test_relative_spread_is_half_the_interquartile_range_over_the_median() -> No
     assert relative_spread([8.0, 9.0, 10.0, 11.0, 12.0]) == pytest.approx(2.0 / 2 / 10.0)
     assert relative_spread([5.0]) == 0.0 and relative_spread([]) == 0.0
     assert relative_spread([0.0, 0.0, 1.0]) == 0.0  # no median to be relative to
+    assert half_iqr([0.0, 0.0, 1.0]) == pytest.approx(0.25)  # but a spread all the same
 
 
 def test_spread_text() -> None:
@@ -475,7 +476,7 @@ def test_the_runtime_cost_per_action_widens_the_step_by_its_spread(small, fake_c
     # the step's spread is the runtime's cost per action at its median ± its spread
     model, x, prof = small
     costly = dataclasses.replace(prof, action_ms=(("gpipe", 100.0),),
-                                 action_spread=(("gpipe", 0.5),))
+                                 action_spread=(("gpipe", 50.0),))
     plan = autosplit.plan(costly, gpus=2, split_size=4, schedule="gpipe",
                           bandwidth_bytes_per_s=1e15)
     assert plan.action_ms == 100.0
@@ -490,3 +491,11 @@ def test_the_runtime_cost_per_action_widens_the_step_by_its_spread(small, fake_c
     assert certain.predicted_step_ms == verified.predicted_step_ms
     assert certain.step_spread == 0.0
     assert "torch's runtime 100.00 ± 50.00 ms per action" in verified.verification
+    # a cost whose median is 0 still spreads: from 0 to 100 ms per action
+    zero = dataclasses.replace(costly, action_ms=(("gpipe", 0.0),),
+                               action_spread=(("gpipe", 100.0),))
+    free = verify_plans(graph, x, zero, {"p": dataclasses.replace(plan, action_ms=0.0)},
+                        one_device=False, rounds=2, max_rounds=2)["p"]
+    assert free.predicted_step_ms == pytest.approx((m + 1) * 2000.0, rel=1e-6)
+    assert free.step_spread == pytest.approx(100.0 / 2000.0, rel=1e-3)
+    assert "torch's runtime 0.00 ± 100.00 ms per action" in free.verification

@@ -126,7 +126,7 @@ def _with_allreduce(prof: Profile, stages: int, console: Console) -> Profile:
     spreads = dict(costs["action_spread"])
     console.print("measured torch's pipeline runtime per action (gloo, 2 CPU workers; ± half "
                   "the interquartile range over the rounds): "
-                  + ", ".join(f"{name} {ms:.2f} ± {ms * spreads[name]:.2f} ms"
+                  + ", ".join(f"{name} {ms:.2f} ± {spreads[name]:.2f} ms"
                               for name, ms in costs["action_ms"]))
     return dataclasses.replace(prof, **costs)
 
