@@ -28,6 +28,7 @@ import select
 import subprocess
 import sys
 import tempfile
+import traceback
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,7 +46,7 @@ __all__ = ["ALONE", "Neighbour", "enabled"]
 ALONE = "AUTOSPLIT_TIME_ALONE"
 """Set to 1 to time every stage with the other cores idle (no :class:`Neighbour`)."""
 
-_CHILD = "import sys; from autosplit.neighbour import _child; _child(*sys.argv[1:4])"
+_CHILD = "import sys; from autosplit.neighbour import _main; _main(*sys.argv[1:4])"
 
 _READY_TIMEOUT_S = 300.0
 """How long the neighbour may take to load the model (s)."""
@@ -176,6 +177,22 @@ class Neighbour:
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def _main(job: str, down: str, up: str) -> None:
+    """The neighbour's process: :func:`_child`, then exit at once (``os._exit``): it holds no
+    file to flush, and tearing the interpreter down (torch and a model: about half a second)
+    would keep the parent waiting in :meth:`Neighbour.close`."""
+    code = 0
+    try:
+        _child(job, down, up)
+    except BaseException:  # noqa: BLE001 - printed, then exit 1 as Python would
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _child(job: str, down: str, up: str) -> None:

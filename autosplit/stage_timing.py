@@ -37,6 +37,7 @@ import torch
 from autosplit import checks, fresh_process, measurement
 from autosplit.claims import relative_spread
 from autosplit.devices import resolve_device
+from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph, Segment
 from autosplit.losses import timing_loss
 from autosplit.neighbour import Neighbour
@@ -126,6 +127,7 @@ def time_stages(
     progress: Callable[[int, int, str], None] | None = None,
     loss: str = "none",
     depths: Mapping[Any, int] | None = None,
+    neighbour: Neighbour | None = None,
 ) -> dict[Any, StageTime]:
     """Time each stage run ``(first, end, b)``, taking turns round after round; the result is
     keyed by the items of ``runs``.
@@ -141,6 +143,11 @@ def time_stages(
     A run that ends with the model's last block is timed with ``loss`` after it
     (:mod:`autosplit.losses`), as the profile it checks was.
 
+    ``neighbour``: a running :class:`~autosplit.neighbour.Neighbour` of this process, started
+    for every ``other`` of ``runs``, to time beside instead of starting one (several sessions
+    then share one process: it is left idle, and the caller closes it); the stages are then
+    timed in this process.
+
     Works on a private copy of the model (the model is left as it was); on a CPU, in a fresh
     process, as the ranks run (:mod:`autosplit.fresh_process`). ``rounds`` timed rounds at
     least (2 at least: every other round starts without gradients, see
@@ -149,7 +156,8 @@ def time_stages(
 
     Raises:
         InvalidInputError: a block range outside the model, a b above the example batch, a
-            depth that is not a positive integer.
+            depth that is not a positive integer, a ``neighbour`` not started for every
+            ``other`` run.
     """
     inputs = check_inputs(example_inputs)
     runs = list(dict.fromkeys(runs))
@@ -162,8 +170,14 @@ def time_stages(
             graph.extract(first, end)  # checks the range
             check_microbatch_sizes([b], batch, "b")
     timing_loss(loss)  # checks the name
-    options = dict(device=device, threads=threads, warmup=warmup, rounds=rounds,
-                   max_rounds=max_rounds, budget_s=budget_s, loss=loss, depths=depth)
+    options = {"device": device, "threads": threads, "warmup": warmup, "rounds": rounds,
+               "max_rounds": max_rounds, "budget_s": budget_s, "loss": loss, "depths": depth}
+    if neighbour is not None:
+        missing = {o for _, o in map(_job, runs) if o is not None} - set(neighbour.runs)
+        if missing:
+            raise InvalidInputError(f"neighbour: not started for the runs {sorted(missing)}")
+        return _time_here(graph, inputs, runs, progress=progress, neighbour=neighbour,
+                          **options)
     if resolve_device(device).type == "cpu" and fresh_process.enabled():
         return fresh_process.run_fresh(_time_here, graph, inputs, runs, progress=progress,
                                        **options)
@@ -184,8 +198,10 @@ def _time_here(
     progress: Callable[[int, int, str], None] | None,
     loss: str,
     depths: Mapping[Any, int],
+    neighbour: Neighbour | None = None,
 ) -> dict[Any, StageTime]:
-    """:func:`time_stages` in this process, on checked arguments."""
+    """:func:`time_stages` in this process, on checked arguments (``neighbour``: a shared
+    one, left idle at the end, else one started here for this session)."""
     loss_fn = timing_loss(loss)
     dev = resolve_device(device)
     start = time.perf_counter()
@@ -208,10 +224,13 @@ def _time_here(
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.random.fork_rng(devices=rng))
             stack.enter_context(on_device)
-            neighbour = stack.enter_context(
-                Neighbour(graph, inputs, others, loss, threads)
-                if others and dev.type == "cpu" and neighbour_enabled()
-                else contextlib.nullcontext())  # type: ignore[arg-type]
+            if neighbour is not None:  # shared: rests after this session
+                stack.callback(neighbour.beside, None)
+            else:
+                neighbour = stack.enter_context(
+                    Neighbour(graph, inputs, others, loss, threads)
+                    if others and dev.type == "cpu" and neighbour_enabled()
+                    else contextlib.nullcontext())  # type: ignore[arg-type]
             work = measurement.private_copy(graph, dev)
             envs = {b: measurement.stage_inputs(work, inputs, b, own, dev) for b in {r[2] for r in own}}
             segments = {r: work.extract(r[0], r[1]) for r in own}

@@ -37,6 +37,7 @@ Spreads are relative: half the interquartile range over the median (a fraction).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -421,11 +422,15 @@ def _choose_here(graph: BlockGraph, example_inputs: Any, profile: Profile,
         return out
 
     share = first_runs / (first_runs + second_runs)
-    chosen = verify_plans(graph, example_inputs, profile, named, one_device=False,
-                          **session(share, 0))  # one device: in the second only
-    name = min(named, key=lambda n: chosen[n].predicted_step_ms)
-    verified = verify_plans(graph, example_inputs, profile, {name: named[name], **others},
-                            **session(1 - share, 1))
+    with _shared_neighbour(graph, example_inputs, profile, [*named.values(), *others.values()],
+                           options) as shared:
+        if shared is not None:
+            options = {**options, "neighbour": shared}
+        chosen = verify_plans(graph, example_inputs, profile, named, one_device=False,
+                              **session(share, 0))  # one device: in the second only
+        name = min(named, key=lambda n: chosen[n].predicted_step_ms)
+        verified = verify_plans(graph, example_inputs, profile, {name: named[name], **others},
+                                **session(1 - share, 1))
     best = verified[name]
     shapes = ", ".join(_shape(c) for c in candidates)
     best = dataclasses.replace(
@@ -434,6 +439,21 @@ def _choose_here(graph: BlockGraph, example_inputs: Any, profile: Profile,
         f"({chosen[name].predicted_step_ms:.0f} ms there), predicted from a second one",
     )
     return best, {n: verified[n] for n in others}
+
+
+def _shared_neighbour(graph: BlockGraph, example_inputs: Any, profile: Profile,
+                      plans: Sequence[Plan], options: Mapping[str, Any]
+                      ) -> contextlib.AbstractContextManager[neighbour.Neighbour | None]:
+    """One neighbouring worker for both sessions of :func:`verify_and_choose` (on a CPU, with
+    stages to time beside it: else ``None``), started for every run it may be asked for; a
+    process started once, not once per session (its start, loading torch and the model, took
+    about 2 s of each session on the development machines)."""
+    beside = resolve_device(options.get("device")).type == "cpu" and neighbour.enabled()
+    runs = [other for plan in plans for _, other in _timed_runs(plan, beside) if other]
+    if not runs or not beside or options.get("neighbour") is not None:
+        return contextlib.nullcontext()
+    return neighbour.Neighbour(graph, check_inputs(example_inputs), runs, profile.loss,
+                               options.get("threads", 1))
 
 
 def _run_count(plans: Any) -> int:

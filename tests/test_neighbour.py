@@ -188,3 +188,40 @@ def test_a_neighbour_that_dies_is_said_and_the_rest_is_timed_alone() -> None:
             n.beside((2, 4, 16))
         assert not n.running
         n.beside(None)  # nothing more to say
+
+
+def test_both_verification_sessions_share_one_neighbour(beside: None,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    graph, inputs = _wide()
+    profile = autosplit.profile(graph.module, inputs, microbatch_sizes=[8, 16], repeats=2)
+    candidates = plan_candidates(profile, 2, top_k=2)
+    assert len(candidates) == 2
+    hand = plan_with_balance(profile, [1, 3], 8)
+    started: list[Neighbour] = []
+    init = Neighbour.__init__
+
+    def counted(self: Neighbour, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+        started.append(self)
+
+    monkeypatch.setattr(Neighbour, "__init__", counted)
+    best, others = verify.verify_and_choose(graph, inputs, profile, candidates, {"hand": hand},
+                                            rounds=2, max_rounds=2)
+    assert len(started) == 1  # one process for the choosing and the predicting sessions
+    (shared,) = started
+    assert {o for p in [*candidates, hand] for _, o in verify._timed_runs(p) if o} \
+        == set(shared.runs)
+    assert shared._child is None  # closed, and waited for
+    assert "beside its neighbouring worker" in best.verification
+    assert "beside its neighbouring worker" in others["hand"].verification
+
+
+def test_a_shared_neighbour_must_be_started_for_every_run_beside_it(beside: None) -> None:
+    graph, inputs = _wide()
+    with Neighbour(graph, inputs, [(2, 4, 16)]) as n:
+        with pytest.raises(autosplit.InvalidInputError, match=r"neighbour.*\(0, 2, 16\)"):
+            time_stages(graph, inputs, [((2, 4, 16), (0, 2, 16))], neighbour=n)
+        times = time_stages(graph, inputs, [((0, 2, 16), (2, 4, 16))], rounds=2, max_rounds=2,
+                            neighbour=n)
+        assert times[(0, 2, 16), (2, 4, 16)].beside
+        assert n.running and n._current is None  # left idle for the next session
