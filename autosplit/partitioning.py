@@ -200,7 +200,7 @@ def plan_for_batch(
     if not options.verify:
         return make_plan(prof, len(devices), **planning)
     from autosplit.planner import plan_candidates
-    from autosplit.verify import verify_and_choose
+    from autosplit.verified_choice import verify_and_choose
 
     candidates = plan_candidates(prof, len(devices), **planning)
     best, _ = verify_and_choose(graph, inputs, prof, candidates, device=devices[0],

@@ -27,7 +27,8 @@ measured step (five of seven below), from stages timed beside the neighbour −1
 Each plan is then predicted again by the same simulator (:mod:`autosplit.simulator`) from
 these stage times; transfers keep the plan's modelled link time. The best of several
 candidates is chosen on one such session and predicted from a second one, with the plans
-printed beside it (:func:`verify_and_choose`): the fastest of noisy figures is its luckiest.
+printed beside it (:func:`autosplit.verified_choice.verify_and_choose`): the fastest of noisy
+figures is its luckiest.
 The whole model is timed in one piece too, for the "over one device" figure: at the
 profile's best micro-batch size, accumulated, and on a CPU also on the whole batch at once
 (which is faster depends on the machine); on a GPU the whole batch may not fit.
@@ -37,17 +38,16 @@ Spreads are relative: half the interquartile range over the median (a fraction).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autosplit import checks, fresh_process, neighbour
+from autosplit import checks, neighbour
 from autosplit.cost import single_device_ms
 from autosplit.devices import resolve_device
-from autosplit.errors import AutosplitError, InvalidInputError
+from autosplit.errors import AutosplitError
 from autosplit.graph import BlockGraph
 from autosplit.profiler import check_inputs
 from autosplit.records import Plan, Profile
@@ -57,7 +57,7 @@ from autosplit.stage_timing import Beside, StageRun, StageTime, time_stages
 from autosplit.stages import block_ranges
 
 __all__ = ["PlanTimes", "StageTime", "predict_verified", "time_plans", "time_stages",
-           "verify_and_choose", "verify_plans"]
+           "verify_plans"]
 
 
 def _step_of(t: StageTime, m: int) -> float:
@@ -363,106 +363,3 @@ def _whole_batch_fits(example_inputs: Any, device: Any) -> Callable[[int], bool]
         return lambda batch: False
     available = int(check_inputs(example_inputs)[0].shape[0])
     return lambda batch: batch <= available
-
-
-def verify_and_choose(
-    graph: BlockGraph,
-    example_inputs: Any,
-    profile: Profile,
-    candidates: Sequence[Plan],
-    others: Mapping[str, Plan] | None = None,
-    **options: Any,
-) -> tuple[Plan, dict[str, Plan]]:
-    """Choose the candidate with the shortest verified step and predict it, and the plans
-    shown beside it, from a second verification; return the chosen plan and the others, by
-    name.
-
-    The fastest of noisy figures is the luckiest: predicted from the timings that chose it, a
-    plan would look better than the plans beside it. So the best candidate (ties: the better by
-    block sums) is chosen on one session and predicted, with the others and one device, from a
-    second (both in one fresh process on a CPU); ``budget_s`` (default 60 s) is shared by their
-    stage runs. A single candidate is timed once, with the others.
-
-    Raises:
-        InvalidInputError: no candidate; as :func:`verify_plans`.
-    """
-    if not candidates:
-        raise InvalidInputError("no candidate plan to verify")
-    checks.instance_of("profile", profile, Profile, "an autosplit Profile")
-    for plan in [*candidates, *(others or {}).values()]:  # before any process starts
-        plan.check_model(graph.fingerprint, graph.model_name)
-    if (len(candidates) > 1 and resolve_device(options.get("device")).type == "cpu"
-            and fresh_process.enabled()):  # both sessions in one fresh process
-        progress = options.pop("progress", None)
-        return fresh_process.run_fresh(_choose_here, graph, example_inputs, profile,
-                                       list(candidates), dict(others or {}),
-                                       progress=progress, **options)
-    return _choose_here(graph, example_inputs, profile, candidates, others, **options)
-
-
-def _choose_here(graph: BlockGraph, example_inputs: Any, profile: Profile,
-                 candidates: Sequence[Plan], others: Mapping[str, Plan] | None = None,
-                 **options: Any) -> tuple[Plan, dict[str, Plan]]:
-    """:func:`verify_and_choose` here (timings in a fresh process unless this is one)."""
-    named = {f"candidate {i}": c for i, c in enumerate(candidates)}
-    others = dict(others or {})
-    if len(named) == 1:
-        verified = verify_plans(graph, example_inputs, profile, {**named, **others}, **options)
-        return verified["candidate 0"], {name: verified[name] for name in others}
-    budget = options.get("budget_s", 60.0)
-    first_runs = _run_count(named.values())
-    second_runs = _run_count([*named.values()][:1] + [*others.values()]) + 1
-    progress = options.get("progress")
-
-    def session(share: float, part: int) -> dict[str, Any]:  # its budget, its progress
-        out = {**options, "budget_s": None if budget is None else budget * share}
-        if progress is not None:
-            out["progress"] = lambda done, total, what: progress(part * total + done,
-                                                                 2 * total, what)
-        return out
-
-    share = first_runs / (first_runs + second_runs)
-    with _shared_neighbour(graph, example_inputs, profile, [*named.values(), *others.values()],
-                           options) as shared:
-        if shared is not None:
-            options = {**options, "neighbour": shared}
-        chosen = verify_plans(graph, example_inputs, profile, named, one_device=False,
-                              **session(share, 0))  # one device: in the second only
-        name = min(named, key=lambda n: chosen[n].predicted_step_ms)
-        verified = verify_plans(graph, example_inputs, profile, {name: named[name], **others},
-                                **session(1 - share, 1))
-    best = verified[name]
-    shapes = ", ".join(_shape(c) for c in candidates)
-    best = dataclasses.replace(
-        best, verification=f"{best.verification}; chosen among the {len(named)} best "
-        f"candidates by block sums ({shapes}) on a first verification "
-        f"({chosen[name].predicted_step_ms:.0f} ms there), predicted from a second one",
-    )
-    return best, {n: verified[n] for n in others}
-
-
-def _shared_neighbour(graph: BlockGraph, example_inputs: Any, profile: Profile,
-                      plans: Sequence[Plan], options: Mapping[str, Any]
-                      ) -> contextlib.AbstractContextManager[neighbour.Neighbour | None]:
-    """One neighbouring worker for both sessions of :func:`verify_and_choose` (on a CPU, with
-    stages to time beside it: else ``None``), started for every run it may be asked for; a
-    process started once, not once per session (its start, loading torch and the model, took
-    about 2 s of each session on the development machines)."""
-    beside = resolve_device(options.get("device")).type == "cpu" and neighbour.enabled()
-    runs = [other for plan in plans for _, other in _timed_runs(plan, beside) if other]
-    if not runs or not beside or options.get("neighbour") is not None:
-        return contextlib.nullcontext()
-    return neighbour.Neighbour(graph, check_inputs(example_inputs), runs, profile.loss,
-                               options.get("threads", 1))
-
-
-def _run_count(plans: Any) -> int:
-    """Distinct stage runs of ``plans`` (a verification session takes turns over them)."""
-    return len({r for plan in plans for r in _stage_runs(plan)}) or 1
-
-
-def _shape(plan: Plan) -> str:
-    """``2 stages b=15``, ``1 stage × 2 replicas b=15``: a candidate in a few words."""
-    p = len(plan.stages)
-    replicas = f" × {plan.replicas} replicas" if plan.replicas > 1 else ""
-    return f"{p} stage{'s' if p != 1 else ''}{replicas} b={plan.split_size}"

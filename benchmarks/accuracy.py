@@ -7,7 +7,7 @@ it); for each profile the plans below, predicted by autosplit from that profile:
 
 * autosplit's plan, made as ``autosplit plan`` makes it: the best candidates by block sums
   (``plan_candidates``), their stages and those of every other plan timed as they run
-  (``autosplit.verify.verify_and_choose``), the fastest verified candidate kept;
+  (``autosplit.verified_choice.verify_and_choose``), the fastest verified candidate kept;
 * the hand split where the model file has one (examples/resnet50.py's ``MANUAL_SPLIT``);
 * uniform block counts and balanced parameter bytes (``baseline_plans``);
 * torchgpipe 0.0.7's ``balance_by_time`` (``torchgpipe_peer.py``, optional) at the split size of
@@ -73,7 +73,7 @@ from autosplit.comparison import baseline_plans, manual_plan
 from autosplit.planner import plan_candidates, plan_with_balance
 from autosplit.records import Plan, Profile
 from autosplit.runtime_cost import action_costs
-from autosplit.verify import verify_and_choose
+from autosplit.verified_choice import verify_and_choose
 
 TORCHGPIPE_ROW = "torchgpipe"
 

@@ -6,7 +6,7 @@ loss timed with the last block) and the gloo all-reduce bandwidth measured once 
 synchronises a backward (``autosplit.collectives``); then, as ``autosplit plan --gpus 2`` does,
 the best plan of every layout (``plan_layouts``: 2 stages × 1, 1 stage × 2 replicas) and the
 best pipelines by block sums (``plan_candidates``), all verified together stage by stage
-(``autosplit.verify.verify_and_choose``), the fastest verified plan being autosplit's choice.
+(``autosplit.verified_choice.verify_and_choose``), the fastest verified plan being autosplit's choice.
 Each model's plans are measured right after they are verified (before the next model is
 profiled: the machine's drift between prediction and measurement is that of minutes),
 interleaved on 2 gloo ranks (``harness.py``: ``Trainer`` per rank, DDP along the
@@ -46,7 +46,7 @@ from autosplit.comparison import manual_plan
 from autosplit.planner import plan_candidates, plan_layouts
 from autosplit.records import Plan
 from autosplit.runtime_cost import action_costs
-from autosplit.verify import verify_and_choose
+from autosplit.verified_choice import verify_and_choose
 
 AUTO, DP, PIPE, HAND = "autosplit", "data parallel", "best pipeline", "hand split"
 GOALS = {"choice": 0.98, "dp_error": 0.10}

@@ -24,7 +24,7 @@ import autosplit
 from autosplit.graph import trace
 from autosplit.planner import plan_candidates
 from autosplit.comparison import manual_plan
-from autosplit.verify import verify_and_choose
+from autosplit.verified_choice import verify_and_choose
 
 SIZES = [8, 12, 16, 24]
 

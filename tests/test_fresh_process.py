@@ -16,7 +16,8 @@ from autosplit import fresh_process
 from autosplit.errors import InvalidInputError, ModelMismatchError, RankFailedError
 from autosplit.planner import plan_candidates
 from autosplit.profiler import profile_graph
-from autosplit.verify import time_stages, verify_and_choose
+from autosplit.verified_choice import verify_and_choose
+from autosplit.verify import time_stages
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from models import LongSkip
 from torch import nn
 
 import autosplit
-from autosplit import neighbour, verify
+from autosplit import neighbour, verified_choice, verify
 from autosplit.neighbour import Neighbour
 from autosplit.planner import plan_candidates, plan_with_balance
 from autosplit.simulator import overlap_fractions, simulate, simulate_plan
@@ -205,7 +205,7 @@ def test_both_verification_sessions_share_one_neighbour(beside: None,
         started.append(self)
 
     monkeypatch.setattr(Neighbour, "__init__", counted)
-    best, others = verify.verify_and_choose(graph, inputs, profile, candidates, {"hand": hand},
+    best, others = verified_choice.verify_and_choose(graph, inputs, profile, candidates, {"hand": hand},
                                             rounds=2, max_rounds=2)
     assert len(started) == 1  # one process for the choosing and the predicting sessions
     (shared,) = started

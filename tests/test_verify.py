@@ -23,7 +23,8 @@ from autosplit.graph import trace
 from autosplit.planner import plan_candidates
 from autosplit.records import Plan, Profile
 from autosplit.simulator import simulate_plan
-from autosplit.verify import time_stages, verify_and_choose, verify_plans
+from autosplit.verified_choice import verify_and_choose
+from autosplit.verify import time_stages, verify_plans
 
 # ------------------------------------------------------------------------ claims (hand numbers)
 

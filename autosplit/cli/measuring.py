@@ -166,7 +166,7 @@ def verify_plans(args: argparse.Namespace, model: Any, inputs: Any, prof: Profil
     """Time the candidates' and the other plans' stages as they run; the best by that."""
     from autosplit.graph import trace
     from autosplit.profiler import check_inputs
-    from autosplit.verify import verify_and_choose
+    from autosplit.verified_choice import verify_and_choose
 
     inputs = check_inputs(inputs)
     what = f"the {len(candidates)} best candidate{'s' if len(candidates) > 1 else ''}"
