@@ -110,13 +110,16 @@ class SharedWeight:
     Attributes:
         name: the parameter's qualified name in the model.
         stages: the stages that use it, ascending.
-        mode: ``"one stage"`` (every user is on one stage: nothing to do) or ``"all-reduce"``
+        mode: ``"one stage"`` (every user is on one stage: nothing to do), ``"one rank"``
+            (the users are on several stages of one rank, as a V-shaped schedule's first and
+            last: that rank's stages use one parameter, nothing to sum) or ``"all-reduce"``
             (``autosplit run`` keeps a copy per rank holding a user and sums the copies'
             gradients over those ranks after each step's backward; in one process,
             :func:`autosplit.partition` and emitted code keep one parameter that other
             devices read through a differentiable ``.to()``).
         bytes: its size in bytes.
-        sync_ms: predicted time of the gradient all-reduce per step (0 for ``"one stage"``).
+        sync_ms: predicted time of the gradient all-reduce per step (0 unless
+            ``"all-reduce"``).
     """
 
     name: str
@@ -137,6 +140,9 @@ class SharedWeight:
         stages = f"stage{'s' if len(self.stages) > 1 else ''} {where}"
         if self.mode == "one stage":
             return f"shared weight {self.name}: {stages}, one copy ({format_bytes(self.bytes)})"
+        if self.mode == "one rank":
+            return (f"shared weight {self.name}: {stages}, on one rank: one copy "
+                    f"({format_bytes(self.bytes)})")
         return (
             f"shared weight {self.name}: {stages}, gradients all-reduced each step "
             f"({format_bytes(self.bytes)}, {format_ms(self.sync_ms)})"

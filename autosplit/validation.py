@@ -52,7 +52,7 @@ KNOWN_SCHEDULES = ("gpipe", "1f1b", "looped-bfs", "interleaved-1f1b", "interleav
                    "dualpipev")
 """Schedule names a plan may carry (:func:`autosplit.cost.in_flight` knows these)."""
 
-SHARED_MODES = ("one stage", "all-reduce")
+SHARED_MODES = ("one stage", "one rank", "all-reduce")
 """How a plan keeps a weight that several stages use equal (see ``SharedWeight.mode``)."""
 
 KNOWN_OPTIMIZERS = ("none", "sgd", "sgd-momentum", "adagrad", "adam", "adamw", "adam-mixed")

@@ -30,11 +30,12 @@ from test_distributed import (
 )
 
 import autosplit
-from autosplit.planner import plan_with_balance
 from autosplit import distributed
 from autosplit.codegen import emit
 from autosplit.cost import optimizer_factor
+from autosplit.planner import plan_with_balance
 from autosplit.records import Plan, SharedParam, SharedWeight
+from autosplit.simulator import simulate_plan
 
 LR = 0.5  # large: copies trained apart drift visibly after one step
 
@@ -79,6 +80,26 @@ def test_plan_records_the_shared_weight_and_round_trips(tmp_path: Path) -> None:
     one = _plan(model, 1)
     assert one.shared == (SharedWeight("embed.weight", (0,), "one stage", 352, 0.0),)
     assert "shared weight embed.weight: stage 0, one copy" in str(one)
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_a_weight_shared_by_stages_of_one_rank_costs_no_all_reduce(schedule: str,
+                                                                   tmp_path: Path) -> None:
+    prof = autosplit.profile(TiedLM(), _ids(8), microbatch_sizes=[2], warmup=0, repeats=1)
+    # V-shaped: 4 stages on 2 ranks, rank 0 holds the first and the last (embedding and head)
+    v_shaped = autosplit.plan(prof, gpus=2, split_size=2, schedule=schedule)
+    (weight,) = v_shaped.shared
+    assert weight.stages == (0, 3) and weight.mode == "one rank" and weight.sync_ms == 0.0
+    assert v_shaped.predicted_step_ms == simulate_plan(v_shaped).step_ms
+    assert "shared weight embed.weight: stages 0 and 3, on one rank: one copy" in str(v_shaped)
+    v_shaped.save(tmp_path / "plan.json")
+    assert Plan.load(tmp_path / "plan.json") == v_shaped
+    # looped: stage 0 on rank 0, stage 3 on rank 1, the copies summed after each step
+    looped = autosplit.plan(prof, gpus=2, split_size=2, schedule="interleaved-1f1b")
+    (weight,) = looped.shared
+    assert weight.stages == (0, 3) and weight.mode == "all-reduce" and weight.sync_ms > 0
+    assert looped.predicted_step_ms == pytest.approx(simulate_plan(looped).step_ms
+                                                     + weight.sync_ms)
 
 
 def test_plans_saved_before_shared_weights_load_with_none(tmp_path: Path) -> None:

@@ -37,20 +37,26 @@ __all__ = ["assemble", "explain_infeasible", "shared_weights"]
 
 
 def shared_weights(
-    settings: PlanSettings, profile: Profile, bounds: Sequence[tuple[int, int]]
+    settings: PlanSettings, profile: Profile, bounds: Sequence[tuple[int, int]],
+    ranks: Sequence[int] | None = None,
 ) -> tuple[SharedWeight, ...]:
     """Where each shared parameter is used, and how ``autosplit run`` keeps it equal.
 
-    Used on one stage: nothing to do. On several: every holder's gradient is summed with a
-    ring all-reduce over those stages' ranks after each step (``sync_ms``, at the link
-    bandwidth, assuming one stage per rank).
+    ``ranks[s]``: the rank that runs stage s (default: stage s on rank s). Used on one stage:
+    nothing to do; on several stages of one rank (a V-shaped schedule's first and last
+    stage): they use one parameter, nothing to do either. On several ranks: every holder's
+    gradient is summed with a ring all-reduce over those ranks after each step (``sync_ms``,
+    at the link bandwidth), as ``autosplit run`` does.
     """
     stage_of = [s for s, (first, end) in enumerate(bounds) for _ in range(first, end)]
+    rank_of = list(range(len(bounds))) if ranks is None else list(ranks)
     weights = []
     for shared in profile.shared:
         stages = tuple(sorted({stage_of[i] for i in shared.blocks}))
-        mode = "one stage" if len(stages) == 1 else "all-reduce"
-        sync = allreduce_ms(shared.bytes, len(stages), settings.bandwidth_bytes_per_s)
+        holders = len({rank_of[s] for s in stages})
+        mode = ("one stage" if len(stages) == 1 else "one rank" if holders == 1
+                else "all-reduce")
+        sync = allreduce_ms(shared.bytes, holders, settings.bandwidth_bytes_per_s)
         weights.append(SharedWeight(shared.name, stages, mode, shared.bytes, sync))
     return tuple(weights)
 

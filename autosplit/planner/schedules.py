@@ -166,7 +166,7 @@ def _assemble(settings: PlanSettings, profile: Profile, k: int, schedule: str, v
             memory_bytes=int(found.memory_bytes[rank]),
             checkpoint=found.checkpoint[s], weight_grad_ms=costs.bwd_weight_ms[s]))
         start = end
-    shared = shared_weights(settings, profile, bounds)
+    shared = shared_weights(settings, profile, bounds, order.stage_rank)
     single, _ = single_device_ms(profile, settings.batch_size)
     capacity = settings.capacity_bytes
     plan = Plan(
