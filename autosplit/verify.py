@@ -95,16 +95,22 @@ def _stage_runs(plan: Plan) -> list[StageRun]:
 
 def _timed_runs(plan: Plan, beside: bool = True) -> list[Beside]:
     """What is timed for ``plan``: each stage's run beside what a neighbouring worker runs
-    meanwhile — the next stage (the last stage's neighbour is the first), the same stage for
-    one stage on several replicas, nothing (the other cores idle) for one stage on one device
-    — then, for a plan of several stages and with ``beside``, each stage's run alone (a
-    pipeline's workers compute at the same time only for part of the step:
-    :func:`_stage_times`)."""
+    meanwhile — the next stage on another rank (after the last stage, the first ones again:
+    a V-shaped schedule's rank 0 runs the first and the last stage, which never run at the
+    same time), the same stage for one stage on several replicas, nothing (the other cores
+    idle) for one stage on one device — then, for a plan of several stages and with
+    ``beside``, each stage's run alone (a pipeline's workers compute at the same time only for
+    part of the step: :func:`_stage_times`)."""
     runs = _stage_runs(plan)
     n = len(runs)
     if n == 1:
         return [(runs[0], runs[0] if plan.replicas > 1 else None)]
-    out: list[Beside] = [(r, runs[(s + 1) % n]) for s, r in enumerate(runs)]
+    ranks = _stage_ranks(plan)
+    out: list[Beside] = []
+    for s, r in enumerate(runs):
+        nxt = next((t % n for t in range(s + 1, s + n) if ranks[t % n] != ranks[s]),
+                   (s + 1) % n)  # (every stage on one rank: the next one)
+        out.append((r, runs[nxt]))
     return out + [(r, None) for r in runs] if beside else out
 
 

@@ -122,6 +122,19 @@ def test_a_plans_stages_are_timed_beside_the_next_stage_and_one_device_alone(
     assert verify._timed_runs(replicated) == [((0, len(profile.blocks), 2),) * 2]
 
 
+def test_a_v_shaped_plans_stages_are_timed_beside_a_stage_of_the_other_rank() -> None:
+    graph, inputs = _wide()
+    profile = autosplit.profile(graph.module, inputs, microbatch_sizes=[8], repeats=2)
+    zbv = autosplit.plan(profile, gpus=2, split_size=8, schedule="zbv")
+    assert verify._stage_ranks(zbv) == [0, 1, 1, 0]  # rank 0 runs the first and the last
+    s0, s1, s2, s3 = verify._stage_runs(zbv)
+    assert verify._timed_runs(zbv, beside=False) == [(s0, s1), (s1, s3), (s2, s3), (s3, s1)]
+    looped = autosplit.plan(profile, gpus=2, split_size=8, schedule="interleaved-1f1b")
+    assert verify._stage_ranks(looped) == [0, 1, 0, 1]
+    s0, s1, s2, s3 = verify._stage_runs(looped)
+    assert verify._timed_runs(looped, beside=False) == [(s0, s1), (s1, s2), (s2, s3), (s3, s0)]
+
+
 def test_a_verified_plan_says_its_stages_ran_beside_each_other(beside: None) -> None:
     graph, inputs = _wide()
     profile = autosplit.profile(graph.module, inputs, microbatch_sizes=[8, 16], repeats=2)
