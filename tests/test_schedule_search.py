@@ -13,7 +13,7 @@ from synthetic import make_profile
 
 import autosplit
 from autosplit.cli import main
-from autosplit.errors import ScheduleUnavailableError
+from autosplit.errors import InvalidInputError, ScheduleUnavailableError
 from autosplit.planner.schedules import plan_schedules
 from autosplit.planner.search import candidate_sizes, fixed_planner
 from autosplit.planner.settings import PlanSettings
@@ -45,6 +45,8 @@ def _random_problem(rng: random.Random, n: int, m: int, capacity: float | None) 
             rng.uniform(0, 1.2) * c for c in cut),
         final_output_bytes=rng.uniform(0, 20), transient_bytes=row(0, 80)
         if rng.random() < 0.7 else None,
+        shared=((tuple(sorted(rng.sample(range(n), 2))), rng.uniform(0, 40)),)
+        if rng.random() < 0.5 else (),
     )
 
 
@@ -277,6 +279,25 @@ def test_a_cut_inside_a_rank_keeps_its_buffers_too() -> None:
     found = solve_joint(problem, order)
     assert found is not None
     assert found.memory_bytes == brute_force_joint(problem, order).memory_bytes
+
+
+def test_a_weight_shared_by_stages_of_one_rank_is_held_once_there() -> None:
+    # ZB-V on 2 ranks: a weight used by blocks 0 and 3 (a tied embedding and output layer)
+    # is on stages 0 and 3, both on rank 0: one copy there; on 1F1B, one copy per rank
+    order = torch_order("zbv", 2, 2, 2)
+    problem = JointProblem(
+        fwd_ms=(1.0,) * 4, bwd_ms=(2.0,) * 4, input_grad_ms=(1.0,) * 4,
+        weight_grad_ms=(1.0,) * 4, saved_bytes=(10.0,) * 4, input_bytes=None,
+        static_bytes=(1.0, 2.0, 4.0, 8.0), comm_fwd_ms=(0.0,) * 3, comm_bwd_ms=(0.0,) * 3,
+        m=2, shared=(((0, 3), 0.5),))
+    assert rank_static_bytes(problem, (1, 1, 1, 1), order.stage_rank, 2) == [1 + 8 - 0.5, 2 + 4]
+    assert rank_static_bytes(problem, (2, 2), (0, 1), 2) == [1 + 2, 4 + 8]
+    assert rank_static_bytes(problem, (4,), (0,), 1) == [15 - 0.5]
+    found = solve_joint(problem, order)
+    assert found is not None
+    assert found.memory_bytes == brute_force_joint(problem, order).memory_bytes
+    with pytest.raises(InvalidInputError, match="shared"):
+        dataclasses.replace(problem, shared=(((0, 4), 1.0),))
 
 
 @pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("zbv", 2), ("dualpipev", 2)])

@@ -285,6 +285,10 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
         static[:, :-1] += buffers
         static[:, 1:] += buffers
     static_r = np.stack([static[:, o].sum(axis=1) for o in on], axis=1)
+    for blocks, nbytes in problem.shared:  # a shared weight once per rank
+        held = place[np.stack([(end <= i).sum(axis=1) for i in blocks], axis=1)]  # C × users
+        for r in range(order.p):
+            static_r[:, r] -= np.maximum((held == r).sum(axis=1) - 1, 0) * nbytes
     # every micro-batch has an F and a B or I on each stage, each with the runtime's cost
     fo, go, o = f + problem.action_ms, g + problem.action_ms, problem.action_ms
     # the replay of every balance without recomputation: recomputing only lengthens a

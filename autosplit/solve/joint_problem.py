@@ -66,6 +66,11 @@ class JointProblem:
             the step ends; or ``None``: counted in ``static_bytes``.
         action_ms: what the runtime costs per action beyond the compute (ms; in every F, B,
             I and W of the replay, :mod:`autosplit.runtime_cost`).
+        shared: weights several blocks use (tied weights): each one's user blocks and the
+            bytes of ``static_bytes`` each user counts for it (the weight and its optimizer
+            state). A rank whose stages hold several users holds one copy: the others are
+            taken off its static bytes (its gradient stays counted per user's stage, which
+            over-states it by one gradient per extra user).
     """
 
     fwd_ms: tuple[float, ...]
@@ -86,6 +91,7 @@ class JointProblem:
     transient_bytes: tuple[float, ...] | None = None
     grad_bytes: tuple[float, ...] | None = None
     action_ms: float = 0.0
+    shared: tuple[tuple[tuple[int, ...], float], ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.fwd_ms)
@@ -104,6 +110,11 @@ class JointProblem:
             raise InvalidInputError("output_saved_bytes goes with cut_bytes")
         if (self.input_grad_ms is None) != (self.weight_grad_ms is None):
             raise InvalidInputError("input_grad_ms and weight_grad_ms go together")
+        for blocks, nbytes in self.shared:
+            if not blocks or any(not 0 <= i < n for i in blocks) or not (
+                    math.isfinite(nbytes) and nbytes >= 0):
+                raise InvalidInputError(f"shared: blocks {blocks} of {n}, {nbytes} bytes: "
+                                        "each needs blocks in range and bytes ≥ 0")
         if not (math.isfinite(self.action_ms) and self.action_ms >= 0):
             raise InvalidInputError(f"action_ms must be a finite number ≥ 0, got "
                                     f"{self.action_ms}")
@@ -194,16 +205,22 @@ def stage_transient(problem: JointProblem, first: int, end: int, output: float) 
 
 def rank_static_bytes(problem: JointProblem, balance: Sequence[int], stage_rank: Sequence[int],
                  p: int) -> list[float]:
-    """Bytes each rank holds all step: its blocks' ``static_bytes`` and, with ``cut_bytes``,
-    m buffers on each side of every cut, between ranks or inside one (see
-    :mod:`autosplit.solve.joint`)."""
+    """Bytes each rank holds all step: its blocks' ``static_bytes`` (a shared weight once per
+    rank) and, with ``cut_bytes``, m buffers on each side of every cut, between ranks or inside
+    one (see :mod:`autosplit.solve.joint`)."""
     out = [0.0] * p
     start = 0
+    stage_of: list[int] = []
     for s, count in enumerate(balance):
         out[stage_rank[s]] += math.fsum(problem.static_bytes[start:start + count])
+        stage_of += [s] * count
         start += count
         if problem.cut_bytes is not None and s + 1 < len(balance):
             buffers = problem.m * problem.cut_bytes[start - 1]
             out[stage_rank[s]] += buffers  # the gradients coming back
             out[stage_rank[s + 1]] += buffers  # the activations coming in
+    for blocks, nbytes in problem.shared:
+        for r in range(p):
+            users = sum(stage_rank[stage_of[i]] == r for i in blocks)
+            out[r] -= max(users - 1, 0) * nbytes
     return out
