@@ -334,13 +334,16 @@ def _lead_ins(group: Group, untimed: dict[str, list[float]]) -> dict[str, int]:
     every rank decides on the same gathered times."""
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, untimed)
-    leads = {}
-    for label in untimed:
-        last = [g[label][-1] for g in gathered if g[label]]
-        step = max(last, default=math.inf)
-        short = group.lead_in_s > 0 and step < group.lead_in_s
-        leads[label] = math.ceil(group.lead_in_s / max(step, 1e-3)) if short else 0
-    return leads
+    return {label: lead_in_steps(group.lead_in_s, max(
+        (g[label][-1] for g in gathered if g[label]), default=math.inf)) for label in untimed}
+
+
+def lead_in_steps(lead_in_s: float, step_s: float) -> int:
+    """Untimed steps before each timing of a configuration whose step takes ``step_s``
+    seconds: ``ceil(lead_in_s / step_s)`` for a step shorter than ``lead_in_s``, else none."""
+    if lead_in_s <= 0 or step_s >= lead_in_s:
+        return 0
+    return math.ceil(lead_in_s / max(step_s, 1e-3))
 
 
 def _run_group(group: Group, device: torch.device, rank: int) -> dict[str, Any]:
