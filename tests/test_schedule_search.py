@@ -21,7 +21,7 @@ from autosplit.records import Plan, Profile
 from autosplit.schedules import replay, torch_order
 from autosplit.simulator import simulate_plan
 from autosplit.solve.joint import JointProblem, brute_force_joint, solve_joint, stage_costs
-from autosplit.solve.joint_problem import rank_static_bytes
+from autosplit.solve.joint_problem import first_weight_pass, rank_static_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [("gpipe", 1), ("1f1b", 1), ("looped-bfs", 2), ("interleaved-1f1b", 2),
@@ -34,6 +34,11 @@ def _random_problem(rng: random.Random, n: int, m: int, capacity: float | None) 
 
     grad_in, grad_w = row(0.1, 3), row(0.1, 3)
     cut = row(0, 30, n - 1) if rng.random() < 0.7 else None
+    # a tied weight's static bytes and gradient, counted in every block that uses it
+    shared = ((tuple(sorted(rng.sample(range(n), rng.randint(2, min(3, n))))),
+               rng.uniform(0, 40), rng.uniform(0, 20)),) if rng.random() < 0.5 else ()
+    grads = None if rng.random() < 0.5 else tuple(
+        g + sum(w[2] for w in shared if i in w[0]) for i, g in enumerate(row(0, 30)))
     return JointProblem(
         fwd_ms=row(0.1, 3), bwd_ms=tuple(a + b for a, b in zip(grad_in, grad_w)),
         input_grad_ms=grad_in, weight_grad_ms=grad_w, saved_bytes=row(1, 100),
@@ -45,8 +50,7 @@ def _random_problem(rng: random.Random, n: int, m: int, capacity: float | None) 
             rng.uniform(0, 1.2) * c for c in cut),
         final_output_bytes=rng.uniform(0, 20), transient_bytes=row(0, 80)
         if rng.random() < 0.7 else None,
-        shared=((tuple(sorted(rng.sample(range(n), 2))), rng.uniform(0, 40)),)
-        if rng.random() < 0.5 else (),
+        grad_bytes=grads, shared=shared,
     )
 
 
@@ -289,15 +293,24 @@ def test_a_weight_shared_by_stages_of_one_rank_is_held_once_there() -> None:
         fwd_ms=(1.0,) * 4, bwd_ms=(2.0,) * 4, input_grad_ms=(1.0,) * 4,
         weight_grad_ms=(1.0,) * 4, saved_bytes=(10.0,) * 4, input_bytes=None,
         static_bytes=(1.0, 2.0, 4.0, 8.0), comm_fwd_ms=(0.0,) * 3, comm_bwd_ms=(0.0,) * 3,
-        m=2, shared=(((0, 3), 0.5),))
+        m=2, grad_bytes=(3.0, 3.0, 3.0, 3.0), shared=(((0, 3), 0.5, 0.25),))
     assert rank_static_bytes(problem, (1, 1, 1, 1), order.stage_rank, 2) == [1 + 8 - 0.5, 2 + 4]
     assert rank_static_bytes(problem, (2, 2), (0, 1), 2) == [1 + 2, 4 + 8]
     assert rank_static_bytes(problem, (4,), (0,), 1) == [15 - 0.5]
+    # the gradient: allocated by stage 3's weight pass (the backward starts at the last
+    # stage), which stage 0's adds into
+    first = first_weight_pass(order)
+    assert first[3] < first[0]
+    costs = stage_costs(problem, (1, 1, 1, 1), (False,) * 4, order)
+    assert costs.grad_bytes == (3.0 - 0.25, 3.0, 3.0, 3.0)
+    one_f_one_b = torch_order("1f1b", 2, 1, 2)
+    assert stage_costs(problem, (2, 2), (False,) * 2, one_f_one_b).grad_bytes == (6.0, 6.0)
     found = solve_joint(problem, order)
     assert found is not None
     assert found.memory_bytes == brute_force_joint(problem, order).memory_bytes
-    with pytest.raises(InvalidInputError, match="shared"):
-        dataclasses.replace(problem, shared=(((0, 4), 1.0),))
+    for bad in ((((0, 4), 1.0, 1.0),), (((0, 3), 1.0),), (((0, 3), 1.0, -1.0),)):
+        with pytest.raises(InvalidInputError, match="shared"):
+            dataclasses.replace(problem, shared=bad)
 
 
 @pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("zbv", 2), ("dualpipev", 2)])
@@ -308,7 +321,7 @@ def test_memory_limits_that_bind_without_cut_bytes(schedule: str, v: int) -> Non
     backward's brief need. Each capacity here is exactly one balance's replayed memory."""
     rng = random.Random(f"binding-{schedule}")
     compared = 0
-    for _ in range(4):
+    for _ in range(6):
         n, m = rng.randint(2 * v, 2 * v + 2), 4
         order = torch_order(schedule, 2, v, m)
         base = dataclasses.replace(_random_problem(rng, n, m, None), cut_bytes=None,

@@ -126,7 +126,8 @@ def joint_problem(settings: PlanSettings, profile: Profile, k: int, m: int) -> J
                                  for b in blocks[1:]),
         final_output_bytes=float(blocks[-1].output_bytes[k]),
         transient_bytes=tuple(block_transient_bytes(b, k) for b in blocks),
-        shared=tuple((w.blocks, float(w.bytes * (factor - 1))) for w in profile.shared),
+        shared=tuple((w.blocks, float(w.bytes * (factor - 1)), float(w.bytes))
+                     for w in profile.shared),
     )
 
 

@@ -66,6 +66,7 @@ from autosplit.solve.in_flight import InFlight, stage_transients
 from autosplit.solve.joint_problem import (
     JointProblem,
     JointSolution,
+    first_weight_pass,
     rank_static_bytes,
     stage_costs,
 )
@@ -83,6 +84,29 @@ def _replayed(problem: JointProblem, order: ScheduleOrder, balance: Sequence[int
     timeline = replay(order, stage_costs(problem, balance, mask, order))
     static = rank_static_bytes(problem, balance, order.stage_rank, order.p)
     return timeline.step_ms, tuple(a + b for a, b in zip(static, timeline.peak_bytes))
+
+
+def _shared_once_per_rank(problem: JointProblem, order: ScheduleOrder, end: np.ndarray,
+                          static_r: np.ndarray, grads: np.ndarray | None) -> None:
+    """Take a shared weight's extra copies off ``static_r`` (C × p) and its extra gradients
+    off ``grads`` (C × S), in place, for the C balances whose stage ends are ``end``: as
+    :func:`rank_static_bytes` and :func:`shared_grad_excess` do for one."""
+    place = np.asarray(order.stage_rank)
+    first = np.asarray(first_weight_pass(order))
+    for blocks, nbytes, grad in problem.shared:
+        stage = np.stack([(end <= i).sum(axis=1) for i in blocks], axis=1)  # C × users
+        held, users = place[stage], len(blocks)
+        key = first[stage] * users + np.arange(users)  # the keeper: first weight pass, then user
+        for r in range(order.p):
+            mine = held == r
+            static_r[:, r] -= np.maximum(mine.sum(axis=1) - 1, 0) * nbytes
+            if grads is None or not grad:
+                continue
+            extra = mine.copy()
+            extra[np.arange(len(stage)), np.where(mine, key, np.iinfo(np.int64).max).argmin(
+                axis=1)] = False
+            rows, cols = np.nonzero(extra)
+            np.add.at(grads, (rows, stage[rows, cols]), -grad)
 
 
 def _fits(problem: JointProblem, memory: Sequence[float]) -> bool:
@@ -285,10 +309,7 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
         static[:, :-1] += buffers
         static[:, 1:] += buffers
     static_r = np.stack([static[:, o].sum(axis=1) for o in on], axis=1)
-    for blocks, nbytes in problem.shared:  # a shared weight once per rank
-        held = place[np.stack([(end <= i).sum(axis=1) for i in blocks], axis=1)]  # C × users
-        for r in range(order.p):
-            static_r[:, r] -= np.maximum((held == r).sum(axis=1) - 1, 0) * nbytes
+    _shared_once_per_rank(problem, order, end, static_r, grads)
     # every micro-batch has an F and a B or I on each stage, each with the runtime's cost
     fo, go, o = f + problem.action_ms, g + problem.action_ms, problem.action_ms
     # the replay of every balance without recomputation: recomputing only lengthens a

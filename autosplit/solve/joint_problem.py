@@ -19,8 +19,8 @@ from autosplit.errors import InvalidInputError
 from autosplit.schedules.replay import StageCosts
 from autosplit.schedules.torch_order import ScheduleOrder
 
-__all__ = ["JointProblem", "JointSolution", "rank_static_bytes", "stage_costs",
-           "stage_transient"]
+__all__ = ["JointProblem", "JointSolution", "first_weight_pass", "rank_static_bytes",
+           "shared_grad_excess", "stage_costs", "stage_transient"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +66,12 @@ class JointProblem:
             the step ends; or ``None``: counted in ``static_bytes``.
         action_ms: what the runtime costs per action beyond the compute (ms; in every F, B,
             I and W of the replay, :mod:`autosplit.runtime_cost`).
-        shared: weights several blocks use (tied weights): each one's user blocks and the
-            bytes of ``static_bytes`` each user counts for it (the weight and its optimizer
-            state). A rank whose stages hold several users holds one copy: the others are
-            taken off its static bytes (its gradient stays counted per user's stage, which
-            over-states it by one gradient per extra user).
+        shared: weights several blocks use (tied weights): each one's user blocks, the bytes
+            of ``static_bytes`` each user counts for it (the weight and its optimizer state)
+            and those of ``grad_bytes`` (its gradient). A rank whose stages hold several users
+            holds one copy: the others are taken off its static bytes, and its gradient is
+            counted once, on the user stage whose weight pass comes first in the rank's order
+            (the pass that allocates it; the others add into it).
     """
 
     fwd_ms: tuple[float, ...]
@@ -91,7 +92,7 @@ class JointProblem:
     transient_bytes: tuple[float, ...] | None = None
     grad_bytes: tuple[float, ...] | None = None
     action_ms: float = 0.0
-    shared: tuple[tuple[tuple[int, ...], float], ...] = ()
+    shared: tuple[tuple[tuple[int, ...], float, float], ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.fwd_ms)
@@ -110,11 +111,11 @@ class JointProblem:
             raise InvalidInputError("output_saved_bytes goes with cut_bytes")
         if (self.input_grad_ms is None) != (self.weight_grad_ms is None):
             raise InvalidInputError("input_grad_ms and weight_grad_ms go together")
-        for blocks, nbytes in self.shared:
-            if not blocks or any(not 0 <= i < n for i in blocks) or not (
-                    math.isfinite(nbytes) and nbytes >= 0):
-                raise InvalidInputError(f"shared: blocks {blocks} of {n}, {nbytes} bytes: "
-                                        "each needs blocks in range and bytes ≥ 0")
+        for blocks, *sizes in self.shared:
+            if not blocks or any(not 0 <= i < n for i in blocks) or len(sizes) != 2 or not all(
+                    math.isfinite(x) and x >= 0 for x in sizes):
+                raise InvalidInputError(f"shared: blocks {blocks} of {n}, bytes {sizes}: each "
+                                        "needs blocks in range and two byte counts ≥ 0")
         if not (math.isfinite(self.action_ms) and self.action_ms >= 0):
             raise InvalidInputError(f"action_ms must be a finite number ≥ 0, got "
                                     f"{self.action_ms}")
@@ -185,9 +186,43 @@ def stage_costs(problem: JointProblem, balance: Sequence[int], checkpoint: Seque
         output_saved_bytes=saved_out,
         transient_bytes=tuple(stage_transient(problem, a, e, o)
                               for a, e, o in zip(starts, ends, out)),
-        grad_bytes=None if problem.grad_bytes is None else total(problem.grad_bytes),
+        grad_bytes=None if problem.grad_bytes is None else tuple(
+            g - x for g, x in zip(total(problem.grad_bytes),
+                                  shared_grad_excess(problem, balance, order))),
         action_ms=problem.action_ms,
     )
+
+
+def first_weight_pass(order: ScheduleOrder) -> tuple[int, ...]:
+    """Per stage, the position of its first weight pass (``B`` or ``W``) in its rank's
+    actions: where its weight gradients are allocated."""
+    pos = [0] * order.n
+    for row in order.actions:
+        seen: set[int] = set()
+        for k, a in enumerate(row):
+            if a.kind in ("B", "W") and a.stage not in seen:
+                pos[a.stage] = k
+                seen.add(a.stage)
+    return tuple(pos)
+
+
+def shared_grad_excess(problem: JointProblem, balance: Sequence[int],
+                       order: ScheduleOrder) -> list[float]:
+    """Per stage, the gradient bytes of shared weights that ``grad_bytes`` counts beyond one
+    per rank: every user but the one on the stage whose weight pass comes first on its rank
+    (ties: the first user block)."""
+    stage_of = [s for s, count in enumerate(balance) for _ in range(count)]
+    first = first_weight_pass(order)
+    out = [0.0] * len(balance)
+    for blocks, _, grad in problem.shared:
+        users = [stage_of[i] for i in blocks]
+        for r in {order.stage_rank[s] for s in users}:
+            mine = [(first[s], u, s) for u, s in enumerate(users) if order.stage_rank[s] == r]
+            keeper = min(mine)
+            for item in mine:
+                if item != keeper:
+                    out[item[2]] += grad
+    return out
 
 
 def stage_transient(problem: JointProblem, first: int, end: int, output: float) -> float:
@@ -219,7 +254,7 @@ def rank_static_bytes(problem: JointProblem, balance: Sequence[int], stage_rank:
             buffers = problem.m * problem.cut_bytes[start - 1]
             out[stage_rank[s]] += buffers  # the gradients coming back
             out[stage_rank[s + 1]] += buffers  # the activations coming in
-    for blocks, nbytes in problem.shared:
+    for blocks, nbytes, _ in problem.shared:
         for r in range(p):
             users = sum(stage_rank[stage_of[i]] == r for i in blocks)
             out[r] -= max(users - 1, 0) * nbytes
