@@ -119,19 +119,15 @@ BLEND_ROUNDS = 2
 
 
 def _stage_ranks(plan: Plan) -> list[int]:
-    """The rank that runs each stage, in torch's order (stage s on rank s mod p where torch's
-    class cannot run the plan)."""
+    """The rank that runs each stage, as torch's class places it
+    (:attr:`~autosplit.schedules.ScheduleOrder.stage_rank`; stage s on rank s mod p where
+    torch's class cannot run the plan)."""
     v = plan.stages_per_rank
     n = len(plan.stages)
-    ranks = [s % max(n // v, 1) for s in range(n)]
     try:
-        order = torch_order(plan.schedule, n // v, v, plan.microbatches)
+        return list(torch_order(plan.schedule, n // v, v, plan.microbatches).stage_rank)
     except AutosplitError:
-        return ranks
-    for rank, row in enumerate(order.actions):
-        for a in row:
-            ranks[a.stage] = rank
-    return ranks
+        return [s % max(n // v, 1) for s in range(n)]
 
 
 def _stage_times(plan: Plan, timed: Sequence[StageTime], split: Sequence[float],
