@@ -24,7 +24,8 @@ def lead_in_words(settings: dict[str, Any]) -> str:
 
 
 def load_sentence(load: dict[str, Any]) -> str:
-    """What other processes took of the machine while the timings ran, in words."""
+    """What other processes (and the hypervisor) took of the machine while the timings ran,
+    in words."""
     if "others_share" not in load:
         return ""
     text = (f"During the timed rounds other processes used {load['others_share']:.0%} of the "
@@ -33,7 +34,9 @@ def load_sentence(load: dict[str, Any]) -> str:
         text += f", and the hypervisor took {load['steal_s']:.0f} core-s"
     if "retried" in load:
         limit = f"{load['max_others']:.0%}"
-        text += (f"; {load['retried']} timing(s) during which they took more than {limit} were "
+        who = ("other processes or the hypervisor" if load.get("steal_counted")
+               else "they")  # (results written before stolen time counted)
+        text += (f"; {load['retried']} timing(s) during which {who} took more than {limit} were "
                  "discarded and taken again")
         if load["kept_over_limit"]:
             text += (f", and {load['kept_over_limit']} of the {load['timings']} kept timings still "

@@ -392,3 +392,30 @@ def test_runtime_gap_benchmark_smoke(tmp_path) -> None:
     assert delays["count"] == 2 * 2 * m["microbatches"]  # per step: m forwards in, m backwards
     assert len(delays["per_step_ms"]) == 2
     assert "| replay of the runtime's own action times |" in (tmp_path / "runtime_gap_smoke.md").read_text()
+
+
+def test_a_timing_is_disturbed_by_other_processes_and_by_the_hypervisor_alike() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from harness import disturbance
+
+    # 2 cores for 1 s: the ranks used 1.8 core-s of the machine's 2.0 busy ones
+    assert disturbance(2.0, 0.0, 1.8, 1.0, 2) == pytest.approx((0.1, True))
+    # the same loss taken by the hypervisor instead of another process
+    assert disturbance(1.8, 0.2, 1.8, 1.0, 2) == pytest.approx((0.1, True))
+    assert disturbance(2.0, 0.2, 1.8, 1.0, 2) == pytest.approx((0.2, True))
+    # the ranks' own time read above the machine's (clock granularity) is no negative loss
+    assert disturbance(1.7, 0.0, 1.8, 1.0, 2) == pytest.approx((0.0, False))
+    # under 0.05 core-s (five ticks of /proc/stat) cannot be judged
+    assert disturbance(0.24, 0.0, 0.2, 0.1, 2)[1] is False
+
+
+def test_the_load_sentence_names_the_hypervisor_only_where_it_was_counted() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from report import load_sentence
+
+    load = {"others_share": 0.01, "others_cpu_s": 0.3, "wall_s": 30.0, "steal_s": 5.5,
+            "retried": 2, "max_others": 0.1, "kept_over_limit": 0}
+    assert "they took more than 10%" in load_sentence(load)  # written before it counted
+    now = load_sentence({**load, "steal_counted": True})
+    assert "the hypervisor took 6 core-s" in now
+    assert "2 timing(s) during which other processes or the hypervisor took more than 10%" in now
