@@ -291,10 +291,11 @@ def disturbance(busy_s: float, stolen_s: float, ranks_cpu_s: float, wall_s: floa
     whether that is enough to judge at all (a tick of /proc/stat is 10 ms: under 0.05
     core-s, very short timings cannot be judged).
 
-    Stolen time counts like another process's: in one accuracy run on the development machines
-    (2 virtual cores, AMD EPYC) the hypervisor took 5.5 core-s of one profile's 33 s of timed
-    rounds (8 % of both cores on average, in bursts) while other processes took 0.6, and that
-    profile's four plans measured 10–29 % above their predictions (the other profiles' 0–14 %)."""
+    Stolen time counts like another process's: the ranks were ready to run and did not. In one
+    accuracy run on the development machines (2 virtual cores, AMD EPYC) the hypervisor took
+    5.5 core-s of one profile's 33 s of timed rounds (8 % of both cores on average, in bursts)
+    while other processes took 0.6, and that profile's four plans measured 10–29 % above their
+    predictions (the other eleven profiles, with under 2 core-s stolen each: 0–21 %)."""
     lost = max(0.0, busy_s - ranks_cpu_s) + max(0.0, stolen_s)
     return lost / max(wall_s * cores, 1e-9), lost >= 0.05
 
