@@ -17,13 +17,17 @@ from common import RESULTS, command_line, write_results
 from harness import add_load_arguments
 
 
-def benchmark_parser(doc: str | None, names: Sequence[str]) -> argparse.ArgumentParser:
-    """A parser with the shared options; ``names`` are the models ``--models`` may name."""
+def benchmark_parser(doc: str | None, names: Sequence[str],
+                     default: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """A parser with the shared options; ``names`` are the models ``--models`` may name,
+    ``default`` those it runs without ``--models`` (``None``: all of them)."""
     parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", choices=names, default=list(names),
+    chosen = list(names if default is None else default)
+    which = "all" if chosen == list(names) else f"of {' '.join(names)}"
+    parser.add_argument("--models", nargs="+", choices=names, default=chosen,
                         metavar="MODEL",
-                        help=f"the models to run (default all: {' '.join(names)})")
+                        help=f"the models to run (default {which}: {' '.join(chosen)})")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per plan (default 5)")
     parser.add_argument("--profile-budget", type=float, default=40.0,
                         help="each profile's budget (s; autosplit's default 40)")

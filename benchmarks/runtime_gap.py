@@ -24,6 +24,7 @@ waiting, the rest) with the receives that took over 1 ms.
 
     python benchmarks/runtime_gap.py        # writes benchmarks/results/runtime_gap.{json,md}
     python benchmarks/runtime_gap.py --models gpt-small --schedule 1f1b --out /tmp/gap
+    python benchmarks/runtime_gap.py --models resnet50 bigvocab --out /tmp/gap  # not by default
     python benchmarks/runtime_gap.py --smoke --out /tmp/gap   # a tiny model in seconds (tests)
 """
 
@@ -57,10 +58,19 @@ SLOW_RECEIVE_MS = 1.0  # a receive (posting + waiting) longer than this is count
 KINDS = ("F", "B", "W")
 
 
-def default_cases() -> list[Case]:
+DEFAULT = ("gpt-small", "resnet50-64")
+"""The models a run without ``--models`` takes apart (the others are larger or slower)."""
+
+
+def every_case() -> list[Case]:
+    """The models ``--models`` may name: :data:`DEFAULT`, ResNet50 at the tutorial's size and
+    the big-vocabulary transformer (examples/bigvocab.py)."""
     return [
         Case("gpt-small", "GPT small", ModelSpec("gpt-small", 64), None, None, 0.45),
         Case("resnet50-64", "ResNet50", ModelSpec("resnet50", 48, (3, 64, 64)), None, None, 1.2),
+        Case("resnet50", "ResNet50 (tutorial size)", ModelSpec("resnet50", 120, (3, 128, 128)),
+             None, None, 12.0),
+        Case("bigvocab", "Big vocabulary", ExampleSpec("bigvocab-small", 32), None, None, 0.7),
     ]
 
 
@@ -509,7 +519,7 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = benchmark_parser(__doc__, [c.name for c in default_cases()])
+    parser = benchmark_parser(__doc__, [c.name for c in every_case()], DEFAULT)
     parser.add_argument("--schedule", default="gpipe", choices=KNOWN_SCHEDULES,
                         help="the schedule to plan and run (default gpipe)")
     parser.add_argument("--steps", type=int, default=12, help="timed steps (default 12)")
@@ -517,7 +527,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="times each rank's stages are timed in the rank, alone and "
                              "together, after the training (default 3)")
     args = parser.parse_args(argv)
-    cases = chosen_cases(parser, args, argv, "runtime_gap.py", default_cases, smoke_cases)
+    cases = chosen_cases(parser, args, argv, "runtime_gap.py", every_case, smoke_cases)
     if args.steps < 1:
         parser.error("--steps must be positive")
     if args.smoke:
