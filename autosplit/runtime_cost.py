@@ -7,7 +7,8 @@ workers (gloo) with the stages' actions timed inside the runtime, these gaps wer
 per action: next to GPT small's 6–25 ms actions, 5–9 % of the step, which a replay of the
 stage times alone does not see.
 
-:func:`measure_action_ms` runs every schedule the planner searches on 2 local ranks with
+:func:`measure_action_ms` runs every schedule the planner searches (or those asked for: a plan
+of one schedule needs that one's cost only) on 2 local ranks with
 stages that compute (:data:`LAYERS` linear layers of width :data:`WIDTH` and a tanh, micro-batches
 of :data:`ROWS` rows: some 3 ms forward and 5 ms backward on one CPU thread, the size of a small
 model's actions), times each rank's stages in a plain loop in the rank, both ranks at once,
@@ -30,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from autosplit import checks
@@ -96,47 +98,78 @@ def fit_action_ms(schedule: str, v: int, m: int, step_ms: float, p: int = 2,
     return high
 
 
-def _fits(backend: str, timeout_s: float) -> dict[str, list[float]]:
-    """Per schedule of :data:`MEASURED`, the cost per action fitted in each round (ms),
-    measured once per process and backend."""
+def _pairs(schedules: Sequence[str] | None) -> tuple[tuple[str, int], ...]:
+    """The (schedule, v) pairs of :data:`MEASURED` for ``schedules`` (``None``: all of them).
+
+    Raises:
+        InvalidInputError: a name that is not one of :data:`MEASURED`'s schedules.
+    """
+    if schedules is None:
+        return MEASURED
+    if isinstance(schedules, str):
+        schedules = (schedules,)
+    known = dict(MEASURED)
+    for name in schedules:
+        checks.one_of("schedules", name, tuple(known))
+    return tuple((name, known[name]) for name in dict.fromkeys(schedules))
+
+
+def _fits(backend: str, timeout_s: float, schedules: Sequence[str] | None
+          ) -> dict[str, list[float]]:
+    """Per schedule asked for (``None``: every one of :data:`MEASURED`), the cost per action
+    fitted in each round (ms), measured once per process and backend: the schedules not
+    measured yet are measured together, on one pair of ranks."""
     checks.one_of("backend", backend, ("gloo",))
-    if backend not in _CACHE:
+    pairs = _pairs(schedules)
+    known = _CACHE.setdefault(backend, {})
+    missing = tuple((name, v) for name, v in pairs if name not in known)
+    if missing:
         from autosplit.distributed import launch
 
-        rounds = launch(_rank, 2, backend=backend, timeout_s=timeout_s)[0]
-        _CACHE[backend] = {
+        rounds = launch(_rank, 2, missing, backend=backend, timeout_s=timeout_s)[0]
+        known.update({
             schedule: [fit_action_ms(schedule, v, _MICROBATCHES, step, costs=costs)
                        for step, costs in rounds[schedule]]
-            for schedule, v in MEASURED}
-    return _CACHE[backend]
+            for schedule, v in missing})
+    return {name: known[name] for name, _ in pairs}
 
 
-def measure_action_ms(backend: str = "gloo", timeout_s: float = 120.0
+def measure_action_ms(backend: str = "gloo", timeout_s: float = 120.0,
+                      schedules: Sequence[str] | None = None
                       ) -> tuple[tuple[str, float], ...]:
-    """Per schedule of :data:`MEASURED`, torch's runtime cost per action on 2 local ranks of
-    ``backend`` (ms; see the module docstring): ``((schedule, ms), …)``, the median of the
-    rounds' fits. Kept for the process's lifetime: asking again measures nothing."""
+    """Per schedule of ``schedules`` (``None``: all of :data:`MEASURED`), torch's runtime cost
+    per action on 2 local ranks of ``backend`` (ms; see the module docstring):
+    ``((schedule, ms), …)``, the median of the rounds' fits. Kept for the process's lifetime:
+    asking again for a schedule measured already measures nothing.
+
+    Raises:
+        InvalidInputError: a backend other than gloo, a schedule not in :data:`MEASURED`.
+    """
     return tuple((schedule, statistics.median(fits))
-                 for schedule, fits in _fits(backend, timeout_s).items())
+                 for schedule, fits in _fits(backend, timeout_s, schedules).items())
 
 
-def measure_action_spread(backend: str = "gloo", timeout_s: float = 120.0
+def measure_action_spread(backend: str = "gloo", timeout_s: float = 120.0,
+                          schedules: Sequence[str] | None = None
                           ) -> tuple[tuple[str, float], ...]:
     """Per schedule, the spread of :func:`measure_action_ms`'s cost over the rounds: half
     the interquartile range of the rounds' fits (ms, not relative: a cost whose median is 0 can
     still spread), ``((schedule, ms), …)``. From the same measurement (measured once per
     process)."""
     return tuple((schedule, half_iqr(fits))
-                 for schedule, fits in _fits(backend, timeout_s).items())
+                 for schedule, fits in _fits(backend, timeout_s, schedules).items())
 
 
-def action_costs(backend: str = "gloo", timeout_s: float = 120.0
+def action_costs(backend: str = "gloo", timeout_s: float = 120.0,
+                 schedules: Sequence[str] | None = None
                  ) -> dict[str, tuple[tuple[str, float], ...]]:
-    """The profile fields of the runtime's cost per action, measured:
+    """The profile fields of the runtime's cost per action, measured for ``schedules``
+    (``None``: every schedule the planner searches):
     ``dataclasses.replace(profile, **action_costs())`` sets ``action_ms`` and
-    ``action_spread``."""
-    return {"action_ms": measure_action_ms(backend, timeout_s),
-            "action_spread": measure_action_spread(backend, timeout_s)}
+    ``action_spread``. A profile measured for some schedules only gives the others the largest
+    cost it has (:meth:`~autosplit.records.Profile.action_ms_of`)."""
+    return {"action_ms": measure_action_ms(backend, timeout_s, schedules),
+            "action_spread": measure_action_spread(backend, timeout_s, schedules)}
 
 
 def _stage_module() -> Any:
@@ -189,9 +222,9 @@ def _plain_times(modules: dict[int, Any], last: int, split: bool
     return out
 
 
-def _rank(repeats: int = 9, warmup: int = 2
+def _rank(pairs: Sequence[tuple[str, int]] = MEASURED, repeats: int = 9, warmup: int = 2
           ) -> dict[str, list[tuple[float, StageCosts]]] | None:
-    """Time every schedule of :data:`MEASURED` on the measuring stages, each step right after a
+    """Time every (schedule, v) of ``pairs`` on the measuring stages, each step right after a
     plain run of every stage (both ranks at once); rank 0 returns, per schedule and timed
     round, the step (ms, the slower rank's) and the stages' costs in that round (a cost
     fitted per round and the median taken: the machine's drift between rounds cancels)."""
@@ -206,7 +239,7 @@ def _rank(repeats: int = 9, warmup: int = 2
     rank = dist.get_rank()
     device = torch.device("cpu")
     out: dict[str, list[tuple[float, StageCosts]]] = {}
-    for schedule, v in MEASURED:
+    for schedule, v in pairs:
         n = 2 * v
         split = schedule in SPLIT_BACKWARD
         mine = stage_indices(n, rank, 2, v_shape=schedule in V_SCHEDULES)

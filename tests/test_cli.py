@@ -85,6 +85,9 @@ def test_plan_profiles_when_no_profile_is_given(tmp_path, capsys) -> None:
     assert code == 0, err
     assert "profiling on CPU" in out and "solver milp" in out
     assert len(json.loads((tmp_path / "p.json").read_text())["stages"]) == 3
+    # the runtime's cost per action of the one schedule planned, not of every schedule
+    costs = next(line for line in out.splitlines() if "pipeline runtime per action" in line)
+    assert "gpipe" in costs and "1f1b" not in costs and "zbv" not in costs
 
 
 def test_input_shape_instead_of_example_inputs(tmp_path, capsys) -> None:

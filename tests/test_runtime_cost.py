@@ -12,7 +12,7 @@ from synthetic import make_profile
 
 import autosplit
 from autosplit import simulator
-from autosplit.errors import ArgumentTypeError
+from autosplit.errors import ArgumentTypeError, InvalidInputError
 from autosplit.planner import plan_with_balance
 from autosplit.planner.schedules import plan_schedules
 from autosplit.planner.search import candidate_sizes
@@ -148,3 +148,37 @@ def test_measured_on_two_ranks() -> None:
                                **action_costs())  # as `autosplit plan` sets them
     assert prof.action_ms == tuple(measured.items())
     assert prof.action_spread == tuple(spreads.items())
+
+
+def test_only_the_schedules_asked_for_are_measured(monkeypatch) -> None:
+    # a plan of one schedule needs that schedule's cost only: the others are not run
+    import autosplit.distributed as distributed
+    from autosplit import runtime_cost
+
+    monkeypatch.setattr(runtime_cost, "_CACHE", {})
+    launched: list[tuple[tuple[str, int], ...]] = []
+    real = distributed.launch
+
+    def spy(fn, nprocs, *args, **kwargs):
+        launched.append(args[0])
+        return real(fn, nprocs, *args, **kwargs)
+
+    monkeypatch.setattr(distributed, "launch", spy)
+    costs = action_costs(schedules=("1f1b",))
+    assert [name for name, _ in costs["action_ms"]] == ["1f1b"]
+    assert [name for name, _ in costs["action_spread"]] == ["1f1b"]
+    assert launched == [(("1f1b", 1),)]
+    # asked again with another: only the new one runs; the first comes from the same rounds
+    both = dict(measure_action_ms(schedules=("gpipe", "1f1b")))
+    assert launched == [(("1f1b", 1),), (("gpipe", 1),)]
+    assert list(both) == ["gpipe", "1f1b"] and both["1f1b"] == dict(costs["action_ms"])["1f1b"]
+    assert all(0.0 <= ms < 1000.0 for ms in both.values())
+    # a profile with some schedules measured gives the others the largest cost it has
+    prof = dataclasses.replace(make_profile([2], [[1.0]] * 2, batch_size=4), **costs)
+    assert prof.action_ms_of("zbv") == prof.action_ms_of("1f1b")
+
+
+@pytest.mark.parametrize("bad", [("gpipe", "pipedream"), ("interleaved",)])
+def test_an_unknown_schedule_is_named(bad) -> None:
+    with pytest.raises(InvalidInputError, match=f"unknown schedules '{bad[-1]}'"):
+        measure_action_ms(schedules=bad)

@@ -63,10 +63,19 @@ def _progress(what: str, console: Console, **options: Any) -> Any:
                     console=console, **options)
 
 
+def _schedules(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """The schedules whose runtime cost per action the command needs: ``--schedule``'s, or
+    ``None`` (every one) for ``auto`` and for a command without the option (``profile``: its
+    file may be planned with any)."""
+    schedule = getattr(args, "schedule", None)
+    return None if schedule in (None, "auto") else (schedule,)
+
+
 def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, console: Console,
             include: int | None = None) -> Profile:
     """Profile ``model`` with a progress bar; ``include`` is a micro-batch size to measure
-    too (when it fits the batch)."""
+    too (when it fits the batch). The runtime's cost per action is measured for the schedules
+    the command plans with (:func:`_schedules`)."""
     from autosplit.graph import trace
     from autosplit.profiler import check_inputs, profile_graph
 
@@ -96,13 +105,15 @@ def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, cons
         f"measured micro-batch sizes {', '.join(map(str, prof.microbatch_sizes))} in "
         f"{prof.seconds:.1f} s"
     )
-    return _with_allreduce(prof, stages, console)
+    return _with_allreduce(prof, stages, console, _schedules(args))
 
 
-def _with_allreduce(prof: Profile, stages: int, console: Console) -> Profile:
+def _with_allreduce(prof: Profile, stages: int, console: Console,
+                    schedules: Sequence[str] | None = None) -> Profile:
     """``prof`` with the measured all-reduce and link bandwidths of 2 local ranks (gloo
     between CPU workers, NCCL between GPUs) and, between CPU workers, the pipeline runtime's cost per
-    action (:mod:`autosplit.runtime_cost`), when planning for more than one device."""
+    action of ``schedules`` (``None``: every schedule the planner searches;
+    :mod:`autosplit.runtime_cost`), when planning for more than one device."""
     import dataclasses
 
     import torch
@@ -122,7 +133,7 @@ def _with_allreduce(prof: Profile, stages: int, console: Console) -> Profile:
         return prof
     from autosplit.runtime_cost import action_costs
 
-    costs = action_costs()
+    costs = action_costs(schedules=schedules)
     spreads = dict(costs["action_spread"])
     console.print("measured torch's pipeline runtime per action (gloo, 2 CPU workers; ± half "
                   "the interquartile range over the rounds): "
