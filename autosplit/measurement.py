@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from autosplit import steal
 from autosplit.graph import BlockGraph, Segment
 from autosplit.block_memory import split_held_bytes, working_bytes
 from autosplit.tensors import backward_from, fresh_leaves, nbytes, tensor_leaves
@@ -294,6 +295,7 @@ def measure_interleaved(
     progress: Progress | None,
     loss: Loss | None = None,
     split_at: int | None = None,
+    set_aside: list[int] | None = None,
 ) -> dict[int, SizeResult]:
     """Measure every block at every size, block after block; within a block the sizes take
     turns, round after round (the order rotates each round), so that a machine slowing down
@@ -303,13 +305,20 @@ def measure_interleaved(
     At size ``split_at`` the backward is also timed in its two passes (:func:`timed_split_run`)
     right after that size's run, in the first ``repeats`` timed rounds only (to keep the
     overhead to about one more run of one size); a block whose backward torch cannot split
-    counts as input-gradient work only (W = 0)."""
+    counts as input-gradient work only (W = 0).
+
+    A timed round during which the hypervisor took more than its share of the CPUs
+    (:class:`autosplit.steal.Window`) is set aside: its timings count only for a block that has
+    no other round, and the block's index goes into ``set_aside`` (one entry per round)."""
     params = {_storage(p) for p in graph.module.parameters()}
     total = len(states) * len(segments)
     for i, seg in enumerate(segments):
         fwd: dict[int, list[float]] = {b: [] for b in states}
         bwd: dict[int, list[float]] = {b: [] for b in states}
         split_ms: list[tuple[float, float]] = []
+        spare_f: dict[int, list[float]] = {b: [] for b in states}  # rounds set aside
+        spare_b: dict[int, list[float]] = {b: [] for b in states}
+        spare_split: list[tuple[float, float]] = []
         saved: dict[int, dict[int, torch.Tensor]] = {b: {} for b in states}
         kept: dict[int, Any] = {}
         peak = dict.fromkeys(states, 0)
@@ -320,6 +329,10 @@ def measure_interleaved(
                 if done or run >= warmup + cap or not deadline.allows(i, round_s):
                     break
             round_start = time.perf_counter()
+            window = steal.Window()
+            round_f: dict[int, float] = {}
+            round_b: dict[int, float] = {}
+            round_split: list[tuple[float, float]] = []
             order = list(states)
             order = order[run % len(order):] + order[:run % len(order)]
             for b in order:
@@ -345,17 +358,28 @@ def measure_interleaved(
                 if run == 0:
                     kept[b] = outputs
                 if run >= warmup:
-                    fwd[b].append(f_ms)
-                    bwd[b].append(b_ms)
+                    round_f[b], round_b[b] = f_ms, b_ms
                 if b == split_at and run < warmup + repeats:
                     try:
                         input_ms, weight_ms = timed_split_run(seg, state.args(graph, seg), dev)
                     except Exception:  # noqa: BLE001  torch cannot split it: one piece
                         input_ms, weight_ms = b_ms, 0.0
                     if run >= warmup:
-                        split_ms.append((input_ms, weight_ms))
+                        round_split.append((input_ms, weight_ms))
             round_s = time.perf_counter() - round_start
+            if run >= warmup:
+                kept_round = not window.disturbed()
+                if not kept_round and set_aside is not None:
+                    set_aside.append(i)
+                to_f, to_b = (fwd, bwd) if kept_round else (spare_f, spare_b)
+                for b, f_ms in round_f.items():
+                    to_f[b].append(f_ms)
+                    to_b[b].append(round_b[b])
+                (split_ms if kept_round else spare_split).extend(round_split)
             run += 1
+        for b in states:  # every round set aside: those timings, rather than none
+            fwd[b], bwd[b] = (fwd[b], bwd[b]) if fwd[b] else (spare_f[b], spare_b[b])
+        split_ms = split_ms or spare_split
         held_between = None
         for b, state in states.items():
             peak[b] = working_bytes(seg, state.args(graph, seg), dev,

@@ -199,6 +199,9 @@ class Profile:
             local ranks of this machine's backend (bytes/s, one direction,
             :func:`autosplit.collectives.measure_link_bandwidth`), the planner's default link;
             ``None`` when not measured.
+        set_aside: timed rounds of a block's sizes set aside because the hypervisor took
+            more than 5 % of the machine's CPU time during them (:mod:`autosplit.steal`;
+            their timings count only for a block left with no other round; older profiles: 0).
     """
 
     model: str
@@ -222,6 +225,7 @@ class Profile:
     action_ms: tuple[tuple[str, float], ...] = ()
     link_bytes_per_s: float | None = None
     action_spread: tuple[tuple[str, float], ...] = ()
+    set_aside: int = 0
 
     def __post_init__(self) -> None:
         checked(self, lambda p: check_profile(

@@ -287,6 +287,7 @@ def _profile_here(
     rng_devices = [dev.index or 0] if dev.type == "cuda" else []
     measured: dict[int, SizeResult] = {}
     failures: list[tuple[int, Exception]] = []
+    set_aside: list[int] = []  # a block's index per timed round the hypervisor disturbed
     cap = max(max_repeats if max_repeats is not None else 3 * repeats, repeats)
     try:
         if dev.type == "cpu":
@@ -319,7 +320,7 @@ def _profile_here(
                     Deadline(start, budget_s, estimate_ms, {b: b / b0 for b in chosen},
                               warmup + repeats),
                     progress, loss=loss_fn,
-                    split_at=b0 if b0 in chosen else chosen[0],
+                    split_at=b0 if b0 in chosen else chosen[0], set_aside=set_aside,
                 )
     finally:
         torch.set_num_threads(old_threads)
@@ -384,6 +385,7 @@ def _profile_here(
         loss=loss,
         backward_split=f"measured at b={', '.join(map(str, split_sizes))}" if split_sizes
         else "",
+        set_aside=len(set_aside),
     )
 
 

@@ -5,6 +5,8 @@ A stage run ``(first, end, b)`` is blocks ``first … end-1`` extracted from the
 (:meth:`~autosplit.graph.BlockGraph.extract`) and run on a micro-batch of b samples. The runs
 take turns (A B A B …, round after round) so that drift hits all of them alike, and rounds go
 on while a run's interquartile range exceeds 5 % of its median, up to a cap and a time budget.
+A run during which the hypervisor took more than its share of the CPUs is set aside
+(:mod:`autosplit.steal`).
 Every other round a run starts without gradients, as a step's first micro-batch does (its
 backward makes them), the others add into them, as the step's later micro-batches do.
 
@@ -34,7 +36,7 @@ from typing import Any
 
 import torch
 
-from autosplit import checks, fresh_process, measurement
+from autosplit import checks, fresh_process, measurement, steal
 from autosplit.claims import relative_spread
 from autosplit.devices import resolve_device
 from autosplit.errors import InvalidInputError
@@ -75,6 +77,8 @@ class StageTime:
             (``None``: not timed; then :attr:`backward_ms`).
         beside: whether another process ran the neighbouring worker's run meanwhile
             (:data:`Beside`).
+        set_aside: timed runs set aside because the hypervisor took more than its share of
+            the CPUs meanwhile (:mod:`autosplit.steal`; counted only where no other was left).
     """
 
     forward_ms: float
@@ -83,6 +87,7 @@ class StageTime:
     rounds: int
     first_backward_ms: float | None = None
     beside: bool = False
+    set_aside: int = 0
 
     def per_step(self, m: int) -> StageTime:
         """This stage's times averaged over a step's ``m`` micro-batches: the first
@@ -110,7 +115,8 @@ class StageTime:
         return StageTime(mix(self.forward_ms, beside.forward_ms),
                          mix(self.backward_ms, beside.backward_ms),
                          mix(self.spread, beside.spread), min(self.rounds, beside.rounds),
-                         first, beside=beside.beside and share > 0)
+                         first, beside=beside.beside and share > 0,
+                         set_aside=self.set_aside + beside.set_aside)
 
 
 def time_stages(
@@ -215,6 +221,10 @@ def _time_here(
     first: dict[Any, list[float]] = {r: [] for r in runs}  # backwards into no gradient
     sums: dict[tuple[Any, bool], list[float]] = {(r, new): [] for r in runs
                                                  for new in (True, False)}
+    # per run: forward, backward, first backward, and the sums after an added and a new start
+    timings = {r: (fwd[r], bwd[r], first[r], sums[r, False], sums[r, True]) for r in runs}
+    spare: dict[Any, tuple[list[float], ...]] = {r: ([], [], [], [], []) for r in runs}
+    set_aside = dict.fromkeys(runs, 0)  # timings the hypervisor disturbed (autosplit.steal)
     alone: set[Any] = set()  # items meant to be timed beside another run, but not
     rounds = max(rounds, 2)  # both kinds of backward
     try:
@@ -257,24 +267,33 @@ def _time_here(
                             param.grad = torch.zeros_like(param)
                     args = measurement.segment_args(work, envs[run[2]], seg)
                     last = loss_fn if run[1] == len(work.blocks) else None
+                    window = steal.Window()
                     f_ms, b_ms = _in_flight(seg, args, dev, last, depths[r])
                     if k >= warmup:
-                        fwd[r].append(statistics.fmean(f_ms))
+                        kept = not window.disturbed()
+                        to = timings[r] if kept else spare[r]
+                        set_aside[r] += not kept
+                        to[0].append(statistics.fmean(f_ms))
                         if fresh:  # the first backward makes the gradients, the others add
-                            first[r].append(b_ms[0])
+                            to[2].append(b_ms[0])
                         if b_ms[fresh:]:
-                            bwd[r].append(statistics.fmean(b_ms[fresh:]))
-                        sums[r, fresh].append(statistics.fmean(f_ms) + statistics.fmean(b_ms))
+                            to[1].append(statistics.fmean(b_ms[fresh:]))
+                        to[3 + fresh].append(statistics.fmean(f_ms) + statistics.fmean(b_ms))
                     if progress is not None:
                         progress(k * len(runs) + j + 1, total * len(runs), f"round {k + 1}")
     finally:
         torch.set_num_threads(old_threads)
+    for r in runs:  # every timing set aside: those, rather than none
+        if not fwd[r]:
+            for kept, put_aside in zip(timings[r], spare[r]):
+                kept.extend(put_aside)
     return {
         r: StageTime(statistics.median(fwd[r]), statistics.median(bwd[r] or first[r]),
                      max(relative_spread(sums[r, True]), relative_spread(sums[r, False])),
                      len(fwd[r]),
                      statistics.median(first[r] or bwd[r]),
-                     beside=jobs[r][1] is not None and r not in alone)
+                     beside=jobs[r][1] is not None and r not in alone,
+                     set_aside=set_aside[r])
         for r in runs
     }
 

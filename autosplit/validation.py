@@ -305,6 +305,7 @@ def check_profile(p: Any, *, block_type: type, cut_type: type, device_type: type
         raise RecordError("loss", f"is {show(p.loss)}: expected 'mse' or 'none'")
     check_count(p.warmup, "warmup")
     check_count(p.repeats, "repeats")
+    check_count(p.set_aside, "set_aside")
     check_ms(p.seconds, "seconds")
     _check_bandwidth(p.allreduce_bytes_per_s, "allreduce_bytes_per_s")
     _check_bandwidth(p.link_bytes_per_s, "link_bytes_per_s")

@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autosplit import checks, neighbour
+from autosplit import checks, neighbour, steal
 from autosplit.cost import single_device_ms
 from autosplit.devices import resolve_device
 from autosplit.errors import AutosplitError
@@ -239,6 +239,11 @@ class PlanTimes:
         """The fewest timed rounds of any item."""
         return min(t.rounds for t in self.times.values())
 
+    @property
+    def set_aside(self) -> int:
+        """Timed runs set aside because the hypervisor took the CPUs meanwhile (all items)."""
+        return sum(t.set_aside for t in self.times.values())
+
 
 def time_plans(
     graph: BlockGraph,
@@ -329,6 +334,8 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
                 f"backward, micro-batches in flight per stage "
                 f"{'/'.join(map(str, timed.depths[name]))}, {distinct} stage runs taking "
                 f"turns over ≥ {timed.rounds} rounds{how}; "
+                + (f"{timed.set_aside} timing(s) set aside, the hypervisor taking over "
+                   f"{steal.MAX_SHARE:.0%} of the CPUs meanwhile; " if timed.set_aside else "")
                 + (f"torch's runtime {plan.action_ms:.2f} ± {action_spread:.2f} ms per "
                    "action; " if runtime and plan.action_ms + action_spread > 0 else "")
                 + f"block sums gave {plan.predicted_step_ms:.0f} ms"

@@ -35,7 +35,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
-from autosplit import distributed  # noqa: E402
+from autosplit import distributed, steal  # noqa: E402
 from autosplit.peak_memory import rise_during, tensor_bytes  # noqa: E402
 from autosplit.records import Plan  # noqa: E402
 
@@ -215,16 +215,8 @@ def _trainer(plan: Plan, model: nn.Module, device: torch.device) -> Any:
 
 def machine_cpu_seconds() -> tuple[float, float] | None:
     """CPU time used on the whole machine so far (busy, and stolen by the hypervisor), in
-    core-seconds, from /proc/stat; ``None`` where there is none."""
-    try:
-        with open("/proc/stat") as fh:
-            values = [int(v) for v in fh.readline().split()[1:9]]
-        tick = os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, AttributeError):
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = values
-    return (user + nice + system + irq + softirq) / tick, steal / tick
-
+    core-seconds, from /proc/stat; ``None`` where there is none (:func:`autosplit.steal.cpu_seconds`)."""
+    return steal.cpu_seconds()
 
 
 def start_marks() -> dict[str, Any]:

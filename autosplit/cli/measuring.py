@@ -101,9 +101,11 @@ def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, cons
             loss=args.loss,
         )
         bar.update(task, completed=1, total=1)
+    aside = (f"; {prof.set_aside} timed round(s) set aside: the hypervisor took over 5% of the "
+             "CPUs during them" if prof.set_aside else "")
     console.print(
         f"measured micro-batch sizes {', '.join(map(str, prof.microbatch_sizes))} in "
-        f"{prof.seconds:.1f} s"
+        f"{prof.seconds:.1f} s{aside}"
     )
     return _with_allreduce(prof, stages, console, _schedules(args))
 
