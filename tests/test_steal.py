@@ -4,6 +4,8 @@ depends on the machine)."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 import torch
 from torch import nn
@@ -49,8 +51,8 @@ class _Burst:
     """A fake :class:`steal.Window`: the windows numbered in ``hit`` (from 1, in the order
     opened) see the hypervisor take the CPUs."""
 
-    hit: set[int] = set()
-    opened = 0
+    hit: ClassVar[set[int]] = set()
+    opened: ClassVar[int] = 0
 
     def __init__(self) -> None:
         _Burst.opened += 1
