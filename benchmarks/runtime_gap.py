@@ -19,8 +19,11 @@ other core's work costs) and inside the runtime (medians);
 the replay of the plan with the runtime's own action times (the schedule simulation, with the
 cost per action and the link as planned), which splits the gap in two: the stages computing
 slower or faster in the runtime than when verified, and what the runtime spends outside the
-actions that the model does not see; and each rank's step taken apart (actions, loss, posting,
-waiting, the rest) with the receives that took over 1 ms.
+actions that the model does not see — with the actions' medians, with their means (a step is
+a sum of actions: skewed action times make the median step longer than the sum of the
+medians), and each step replayed with its own actions' times (the median over the steps);
+and each rank's step taken apart (actions, loss, posting, waiting, the rest) with the receives
+that took over 1 ms.
 
     python benchmarks/runtime_gap.py        # writes benchmarks/results/runtime_gap.{json,md}
     python benchmarks/runtime_gap.py --models gpt-small --schedule 1f1b --out /tmp/gap
@@ -264,6 +267,10 @@ def _leaves(value: Any) -> tuple[Any, ...]:
 # ------------------------------------------------------------------------- the analysis
 
 
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
 def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -283,6 +290,8 @@ def analyse(plan: Plan, ranks: list[list[Any]]) -> dict[str, Any]:
                 for k in range(steps)]
     durations: dict[tuple[str, int], list[float]] = {}
     loss: list[float] = []
+    per_step: list[tuple[dict[tuple[str, int], list[float]], list[float]]] = [
+        ({}, []) for _ in range(steps)]  # each step's own action times and losses
     breakdown = []
     for rank in ranks:
         parts: dict[str, list[float]] = {name: [] for name in (
@@ -293,9 +302,11 @@ def analyse(plan: Plan, ranks: list[list[Any]]) -> dict[str, Any]:
                 ms = 1000.0 * (b - a)
                 if kind in KINDS:
                     durations.setdefault((kind, stage), []).append(ms)
+                    per_step[k][0].setdefault((kind, stage), []).append(ms)
                     total["actions"] += ms
                 elif kind == "loss":
                     loss.append(ms)
+                    per_step[k][1].append(ms)
                     total["loss"] += ms
                 else:
                     total["posting" if kind == "post" else "waiting"] += ms
@@ -314,6 +325,9 @@ def analyse(plan: Plan, ranks: list[list[Any]]) -> dict[str, Any]:
         "measured_iqr_ms": [q1, q3],
         "predicted_ms": plan.predicted_step_ms,
         "replay_ms": _replay(plan, durations, _median(loss) or 0.0),
+        "replay_mean_ms": _replay(plan, durations, _mean(loss) or 0.0, statistics.fmean),
+        "replay_steps_ms": statistics.median(
+            _replay(plan, own, _mean(lost) or 0.0, statistics.fmean) for own, lost in per_step),
         "verified": stage_actions(plan),
         "runtime": runtime,
         "loss_ms": _median(loss),
@@ -371,10 +385,12 @@ def _input_delays(plan: Plan, ranks: list[list[Any]]) -> dict[str, Any]:
             "per_step_ms": per_step}
 
 
-def _replay(plan: Plan, durations: dict[tuple[str, int], list[float]], loss_ms: float) -> float:
+def _replay(plan: Plan, durations: dict[tuple[str, int], list[float]], loss_ms: float,
+            stat: Any = statistics.median) -> float:
     """The plan's schedule simulation (its cost per action, link and all-reduces after the
-    step as planned) with each stage's forward and backward as timed inside the runtime; the
-    last stage's forward with the loss, as verification times it."""
+    step as planned) with each stage's forward and backward as timed inside the runtime
+    (``stat`` of its timings: the median, or the mean); the last stage's forward with the
+    loss, as verification times it."""
     stages = []
     last = len(plan.stages) - 1
     for s in plan.stages:
@@ -382,10 +398,10 @@ def _replay(plan: Plan, durations: dict[tuple[str, int], list[float]], loss_ms: 
         b = durations.get(("B", s.index))
         if not f or not b:
             return float("nan")
-        forward = statistics.median(f) + (loss_ms if s.index == last else 0.0)
+        forward = stat(f) + (loss_ms if s.index == last else 0.0)
         w = durations.get(("W", s.index))
-        weight = statistics.median(w) if w else s.weight_grad_ms
-        backward = statistics.median(b) + (weight if w else 0.0)
+        weight = stat(w) if w else s.weight_grad_ms
+        backward = stat(b) + (weight if w else 0.0)
         stages.append(dataclasses.replace(s, forward_ms=forward, compute_ms=forward + backward,
                                           weight_grad_ms=min(weight, backward)))
     replayed = dataclasses.replace(plan, stages=tuple(stages))
@@ -466,8 +482,12 @@ def markdown(data: dict[str, Any]) -> str:
         ]
         for name, ms in (("predicted (verified stages)", m["predicted_ms"]),
                          ("predicted, the stages timed again after the training", m["again_ms"]),
-                         ("replay of the runtime's own action times", m["replay_ms"])):
-            lines.append(f"| {name} | {ms:.1f} | {_pct(ms, measured)} |")
+                         ("replay of the runtime's own action times", m["replay_ms"]),
+                         ("the same, their means", m.get("replay_mean_ms")),
+                         ("each step replayed with its own action times (median)",
+                          m.get("replay_steps_ms"))):
+            if ms is not None:  # (older results: the medians' replay only)
+                lines.append(f"| {name} | {ms:.1f} | {_pct(ms, measured)} |")
         lines += [
             "",
             ("Each stage's forward and backward per micro-batch (ms): verified (a fresh "

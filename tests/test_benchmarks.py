@@ -380,6 +380,7 @@ def test_runtime_gap_benchmark_smoke(tmp_path) -> None:
     stages = len(m["balance"])
     assert {f"{kind}{s}" for kind in "FB" for s in range(stages)} <= set(m["runtime"])
     assert m["replay_ms"] > 0 and m["predicted_ms"] > 0 and m["loss_ms"] > 0
+    assert m["replay_mean_ms"] > 0 and m["replay_steps_ms"] > 0  # means; each step's own
     # each rank's stages timed in the rank too, with the other rank waiting and working
     every = {f"{kind}{s}" for kind in "FB" for s in range(stages)}
     for way in ("alone", "together", "by hand, alone", "by hand, together"):
