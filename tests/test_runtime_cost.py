@@ -151,28 +151,34 @@ def test_measured_on_two_ranks() -> None:
 
 
 def test_only_the_schedules_asked_for_are_measured(monkeypatch) -> None:
-    # a plan of one schedule needs that schedule's cost only: the others are not run
+    # a plan of one schedule needs that schedule's cost only: the others are not run (the ranks
+    # faked here: test_measured_on_two_ranks runs them); each round's step of 100 ms on stages
+    # that cost nothing fits 100 ms / the replay's units per action
     import autosplit.distributed as distributed
     from autosplit import runtime_cost
 
     monkeypatch.setattr(runtime_cost, "_CACHE", {})
     launched: list[tuple[tuple[str, int], ...]] = []
-    real = distributed.launch
 
-    def spy(fn, nprocs, *args, **kwargs):
-        launched.append(args[0])
-        return real(fn, nprocs, *args, **kwargs)
+    def fake(fn, nprocs, pairs, **kwargs):
+        assert fn is runtime_cost._rank and nprocs == 2
+        launched.append(tuple(pairs))
+        zero = StageCosts((0.0,) * 2, (0.0,) * 2, (0.0,) * 2)
+        return {0: {name: [(100.0, zero), (100.0, zero), (120.0, zero)] for name, v in pairs}}
 
-    monkeypatch.setattr(distributed, "launch", spy)
+    monkeypatch.setattr(distributed, "launch", fake)
     costs = action_costs(schedules=("1f1b",))
     assert [name for name, _ in costs["action_ms"]] == ["1f1b"]
     assert [name for name, _ in costs["action_spread"]] == ["1f1b"]
     assert launched == [(("1f1b", 1),)]
+    assert dict(costs["action_ms"])["1f1b"] == pytest.approx(
+        fit_action_ms("1f1b", 1, 8, 100.0))  # the median round
     # asked again with another: only the new one runs; the first comes from the same rounds
     both = dict(measure_action_ms(schedules=("gpipe", "1f1b")))
     assert launched == [(("1f1b", 1),), (("gpipe", 1),)]
     assert list(both) == ["gpipe", "1f1b"] and both["1f1b"] == dict(costs["action_ms"])["1f1b"]
-    assert all(0.0 <= ms < 1000.0 for ms in both.values())
+    assert dict(measure_action_ms(schedules="gpipe")) == {"gpipe": both["gpipe"]}  # one name
+    assert len(launched) == 2
     # a profile with some schedules measured gives the others the largest cost it has
     prof = dataclasses.replace(make_profile([2], [[1.0]] * 2, batch_size=4), **costs)
     assert prof.action_ms_of("zbv") == prof.action_ms_of("1f1b")
