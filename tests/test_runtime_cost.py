@@ -154,8 +154,7 @@ def test_only_the_schedules_asked_for_are_measured(monkeypatch) -> None:
     # a plan of one schedule needs that schedule's cost only: the others are not run (the ranks
     # faked here: test_measured_on_two_ranks runs them); each round's step of 100 ms on stages
     # that cost nothing fits 100 ms / the replay's units per action
-    import autosplit.distributed as distributed
-    from autosplit import runtime_cost
+    from autosplit import distributed, runtime_cost
 
     monkeypatch.setattr(runtime_cost, "_CACHE", {})
     launched: list[tuple[tuple[str, int], ...]] = []
