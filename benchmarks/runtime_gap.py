@@ -28,6 +28,7 @@ that took over 1 ms.
     python benchmarks/runtime_gap.py        # writes benchmarks/results/runtime_gap.{json,md}
     python benchmarks/runtime_gap.py --models gpt-small --schedule 1f1b --out /tmp/gap
     python benchmarks/runtime_gap.py --models resnet50 bigvocab --out /tmp/gap  # not by default
+    python benchmarks/runtime_gap.py --models bigvocab --balance 5,1 --split-size 16 --out /tmp/h
     python benchmarks/runtime_gap.py --smoke --out /tmp/gap   # a tiny model in seconds (tests)
 """
 
@@ -57,6 +58,7 @@ from autosplit.simulator import simulate_plan
 from autosplit.validation import KNOWN_SCHEDULES
 from autosplit.verify import verify_plans
 
+GIVEN = " (the cut given by --balance, not autosplit's plan)"
 SLOW_RECEIVE_MS = 1.0  # a receive (posting + waiting) longer than this is counted as slow
 KINDS = ("F", "B", "W")
 
@@ -83,6 +85,34 @@ def smoke_cases() -> list[Case]:
 
 
 # ------------------------------------------------------------------- inside the ranks
+
+
+def _balance(text: str) -> tuple[int, int]:
+    """``"5,1"`` → (5, 1): blocks per stage of a cut into 2 stages."""
+    import argparse
+
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        counts = ()
+    if len(counts) != 2 or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"a cut into 2 stages, e.g. 5,1; got {text!r}")
+    return counts  # type: ignore[return-value]
+
+
+def given_plan(profile: Any, balance: Sequence[int], split_size: int, schedule: str) -> Plan:
+    """The cut ``balance`` at micro-batch size ``split_size`` scored as the planner scores a
+    hand split (:func:`autosplit.planner.plan_with_balance`); a cut that does not add up to the
+    model's blocks, or a size not profiled, is an error naming them."""
+    from autosplit.planner import plan_with_balance
+
+    if sum(balance) != len(profile.blocks):
+        raise SystemExit(f"--balance {','.join(map(str, balance))} has {sum(balance)} blocks; "
+                         f"{profile.model} has {len(profile.blocks)}")
+    if split_size not in profile.microbatch_sizes:
+        raise SystemExit(f"--split-size {split_size} was not profiled "
+                         f"(sizes {', '.join(map(str, profile.microbatch_sizes))})")
+    return plan_with_balance(profile, list(balance), split_size, schedule=schedule)
 
 
 def _recording(events: list[tuple[str, int, int, float, float]]) -> None:
@@ -420,12 +450,16 @@ def run(args: Any, cases: Sequence[Case]) -> dict[str, Any]:
         print(f"{case.label} ({case.spec.describe}): profile, plan, verify …", flush=True)
         model, inputs = case.spec.build(), case.spec.make_inputs()
         graph = autosplit.trace(model, example_inputs=inputs)
-        profile = autosplit.profile(model, inputs, microbatch_sizes=args.sizes,
+        given = [args.split_size] if args.split_size is not None else []
+        profile = autosplit.profile(model, inputs, microbatch_sizes=args.sizes, include=given,
                                     budget_s=args.profile_budget)
         if not args.smoke:  # the runtime's cost per action and the link, as `autosplit plan`
-            profile = dataclasses.replace(profile, **action_costs(),
+            profile = dataclasses.replace(profile, **action_costs(schedules=(args.schedule,)),
                                           link_bytes_per_s=measure_link_bandwidth())
-        planned = autosplit.plan(profile, 2, schedule=args.schedule)
+        if args.balance is None:
+            planned = autosplit.plan(profile, 2, schedule=args.schedule)
+        else:  # a given cut, scored as the planner scores it
+            planned = given_plan(profile, args.balance, args.split_size, args.schedule)
         timing = (graph, inputs, profile, {"plan": planned})
         plan = verify_plans(*timing, one_device=False, budget_s=args.verify_budget)["plan"]
         print(f"  training {args.steps} steps with the runtime's actions timed …", flush=True)
@@ -445,7 +479,8 @@ def run(args: Any, cases: Sequence[Case]) -> dict[str, Any]:
         models.append({"model": case.label, "key": case.name, "input": case.spec.describe,
                        "schedule": plan.schedule, "v": plan.stages_per_rank,
                        "split_size": plan.split_size, "microbatches": plan.microbatches,
-                       "balance": list(plan.balance), "action_ms": plan.action_ms,
+                       "balance": list(plan.balance), "given": args.balance is not None,
+                       "action_ms": plan.action_ms,
                        "link_bytes_per_s": profile.link_bytes_per_s, **found})
     return {
         "settings": {"machine": machine(), "command": args.command, "steps": args.steps,
@@ -475,8 +510,8 @@ def markdown(data: dict[str, Any]) -> str:
         lines += [
             f"## {m['model']} ({m['input']})", "",
             (f"{m['schedule']}{'' if m['v'] == 1 else ' v=' + str(m['v'])}, balance "
-             f"{m['balance']}, b = {m['split_size']}, m = {m['microbatches']}; cost per action "
-             f"{m['action_ms']:.2f} ms."), "",
+             f"{m['balance']}, b = {m['split_size']}, m = {m['microbatches']}"
+             f"{GIVEN if m.get('given') else ''}; cost per action {m['action_ms']:.2f} ms."), "",
             "| | step ms | against measured |", "|---|---|---|",
             f"| measured (median; IQR {q1:.0f}–{q3:.0f}) | {measured:.1f} | |",
         ]
@@ -543,6 +578,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--schedule", default="gpipe", choices=KNOWN_SCHEDULES,
                         help="the schedule to plan and run (default gpipe)")
     parser.add_argument("--steps", type=int, default=12, help="timed steps (default 12)")
+    parser.add_argument("--balance", type=_balance, default=None, metavar="N,N",
+                        help="run this cut instead of autosplit's plan: blocks per stage, e.g. "
+                             "5,1 (with --split-size; GPipe or 1F1B)")
+    parser.add_argument("--split-size", type=int, default=None, dest="split_size",
+                        help="the micro-batch size of --balance's cut")
     parser.add_argument("--in-rank", type=int, default=3, dest="in_rank",
                         help="times each rank's stages are timed in the rank, alone and "
                              "together, after the training (default 3)")
@@ -550,6 +590,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     cases = chosen_cases(parser, args, argv, "runtime_gap.py", every_case, smoke_cases)
     if args.steps < 1:
         parser.error("--steps must be positive")
+    if (args.balance is None) != (args.split_size is None):
+        parser.error("--balance and --split-size go together")
+    if args.split_size is not None and args.split_size < 1:
+        parser.error("--split-size must be positive")
     if args.smoke:
         args.steps, args.in_rank = 2, 1
     data = run(args, cases)

@@ -420,3 +420,27 @@ def test_the_load_sentence_names_the_hypervisor_only_where_it_was_counted() -> N
     now = load_sentence({**load, "steal_counted": True})
     assert "the hypervisor took 6 core-s" in now
     assert "2 timing(s) during which other processes or the hypervisor took more than 10%" in now
+
+
+def test_runtime_gap_runs_a_given_cut_scored_as_the_planner_scores_it() -> None:
+    import argparse
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    from runtime_gap import _balance, given_plan
+    from synthetic import make_profile
+
+    from autosplit.planner import plan_with_balance
+
+    assert _balance("5,1") == (5, 1)
+    for bad in ("5", "5,1,1", "0,6", "a,b"):
+        with pytest.raises(argparse.ArgumentTypeError, match="a cut into 2 stages"):
+            _balance(bad)
+    prof = make_profile([2, 4], [[1.0, 0.9], [2.0, 1.8], [0.5, 0.5]], batch_size=8)
+    plan = given_plan(prof, (2, 1), 4, "gpipe")
+    assert plan.balance == (2, 1) and plan.split_size == 4
+    assert plan == plan_with_balance(prof, [2, 1], 4, schedule="gpipe")
+    with pytest.raises(SystemExit, match="has 2 blocks; .* has 3"):
+        given_plan(prof, (1, 1), 4, "gpipe")
+    with pytest.raises(SystemExit, match="--split-size 3 was not profiled"):
+        given_plan(prof, (2, 1), 3, "gpipe")
