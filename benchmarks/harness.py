@@ -213,17 +213,11 @@ def _trainer(plan: Plan, model: nn.Module, device: torch.device) -> Any:
                                lambda params: torch.optim.SGD(params, lr=LR), device=device)
 
 
-def machine_cpu_seconds() -> tuple[float, float] | None:
-    """CPU time used on the whole machine so far (busy, and stolen by the hypervisor), in
-    core-seconds, from /proc/stat; ``None`` where there is none (:func:`autosplit.steal.cpu_seconds`)."""
-    return steal.cpu_seconds()
-
-
 def start_marks() -> dict[str, Any]:
-    """The wall clock, this process's CPU time and the machine's (:func:`machine_cpu_seconds`)
+    """The wall clock, this process's CPU time and the machine's (:func:`autosplit.steal.cpu_seconds`)
     now, for :func:`add_machine_load` at the end of a measurement."""
     return {"wall": time.perf_counter(), "own": time.process_time(),
-            "machine": machine_cpu_seconds()}
+            "machine": steal.cpu_seconds()}
 
 
 def add_machine_load(load: dict[str, Any], marks: dict[str, Any],
@@ -249,12 +243,12 @@ def _checked(runner: Any, group: Group, rank: int, label: str) -> tuple[float, f
     Returns (seconds on this rank, the share lost to others in the kept timing, retries)."""
     cores = os.cpu_count() or 1
     for attempt in range(group.retries + 1):
-        before, own = machine_cpu_seconds(), time.process_time()
+        before, own = steal.cpu_seconds(), time.process_time()
         start = time.perf_counter()
         seconds = runner()
         wall = time.perf_counter() - start
         own = time.process_time() - own
-        after = machine_cpu_seconds()
+        after = steal.cpu_seconds()
         used = (None if before is None or after is None
                 else (after[0] - before[0], after[1] - before[1]))
         gathered: list[Any] = [None] * dist.get_world_size()
@@ -280,16 +274,13 @@ def disturbance(busy_s: float, stolen_s: float, ranks_cpu_s: float, wall_s: floa
     (the machine's busy time ``busy_s`` less the ranks' own ``ranks_cpu_s``) plus the time the
     hypervisor stole from this machine's virtual cores (``stolen_s``: they were ready to run,
     and waited), as a share of all ``cores``' time over ``wall_s`` (all in seconds); and
-    whether that is enough to judge at all (a tick of /proc/stat is 10 ms: under 0.05
-    core-s, very short timings cannot be judged).
+    whether that is enough to judge at all (under :data:`autosplit.steal.MIN_JUDGED_S`, too
+    few ticks of /proc/stat).
 
-    Stolen time counts like another process's: the ranks were ready to run and did not. In one
-    accuracy run on the development machines (2 virtual cores, AMD EPYC) the hypervisor took
-    5.5 core-s of one profile's 33 s of timed rounds (8 % of both cores on average, in bursts)
-    while other processes took 0.6, and that profile's four plans measured 10–29 % above their
-    predictions (the other eleven profiles, with under 2 core-s stolen each: 0–21 %)."""
+    Stolen time counts like another process's: the ranks were ready to run and did not (what it
+    did to one accuracy run: :mod:`autosplit.steal`)."""
     lost = max(0.0, busy_s - ranks_cpu_s) + max(0.0, stolen_s)
-    return lost / max(wall_s * cores, 1e-9), lost >= 0.05
+    return lost / max(wall_s * cores, 1e-9), lost >= steal.MIN_JUDGED_S
 
 
 def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count: int,
@@ -327,7 +318,7 @@ def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count:
                   f"in {time.perf_counter() - start:.1f} s", flush=True)
     wall = time.perf_counter() - marks["wall"]
     own = time.process_time() - marks["own"]
-    after = machine_cpu_seconds()
+    after = steal.cpu_seconds()
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (times, own))  # every rank gets every rank's times
     merged = {label: [max(col) for col in zip(*(g[0][label] for g in gathered))] for label in labels}

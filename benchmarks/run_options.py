@@ -24,10 +24,10 @@ def benchmark_parser(doc: str | None, names: Sequence[str],
     parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     chosen = list(names if default is None else default)
-    which = "all" if chosen == list(names) else f"of {' '.join(names)}"
+    which = (f"default all: {' '.join(names)}" if chosen == list(names) else
+             f"of {' '.join(names)}; default {' '.join(chosen)}")
     parser.add_argument("--models", nargs="+", choices=names, default=chosen,
-                        metavar="MODEL",
-                        help=f"the models to run (default {which}: {' '.join(chosen)})")
+                        metavar="MODEL", help=f"the models to run ({which})")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per plan (default 5)")
     parser.add_argument("--profile-budget", type=float, default=40.0,
                         help="each profile's budget (s; autosplit's default 40)")

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import LR, ModelSpec, add_machine_load, machine_cpu_seconds, start_marks, sync  # noqa: E402
+from harness import LR, ModelSpec, add_machine_load, start_marks, sync  # noqa: E402
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from autosplit import distributed  # noqa: E402
+from autosplit import distributed, steal  # noqa: E402
 
 
 class TwoDeviceResNet(nn.Module):
@@ -89,6 +89,6 @@ def time_in_process(spec: ModelSpec, configs: list[tuple[str, int | None]], devi
         print(f"  {'warm-up' if r == 0 else f'round {r}/{repeats}'} done", flush=True)
     wall = time.perf_counter() - marks["wall"]
     load: dict[str, Any] = {"wall_s": wall, "ranks_cpu_s": time.process_time() - marks["own"]}
-    after = machine_cpu_seconds()
+    after = steal.cpu_seconds()
     add_machine_load(load, marks, after)
     return times, load

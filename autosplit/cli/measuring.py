@@ -76,6 +76,7 @@ def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, cons
     """Profile ``model`` with a progress bar; ``include`` is a micro-batch size to measure
     too (when it fits the batch). The runtime's cost per action is measured for the schedules
     the command plans with (:func:`_schedules`)."""
+    from autosplit import steal
     from autosplit.graph import trace
     from autosplit.profiler import check_inputs, profile_graph
 
@@ -101,8 +102,8 @@ def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, cons
             loss=args.loss,
         )
         bar.update(task, completed=1, total=1)
-    aside = (f"; {prof.set_aside} timed round(s) set aside: the hypervisor took over 5% of the "
-             "CPUs during them" if prof.set_aside else "")
+    aside = (f"; {prof.set_aside} timed round(s) set aside: the hypervisor took over "
+             f"{steal.MAX_SHARE:.0%} of the CPUs during them" if prof.set_aside else "")
     console.print(
         f"measured micro-batch sizes {', '.join(map(str, prof.microbatch_sizes))} in "
         f"{prof.seconds:.1f} s{aside}"
