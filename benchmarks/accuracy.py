@@ -61,7 +61,7 @@ from accuracy_cases import (
     spread,
 )
 from common import describe, machine
-from harness import Config, Group, measure
+from harness import Config, Group, load_options, measure
 from report import lead_in_words, load_sentence, plural
 from run_options import benchmark_parser, chosen_cases, write_and_show
 from torchgpipe_peer import INSTALL_TORCHGPIPE, TORCHGPIPE, balance_by_time, torchgpipe_balance
@@ -177,8 +177,7 @@ def measure_agreement(case: Case, profiles: Sequence[dict[str, Any]], configs: d
     print(f"{case.label}: the {len(chosen)} plans of its profiles together …", flush=True)
     group = Group(f"{case.label}, agreement", case.spec,
                   tuple(configs[row["label"]] for row in chosen.values()), rounds=args.rounds,
-                  warmup=1, max_others=args.max_others, retries=args.retries,
-                  lead_in_s=args.lead_in)
+                  warmup=1, **load_options(args))
     predicted = {row["label"]: row["predicted_ms"] for row in chosen.values()}
     return measure_group(group, predicted, args)
 
@@ -197,8 +196,7 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
             # measured right after the plans were made, as a user trains right after planning:
             # the machine's drift between prediction and measurement is a few minutes' drift
             group = Group(f"{case.label}, profile {p + 1}", case.spec, tuple(todo),
-                          rounds=args.rounds, warmup=1, max_others=args.max_others,
-                          retries=args.retries, lead_in_s=args.lead_in)
+                          rounds=args.rounds, warmup=1, **load_options(args))
             predicted = {r["label"]: r["predicted_ms"] for r in result["plans"].values()}
             start = time.perf_counter()
             result.update(measure_group(group, predicted, args))

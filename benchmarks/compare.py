@@ -62,7 +62,8 @@ from compare_results import (  # noqa: E402
     plan_key,
     sizes_for,
 )
-from harness import Config, Group, ModelSpec, add_load_arguments, measure, stage_check  # noqa: E402
+from harness import (Config, Group, ModelSpec, add_load_arguments, load_options,  # noqa: E402
+                     measure, stage_check)
 from torchgpipe_peer import (  # noqa: E402
     INSTALL_TORCHGPIPE,
     TORCHGPIPE,
@@ -170,8 +171,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            for name in measured.values()}
         phases[f"stage check {case.label}"] = time.perf_counter() - start
         groups.append(Group(case.label, case.spec, tuple(configs), rounds=args.rounds, warmup=1,
-                            max_others=args.max_others, retries=args.retries,
-                            lead_in_s=args.lead_in))
+                            **load_options(args)))
         prepared.append((case, profile, plans, notes, measured))
         del model
 
@@ -195,8 +195,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     groups.append(Group("oracle", oracle_case.spec, tuple(Config(g["label"], g["plan"]) for g in grid),
                         rounds=args.oracle_rounds, warmup=1, refine=args.refine,
                         refine_rounds=args.refine_rounds, keep=tuple(keep),
-                        max_others=args.max_others, retries=args.retries,
-                        lead_in_s=args.lead_in))
+                        **load_options(args)))
 
     print(f"measuring: {sum(len(g.configs) for g in groups)} configurations in {len(groups)} "
           f"groups, 2 ranks ({backend}) …", flush=True)

@@ -3,7 +3,8 @@
 :func:`measure` launches the ranks once (``autosplit.distributed.launch``) and times groups of
 configurations in them: plans run one process per stage (a ``Trainer`` per rank), or the whole
 model on one device on rank 0, interleaved round by round (A B C, C B A, …) after untimed
-warm-up rounds, a short step after untimed steps of its own (``Group.lead_in_s``). A timing is
+warm-up rounds, and more of them until no configuration's step faults in fresh memory
+(:func:`settled`), a short step after untimed steps of its own (``Group.lead_in_s``). A timing is
 the slowest rank's wall time from a common barrier; one during which other processes took more
 than a share of the machine's CPU time (``/proc/stat``'s busy time minus the ranks' own) is
 taken again, every rank deciding alike on rank 0's reading.
@@ -20,6 +21,7 @@ import functools
 import gc
 import math
 import os
+import resource
 import statistics
 import sys
 import time
@@ -107,7 +109,12 @@ class Group:
     direction (A B C, C B A, …). A timing during
     which other processes, or the hypervisor, took more than ``max_others`` of the machine's CPU
     time (:func:`disturbance`) is taken again
-    (at most ``retries`` times). With ``refine``, the ``refine`` fastest configurations by
+    (at most ``retries`` times). After the ``warmup`` rounds (if any), untimed rounds go on
+    while a configuration's steps faulted in fresh memory on a rank (:func:`settled`), at most
+    ``settle_rounds`` more: training's steady state reuses its memory, and the first tens of
+    steps may not (the big-vocabulary model's head cut, 2 ranks at b = 16: 16,000 pages, its
+    65 MB of logits, faulted in on some of its first ~40 steps, each then 150–190 ms longer
+    than its ~280 ms step; none after). With ``refine``, the ``refine`` fastest configurations by
     median (and those in ``keep``) are timed ``refine_rounds`` more times afterwards,
     interleaved among themselves. With ``memory``, each plan's peak tensor memory per rank is
     measured afterwards, untimed (:func:`peak_memory`).
@@ -123,6 +130,7 @@ class Group:
     refine: int = 0
     refine_rounds: int = 0
     keep: tuple[str, ...] = ()
+    settle_rounds: int = 10
     max_others: float = 0.10
     retries: int = 3
     memory: bool = False
@@ -183,9 +191,29 @@ def _runner(config: Config, model: nn.Module, inputs: tuple[torch.Tensor, ...], 
     return _timed(pipeline_step, steps, device)
 
 
+SETTLED_BYTES = 1 << 20
+"""A run of a configuration's timed steps that faulted in more fresh memory than this on a
+rank (bytes) is not yet training's steady state (:func:`settled`)."""
+
+
+def page_faults() -> int:
+    """Pages this process has faulted in so far: fresh memory the kernel zeroed (minor faults)
+    or read (major)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_minflt + usage.ru_majflt
+
+
+def settled(faults: Sequence[int], page_bytes: int | None = None) -> bool:
+    """Whether a run whose ranks faulted in ``faults`` pages each (of ``page_bytes``, default
+    the system's) took no more than :data:`SETTLED_BYTES` of fresh memory on any rank."""
+    size = resource.getpagesize() if page_bytes is None else page_bytes
+    return max(faults, default=0) * size <= SETTLED_BYTES
+
+
 def _timed(step: Any, steps: int, device: torch.device) -> Any:
     """``run(lead=0)``: ``lead`` untimed calls of ``step``, a barrier, then ``steps`` timed ones
-    (seconds on this rank); ``run.steps_run`` counts the calls."""
+    (seconds on this rank); ``run.steps_run`` counts the calls, ``run.faults`` the pages the
+    last run's timed steps faulted in (:func:`page_faults`)."""
 
     def counted() -> None:
         step()
@@ -197,13 +225,17 @@ def _timed(step: Any, steps: int, device: torch.device) -> Any:
             counted()
         dist.barrier()
         sync(device)
+        faults = page_faults()
         start = time.perf_counter()
         for _ in range(steps):
             counted()
         sync(device)
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        run.faults = page_faults() - faults  # type: ignore[attr-defined]
+        return seconds
 
     run.steps_run = 0  # type: ignore[attr-defined]
+    run.faults = 0  # type: ignore[attr-defined]
     return run
 
 
@@ -286,41 +318,48 @@ def disturbance(busy_s: float, stolen_s: float, ranks_cpu_s: float, wall_s: floa
 def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count: int,
             skip: int, rank: int, what: str, leads: dict[str, int] | None = None
             ) -> tuple[dict[str, list[float]], dict[str, Any], dict[str, int]]:
-    """Time ``count`` rounds after ``skip`` untimed ones (see :func:`_checked`), each timing
-    after its configuration's lead-in steps (``leads``; else from the untimed rounds' steps, see
-    :class:`Group`); also what other processes took of the machine during the timed rounds
-    (the whole machine's busy CPU time minus the ranks' own, discarded timings included).
-    Returns the times, the load and the lead-in steps per configuration."""
-    times: dict[str, list[float]] = {label: [] for label in labels}
+    """Time ``count`` rounds after ``skip`` untimed ones and, if there were any, untimed rounds
+    until every configuration's steps settled (:func:`settled`; at most ``group.settle_rounds``),
+    each timing after its configuration's lead-in steps (``leads``; else from the untimed
+    rounds' steps, see :class:`Group`; see :func:`_checked`); also what other processes took of
+    the machine during the timed rounds (the whole machine's busy CPU time minus the ranks'
+    own, discarded timings included), the settling rounds run and the timings that still
+    faulted in fresh memory. Returns the times, the load and the lead-in steps per
+    configuration."""
     untimed: dict[str, list[float]] = {label: [] for label in labels}
+    faulted: list[str] = []  # no warm-up asked for: no settling either
+    for r in range(skip):
+        faulted = _untimed_round(group, labels, runners, r, rank, "warm-up", untimed, {})
+    if leads is None:
+        leads = _lead_ins(group, untimed) if skip else {}
+    settling = 0
+    while faulted and settling < group.settle_rounds:
+        faulted = _untimed_round(group, labels, runners, skip + settling, rank,
+                                 f"settling {settling + 1}", untimed, leads)
+        settling += 1
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    faults: dict[str, list[int]] = {label: [] for label in labels}
     shares: list[float] = []
     retried = 0
-    marks: dict[str, Any] = {}
-    for r in range(skip + count):
-        if r == skip:
-            marks = start_marks()
-            if leads is None:
-                leads = _lead_ins(group, untimed)
-        order = list(labels) if r % 2 == 0 else list(reversed(labels))
+    marks = start_marks()
+    for r in range(count):
+        order = list(labels) if (skip + settling + r) % 2 == 0 else list(reversed(labels))
         start = time.perf_counter()
         for label in order:
-            if r < skip:
-                untimed[label].append(runners[label]() / group.steps)
-                continue
-            run = functools.partial(runners[label], (leads or {}).get(label, 0))
+            run = functools.partial(runners[label], leads.get(label, 0))
             seconds, share, retries = _checked(run, group, rank, label)
             times[label].append(seconds)
+            faults[label].append(runners[label].faults)
             shares.append(share)
             retried += retries
         if rank == 0:
-            kind = "warm-up" if r < skip else f"{what} {r - skip + 1}/{count}"
-            print(f"  {group.name}: {kind} round of {len(order)} configurations "
+            print(f"  {group.name}: {what} {r + 1}/{count} round of {len(order)} configurations "
                   f"in {time.perf_counter() - start:.1f} s", flush=True)
     wall = time.perf_counter() - marks["wall"]
     own = time.process_time() - marks["own"]
     after = steal.cpu_seconds()
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (times, own))  # every rank gets every rank's times
+    dist.all_gather_object(gathered, (times, own, faults))  # every rank gets every rank's
     merged = {label: [max(col) for col in zip(*(g[0][label] for g in gathered))] for label in labels}
     judged = [x for x in shares if not math.isnan(x)]
     load: dict[str, Any] = {
@@ -328,9 +367,36 @@ def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count:
         "retried": retried, "max_others": group.max_others, "steal_counted": True,
         "kept_over_limit": sum(x > group.max_others for x in judged),
         "max_kept_share": max(judged, default=math.nan),
+        "settling_rounds": settling, "unsettled": faulted,
+        "faulted_timings": sum(not settled(col) for label in labels
+                               for col in zip(*(g[2][label] for g in gathered))),
     }
     add_machine_load(load, marks, after)
-    return merged, load, dict(leads or {})
+    return merged, load, dict(leads)
+
+
+def _untimed_round(group: Group, labels: Sequence[str], runners: dict[str, Any], r: int,
+                   rank: int, kind: str, untimed: dict[str, list[float]],
+                   leads: dict[str, int]) -> list[str]:
+    """Run every configuration once, untimed (its lead-in steps first), in round ``r``'s
+    direction; append each one's seconds per step to ``untimed``. Collective: returns, on every
+    rank alike, the configurations whose steps (lead-in steps included) faulted in fresh memory
+    on some rank (:func:`settled`)."""
+    order = list(labels) if r % 2 == 0 else list(reversed(labels))
+    start = time.perf_counter()
+    faults: dict[str, int] = {}
+    for label in order:
+        before = page_faults()  # over its lead-in steps too
+        untimed[label].append(runners[label](leads.get(label, 0)) / group.steps)
+        faults[label] = page_faults() - before
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, faults)
+    faulted = [label for label in labels if not settled([g[label] for g in gathered])]
+    if rank == 0:
+        note = f"; fresh memory faulted in by {', '.join(faulted)}" if faulted else ""
+        print(f"  {group.name}: {kind} round of {len(order)} configurations "
+              f"in {time.perf_counter() - start:.1f} s{note}", flush=True)
+    return faulted
 
 
 def _lead_ins(group: Group, untimed: dict[str, list[float]]) -> dict[str, int]:
@@ -372,7 +438,8 @@ def _run_group(group: Group, device: torch.device, rank: int) -> dict[str, Any]:
                                           "refine round", leads)
         load = {k: load[k] + refine_load[k] if k in ("wall_s", "ranks_cpu_s", "timings", "retried",
                                                      "kept_over_limit", "machine_cpu_s", "steal_s",
-                                                     "others_cpu_s") else load[k]
+                                                     "others_cpu_s", "faulted_timings")
+                else load[k]
                 for k in load if k in refine_load}
         load["max_kept_share"] = max(load["max_kept_share"], refine_load["max_kept_share"])
         if "others_cpu_s" in load:
@@ -460,7 +527,8 @@ def stage_check(plan: Plan, model: nn.Module, inputs: tuple[torch.Tensor, ...], 
 
 def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     """--max-others and --retries: what to do about other processes on a shared machine;
-    --lead-in: how a short step is brought to the steady state of training (:class:`Group`)."""
+    --lead-in and --settle-rounds: how steps are brought to the steady state of training
+    (:class:`Group`; :func:`load_options` turns them into a group's settings)."""
     parser.add_argument("--max-others", type=float, default=0.10,
                         help="retake a timing during which other processes used more than this "
                              "share of the machine's CPU time (default 0.10)")
@@ -470,3 +538,14 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a configuration whose step is shorter than S seconds runs untimed "
                              "steps of its own for S seconds before each timing (default 1.0; "
                              "0: never)")
+    parser.add_argument("--settle-rounds", type=int, default=10, metavar="N",
+                        dest="settle_rounds",
+                        help="after the warm-up round, at most N more untimed rounds while a "
+                             "configuration's steps fault in fresh memory (over 1 MiB on a "
+                             "rank; default 10; 0: never)")
+
+
+def load_options(args: argparse.Namespace) -> dict[str, Any]:
+    """A :class:`Group`'s settings from :func:`add_load_arguments`' options."""
+    return {"max_others": args.max_others, "retries": args.retries, "lead_in_s": args.lead_in,
+            "settle_rounds": args.settle_rounds}

@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accuracy_cases import Case, ExampleSpec, resnet50_hand, spread
 from common import describe, machine
-from harness import Config, Group, ModelSpec, measure
+from harness import Config, Group, ModelSpec, load_options, measure
 from report import lead_in_words, load_sentence
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
                        "plan_and_verify_s": found["plan_and_verify_s"],
                        "microbatch_sizes": found["microbatch_sizes"], "plans": rows})
         group = Group(case.label, case.spec, configs, rounds=args.rounds, warmup=1,
-                      max_others=args.max_others, retries=args.retries, lead_in_s=args.lead_in)
+                      **load_options(args))
         # measured right after its plans were verified: the machine's drift between the
         # prediction and the measurement is that of a few minutes, not of the whole run
         print(f"  measuring {len(configs)} configurations …", flush=True)

@@ -42,7 +42,24 @@ def load_sentence(load: dict[str, Any]) -> str:
             text += (f", and {load['kept_over_limit']} of the {load['timings']} kept timings still "
                      f"saw more than {limit} (up to {load['max_kept_share']:.0%}): read those rows "
                      "with care")
-    return text + "."
+    return text + settling_words(load) + "."
+
+
+def settling_words(load: dict[str, Any]) -> str:
+    """The untimed rounds run until the steps stopped faulting in fresh memory, and the timings
+    that still did (``harness.py``), as a clause after a semicolon; "" when there is nothing to
+    say (or the results predate the rule)."""
+    text = ""
+    rounds = load.get("settling_rounds", 0)
+    if rounds:
+        text += (f"; {plural(rounds, 'untimed round')} after the warm-up, until no configuration's "
+                 "steps faulted in over 1 MiB of fresh memory on a rank")
+        if load.get("unsettled"):
+            text += f" ({', '.join(load['unsettled'])} still did: the limit of rounds)"
+    if load.get("faulted_timings"):
+        text += (f"; {load['faulted_timings']} of the {load['timings']} kept timings faulted in "
+                 "fresh memory")
+    return text
 
 
 def pyplot() -> Any:

@@ -4,7 +4,8 @@ action by action, on 2 CPU workers.
 For each model, autosplit plans it for 2 CPU workers with ``--schedule`` (GPipe by default;
 the profile, the runtime's cost per action and the link measured as ``autosplit plan``
 measures them) and verifies the plan's stages (``autosplit.verify.verify_plans``). Then the
-plan trains ``--steps`` steps on 2 gloo ranks, back to back after warm-up steps, with every
+plan trains ``--steps`` steps on 2 gloo ranks, back to back after warm-up steps (more until a
+step faults in no fresh memory: ``harness.settled``), with every
 action of torch's runtime timed from inside it on a clock common to both ranks: each stage's
 forward, backward and weight pass (``forward_one_chunk``, ``backward_one_chunk``,
 ``backward_weight_one_chunk``), the loss, the posting of sends and receives and the waits for
@@ -45,7 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accuracy_cases import Case, ExampleSpec
 from common import describe, machine
-from harness import ModelSpec
+from harness import ModelSpec, page_faults, settled
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
 from autosplit.allocator import restart_keeping_freed_memory
@@ -60,6 +61,8 @@ from autosplit.verify import verify_plans
 
 GIVEN = " (the cut given by --balance, not autosplit's plan)"
 SLOW_RECEIVE_MS = 1.0  # a receive (posting + waiting) longer than this is counted as slow
+WARMUP = 2  # untimed steps before the timed ones, at least
+MAX_WARMUP = 60  # at most, while a step still faults in fresh memory (harness.settled)
 KINDS = ("F", "B", "W")
 
 
@@ -165,19 +168,36 @@ def _rank(spec: Any, plan: Plan, steps: int, warmup: int, loss: str,
     trainer = distributed.Trainer(model, plan, distributed.tutorial_loss,
                                   lambda params: torch.optim.SGD(params, lr=0.001))
     mine = []
-    for k in range(warmup + steps):
+    warm = 0  # ``warmup`` steps, then more while a step faults in fresh memory on a rank
+    while len(mine) < steps:
         dist.barrier()
         events.clear()
+        faults = page_faults()
         start = time.perf_counter()
         trainer.step(inputs if trainer.holds_first else None,
                      targets if trainer.holds_last else None)
-        if k >= warmup:
-            mine.append((start, time.perf_counter(), list(events)))
+        end = time.perf_counter()
+        # the same decision on every rank: the same counts, and a gathered verdict
+        if warm < warmup or (not mine and warm < MAX_WARMUP
+                             and not _all_settled(page_faults() - faults)):
+            warm += 1
+            continue
+        mine.append((start, end, list(events)))
     timed = _in_rank(model, inputs, plan, loss, repeats)
     timed |= _by_hand(trainer, model, inputs, targets, plan, repeats)
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (mine, timed))
+    dist.all_gather_object(gathered, (mine, timed, warm))
     return gathered if dist.get_rank() == 0 else None
+
+
+def _all_settled(faults: int) -> bool:
+    """Whether no rank faulted in fresh memory in its step (this rank's ``faults`` pages;
+    :func:`harness.settled`). Collective."""
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, faults)
+    return settled(gathered)
 
 
 def _in_rank(model: Any, inputs: Any, plan: Plan, loss: str, repeats: int
@@ -463,10 +483,10 @@ def run(args: Any, cases: Sequence[Case]) -> dict[str, Any]:
         timing = (graph, inputs, profile, {"plan": planned})
         plan = verify_plans(*timing, one_device=False, budget_s=args.verify_budget)["plan"]
         print(f"  training {args.steps} steps with the runtime's actions timed …", flush=True)
-        got = launch(_rank, 2, case.spec, plan, args.steps, 2, profile.loss, args.in_rank,
+        got = launch(_rank, 2, case.spec, plan, args.steps, WARMUP, profile.loss, args.in_rank,
                      timeout_s=args.timeout)[0]
-        ranks = [steps for steps, _ in got]
-        in_rank = {way: {name: statistics.median(values) for _, timed in got
+        ranks = [steps for steps, _, _ in got]
+        in_rank = {way: {name: statistics.median(values) for _, timed, _ in got
                          for name, values in timed[way].items()}
                    for way in ("alone", "together", "by hand, alone", "by hand, together")}
         print("  timing the stages again …", flush=True)
@@ -474,6 +494,7 @@ def run(args: Any, cases: Sequence[Case]) -> dict[str, Any]:
                              budget_s=args.verify_budget)["plan"]
         found = analyse(plan, ranks)
         found["in_rank"] = in_rank
+        found["warmup_steps"] = got[0][2]
         found["again_ms"] = again.predicted_step_ms
         found["verified_again"] = stage_actions(again)
         models.append({"model": case.label, "key": case.name, "input": case.spec.describe,
@@ -484,11 +505,21 @@ def run(args: Any, cases: Sequence[Case]) -> dict[str, Any]:
                        "link_bytes_per_s": profile.link_bytes_per_s, **found})
     return {
         "settings": {"machine": machine(), "command": args.command, "steps": args.steps,
-                     "warmup_steps": 2, "schedule": args.schedule,
+                     "min_warmup_steps": WARMUP, "max_warmup_steps": MAX_WARMUP,
+                     "schedule": args.schedule,
                      "profile_budget_s": args.profile_budget,
                      "verify_budget_s": args.verify_budget, "slow_receive_ms": SLOW_RECEIVE_MS},
         "models": models, "seconds": time.perf_counter() - started,
     }
+
+
+def _warmup_words(settings: dict[str, Any]) -> str:
+    """The warm-up rule in words (results written before it: a fixed count)."""
+    if "min_warmup_steps" not in settings:
+        return f"{settings['warmup_steps']} warm-up steps"
+    return (f"{settings['min_warmup_steps']} warm-up steps or more, until a step faulted in no "
+            f"more than 1 MiB of fresh memory on either rank (at most "
+            f"{settings['max_warmup_steps']})")
 
 
 def _pct(value: float, base: float) -> str:
@@ -501,7 +532,7 @@ def markdown(data: dict[str, Any]) -> str:
         "# Where a pipeline step's time goes: prediction against torch's runtime", "",
         f"Machine: {describe(s['machine'])}.  ", f"Command: `{s['command']}`.  ",
         (f"2 CPU workers of 1 thread (gloo ranks); {s['steps']} steps back to back after "
-         f"{s['warmup_steps']} warm-up steps, each after a barrier; every action timed inside "
+         f"{_warmup_words(s)}, each after a barrier; every action timed inside "
          f"torch's runtime. Total {data['seconds']:.0f} s."), "",
     ]
     for m in data["models"]:
@@ -511,7 +542,8 @@ def markdown(data: dict[str, Any]) -> str:
             f"## {m['model']} ({m['input']})", "",
             (f"{m['schedule']}{'' if m['v'] == 1 else ' v=' + str(m['v'])}, balance "
              f"{m['balance']}, b = {m['split_size']}, m = {m['microbatches']}"
-             f"{GIVEN if m.get('given') else ''}; cost per action {m['action_ms']:.2f} ms."), "",
+             f"{GIVEN if m.get('given') else ''}; cost per action {m['action_ms']:.2f} ms"
+             + (f"; {m['warmup_steps']} warm-up steps." if "warmup_steps" in m else ".")), "",
             "| | step ms | against measured |", "|---|---|---|",
             f"| measured (median; IQR {q1:.0f}–{q3:.0f}) | {measured:.1f} | |",
         ]

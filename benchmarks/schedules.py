@@ -48,7 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accuracy_cases import Case, ExampleSpec, resnet50_hand, spread
 from common import describe, machine
-from harness import Config, Group, ModelSpec, measure
+from harness import Config, Group, ModelSpec, load_options, measure
 from report import lead_in_words, load_sentence
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
@@ -195,8 +195,7 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
                        "action_ms": found["action_ms"],
                        "action_spread": found["action_spread"]})
         group = Group(case.label, case.spec, configs, rounds=args.rounds, warmup=1,
-                      max_others=args.max_others, retries=args.retries,
-                      lead_in_s=args.lead_in, memory=True)
+                      memory=True, **load_options(args))
         # measured right after its plans were verified: the machine's drift between the
         # prediction and the measurement is that of a few minutes, not of the whole run
         print(f"  measuring {len(configs)} configurations …", flush=True)

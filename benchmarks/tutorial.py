@@ -41,7 +41,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command_line, describe, machine, write_results  # noqa: E402
-from harness import Config, Group, ModelSpec, add_load_arguments, measure, summary  # noqa: E402
+from harness import (Config, Group, ModelSpec, add_load_arguments, load_options,  # noqa: E402
+                     measure, summary)
 from report import despine, load_sentence, plural, pyplot, save_figure  # noqa: E402
 from two_devices import time_in_process  # noqa: E402
 
@@ -107,8 +108,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         configs += [Config(label, bare_plan(model, HAND_SPLIT, s, batch))
                     for label, s in split_configs.items()]
         group = Group("tutorial", spec, tuple(configs), rounds=args.repeats, warmup=1,
-                      steps=args.batches, max_others=args.max_others, retries=args.retries,
-                      lead_in_s=args.lead_in)
+                      steps=args.batches, **load_options(args))
         result = measure([group], backend="gloo", timeout_s=args.timeout)["tutorial"]
         times, load = result["times"], result["load"]
         devices_text = "CPU workers of 1 thread: one process per stage (gloo)"

@@ -370,6 +370,80 @@ def test_lead_in_steps_fill_the_lead_in_with_the_configurations_own_steps() -> N
     assert lead_in_steps(1.0, float("inf")) == 0  # no step seen
 
 
+SETTLING_SCRIPT = """
+import json, mmap, sys
+sys.path.insert(0, sys.argv[1])
+import torch.distributed as dist
+from harness import Group, ModelSpec, _rounds, page_faults
+
+def runner(fresh_runs):
+    # a configuration whose first fresh_runs runs touch 4 MiB of fresh pages, the others none
+    def run(lead=0):
+        run.calls += 1
+        before = page_faults()
+        if run.calls <= fresh_runs:
+            block = mmap.mmap(-1, 4 << 20)
+            block.write(b"x" * (4 << 20))
+            block.close()
+        run.faults = page_faults() - before
+        return 0.01
+    run.calls, run.faults = 0, 0
+    return run
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], 1), rank=0, world_size=1)
+    out = {}
+    for name, fresh, settle, warmup in (("settles", 3, 10, 1), ("limited", 10, 2, 1),
+                                        ("quiet", 0, 10, 1), ("no warm-up", 10, 10, 0)):
+        group = Group(name, ModelSpec("resnet18", 2), (), rounds=2, warmup=warmup, retries=0,
+                      settle_rounds=settle)
+        runners = {"A": runner(fresh), "B": runner(0)}
+        _, load, _ = _rounds(group, ["A", "B"], runners, 2, warmup, 0, "round")
+        out[name] = {k: load[k] for k in ("settling_rounds", "unsettled", "faulted_timings")}
+        out[name]["calls"] = runners["A"].calls
+    dist.destroy_process_group()
+    print(json.dumps(out))
+"""
+
+
+def test_untimed_rounds_go_on_until_no_step_faults_in_fresh_memory(tmp_path) -> None:
+    """After the warm-up round, the harness runs untimed rounds while a configuration's steps
+    fault in fresh memory (at most settle_rounds); timings that still do are counted."""
+    script = tmp_path / "settling.py"
+    script.write_text(SETTLING_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(ROOT / "benchmarks"),
+                           str(tmp_path / "store")],
+                          capture_output=True, text=True, timeout=120, check=True)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    # warm-up and settling rounds 1, 2 fault; round 3 does not; then 2 timed rounds
+    assert got["settles"] == {"settling_rounds": 3, "unsettled": [], "faulted_timings": 0,
+                              "calls": 1 + 3 + 2}
+    # the limit reached: still faulting, and so are both timings
+    assert got["limited"] == {"settling_rounds": 2, "unsettled": ["A"], "faulted_timings": 2,
+                              "calls": 1 + 2 + 2}
+    assert got["quiet"] == {"settling_rounds": 0, "unsettled": [], "faulted_timings": 0,
+                            "calls": 1 + 2}
+    assert got["no warm-up"] == {"settling_rounds": 0, "unsettled": [], "faulted_timings": 2,
+                                 "calls": 2}
+
+
+def test_a_run_is_settled_under_one_mib_of_fresh_memory_on_every_rank() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from harness import SETTLED_BYTES, settled
+    from report import settling_words
+
+    assert SETTLED_BYTES == 1 << 20
+    assert settled([0, 256], page_bytes=4096)  # 1 MiB: still settled
+    assert not settled([0, 257], page_bytes=4096)
+    assert not settled([16000, 0], page_bytes=4096)  # the big-vocabulary logits, 65 MB
+    assert settled([])
+    assert settling_words({}) == ""  # results written before the rule
+    words = settling_words({"settling_rounds": 3, "unsettled": ["head cut"],
+                            "faulted_timings": 2, "timings": 10})
+    assert "3 untimed rounds after the warm-up" in words
+    assert "head cut still did" in words and "2 of the 10 kept timings faulted" in words
+
+
 def test_runtime_gap_benchmark_smoke(tmp_path) -> None:
     """Every action of torch's runtime timed inside it, the replay of those times, each rank's
     step taken apart."""
@@ -377,6 +451,8 @@ def test_runtime_gap_benchmark_smoke(tmp_path) -> None:
     data = json.loads((tmp_path / "runtime_gap_smoke.json").read_text())
     (m,) = data["models"]
     assert len(m["measured_ms"]) == data["settings"]["steps"] == 2
+    # warm-up steps: 2 or more, while a step faulted in fresh memory, at most 60
+    assert data["settings"]["min_warmup_steps"] == 2 <= m["warmup_steps"] <= 60
     stages = len(m["balance"])
     assert {f"{kind}{s}" for kind in "FB" for s in range(stages)} <= set(m["runtime"])
     assert m["replay_ms"] > 0 and m["predicted_ms"] > 0 and m["loss_ms"] > 0
