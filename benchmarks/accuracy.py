@@ -18,7 +18,8 @@ Each profile's distinct plans and one device are then trained for real right aft
 plans were made, as a user trains right after planning (the machine drifts 20-30 % over tens of
 minutes; a profile's prediction is compared with its own timed rounds, a few minutes later), one
 process per stage (``harness.py``: two gloo ranks, GPipe, interleaved rounds A B … B A after a
-warm-up round, a timing disturbed by other processes taken again); then the distinct plans
+warm-up round and untimed rounds until no plan's steps fault in fresh memory, a timing
+disturbed by other processes taken again); then the distinct plans
 autosplit chose from the profiles, timed together, for the agreement. Reported: the median and p90
 of |predicted − measured| / measured over every (profile, plan); each profile's predicted ratio
 autosplit / other plan against the measured ratio, with that ratio's own spread over the paired
@@ -222,6 +223,7 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
             "devices": "2 CPU workers of 1 thread each, one process per stage (gloo), GPipe",
             "profiles": args.profiles, "rounds": args.rounds, "warmup_rounds": 1,
             "steps_per_timing": 1, "lead_in_s": args.lead_in,
+            "settle_rounds": args.settle_rounds,
             "profile_budget_s": args.profile_budget,
             "verify_budget_s": args.verify_budget, "max_others": args.max_others,
             "retries": args.retries, "torchgpipe": TORCHGPIPE,

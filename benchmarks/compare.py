@@ -225,6 +225,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "retries": args.retries,
             "torchgpipe": TORCHGPIPE,
             "steps_per_timing": 1, "lead_in_s": args.lead_in,
+            "settle_rounds": args.settle_rounds,
             "loss": "MSE against one-hot labels (the tutorial's), SGD lr 0.001",
             "gpus": gpus,
         },

@@ -163,7 +163,7 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
             "machine": machine(), "command": args.command, "smoke": args.smoke,
             "devices": "2 CPU workers of 1 thread each (gloo): one process per stage and replica",
             "allreduce_bytes_per_s": width, "rounds": args.rounds, "warmup_rounds": 1,
-            "lead_in_s": args.lead_in,
+            "lead_in_s": args.lead_in, "settle_rounds": args.settle_rounds,
             "profile_budget_s": args.profile_budget, "verify_budget_s": args.verify_budget,
             "max_others": args.max_others, "retries": args.retries,
             "loss": "MSE against one-hot labels (the tutorial's), SGD lr 0.001",

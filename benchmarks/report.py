@@ -15,12 +15,17 @@ def plural(count: int, word: str, suffix: str = "s") -> str:
 def lead_in_words(settings: dict[str, Any]) -> str:
     """How a short step was timed (``settings["lead_in_s"]``, harness's ``Group.lead_in_s``), as
     a clause to put after "after a warm-up round"; empty where there was no lead-in (results
-    written before it)."""
+    written before it); then the settling rounds' limit (``settings["settle_rounds"]``,
+    harness's ``Group.settle_rounds``), where there was one."""
     seconds = settings.get("lead_in_s", 0.0)
-    if not seconds:
-        return ""
-    return (f", a step under {seconds:g} s timed after {seconds:g} s of untimed steps of its "
-            "own")
+    text = ""
+    if seconds:
+        text = (f", a step under {seconds:g} s timed after {seconds:g} s of untimed steps of its "
+                "own")
+    if settings.get("settle_rounds"):
+        text += (f", and up to {settings['settle_rounds']} more untimed rounds while a "
+                 "configuration's steps faulted in over 1 MiB of fresh memory on a rank")
+    return text
 
 
 def load_sentence(load: dict[str, Any]) -> str:

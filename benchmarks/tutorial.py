@@ -43,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command_line, describe, machine, write_results  # noqa: E402
 from harness import (Config, Group, ModelSpec, add_load_arguments, load_options,  # noqa: E402
                      measure, summary)
-from report import despine, load_sentence, plural, pyplot, save_figure  # noqa: E402
+from report import (despine, lead_in_words, load_sentence, plural, pyplot,  # noqa: E402
+                    save_figure)
 from two_devices import time_in_process  # noqa: E402
 
 import torch  # noqa: E402
@@ -143,6 +144,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "max_others": args.max_others,
             "retries": args.retries,
             "warmup": "one untimed round: one timing of every configuration",
+            "lead_in_s": args.lead_in, "settle_rounds": args.settle_rounds,
             "tutorial_splits": list(args.split_sizes),
             "split_sizes_measured": {str(k): v for k, v in sweep_map.items()},
             "pipelined_split": pipelined,
@@ -170,7 +172,8 @@ def markdown(data: dict[str, Any]) -> str:
         f"Machine: {describe(st['machine'])}. ResNet50, {st['input']}, SGD lr 0.001, MSE on "
         f"one-hot labels; {st['devices']}; hand split before `layer3` (the tutorial's). Each timing "
         f"is {plural(st['batches_per_timing'], 'training batch', 'es')}; "
-        f"{plural(st['repeats'], 'timing')} per configuration, interleaved round by round after a warm-up round; mean ± std (population, "
+        f"{plural(st['repeats'], 'timing')} per configuration, interleaved round by round after a "
+        f"warm-up round{lead_in_words(st)}; mean ± std (population, "
         f"as `np.std`). Whole run {st['wall_seconds']:.0f} s. Command: `{st['command']}`.",
         "",
         "Timings on this shared 2-core machine drift 20–30 % between runs (other jobs may run "
