@@ -252,7 +252,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.smoke:
         args.rounds, args.oracle_rounds, args.refine, args.refine_rounds = 1, 1, 2, 1
-        args.retries, args.lead_in = 0, 0.0  # a smoke run checks that it runs, not how fast
+        # a smoke run checks that it runs, not how fast
+        args.retries, args.lead_in, args.settle_rounds = 0, 0.0, 0
     if min(args.rounds, args.oracle_rounds) < 1 or args.refine < 0 or args.refine_rounds < 0:
         parser.error("--rounds and --oracle-rounds must be positive, --refine and --refine-rounds ≥ 0")
     args.command = command_line("compare.py", sys.argv[1:] if argv is None else argv)

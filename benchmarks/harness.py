@@ -113,7 +113,7 @@ class Group:
     while a configuration's steps faulted in fresh memory on a rank (:func:`settled`), at most
     ``settle_rounds`` more: training's steady state reuses its memory, and the first tens of
     steps may not (the big-vocabulary model's head cut, 2 ranks at b = 16: 16,000 pages, its
-    65 MB of logits, faulted in on some of its first ~40 steps, each then 150–190 ms longer
+    65 MB of logits, faulted in on some of its first ~30 steps, each then 150–190 ms longer
     than its ~280 ms step; none after). With ``refine``, the ``refine`` fastest configurations by
     median (and those in ``keep``) are timed ``refine_rounds`` more times afterwards,
     interleaved among themselves. With ``memory``, each plan's peak tensor memory per rank is

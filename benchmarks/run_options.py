@@ -46,13 +46,14 @@ def chosen_cases(parser: argparse.ArgumentParser, args: argparse.Namespace,
                  argv: Sequence[str] | None, script: str, default_cases: Callable[[], list[Any]],
                  smoke_cases: Callable[[], list[Any]]) -> list[Any]:
     """The cases to run; sets ``args.sizes``, ``args.out`` and ``args.command`` (and, with
-    ``--smoke``, one round, no retakes or lead-in steps, 5 s budgets and sizes 2 and 4)."""
+    ``--smoke``, one round, no retakes, lead-in steps or settling rounds, 5 s budgets and
+    sizes 2 and 4)."""
     if args.rounds < 1:
         parser.error("--rounds must be positive")
     args.sizes = None
     if args.smoke:
         cases = smoke_cases()
-        args.rounds, args.retries, args.lead_in = 1, 0, 0.0
+        args.rounds, args.retries, args.lead_in, args.settle_rounds = 1, 0, 0.0, 0
         args.profile_budget, args.verify_budget, args.sizes = 5.0, 5.0, [2, 4]
     else:
         cases = [c for c in default_cases() if c.name in args.models]

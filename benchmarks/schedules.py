@@ -14,8 +14,8 @@ predicted with every stage as timed alone and as timed beside, to show where the
 lies between the two. Measured right
 after (each model's plans measured before the next model is profiled, so that the machine's
 drift between prediction and measurement is that of minutes), interleaved on 2 gloo ranks (``harness.py``: a ``Trainer`` per rank on torch's own schedule
-classes, rounds A B … B A after a warm-up round, a timing disturbed by other processes taken
-again). A memory-limited case plans again with each device's memory set below what the hand
+classes, rounds A B … B A after a warm-up round and untimed rounds until no plan's steps fault
+in fresh memory, a timing disturbed by other processes taken again). A memory-limited case plans again with each device's memory set below what the hand
 split with GPipe needs, and reports what autosplit chooses then (predicted). After each
 model's measurement its stage runs are timed again and every step predicted again from them
 ("re-timed after"): the machine's speed drifts between planning and measuring (on these

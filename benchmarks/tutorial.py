@@ -298,7 +298,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.smoke:
         args.batch, args.image, args.repeats, args.batches = 4, 64, 1, 1
         args.split_sizes = [1, 2]
-        args.retries, args.lead_in = 0, 0.0  # a smoke run checks that it runs, not how fast
+        # a smoke run checks that it runs, not how fast
+        args.retries, args.lead_in, args.settle_rounds = 0, 0.0, 0
     if args.batch < 1 or args.repeats < 1 or args.batches < 1:
         parser.error("--batch, --repeats and --batches must be positive")
     data = run(args)
