@@ -144,9 +144,21 @@ def schedule_table(choice: Any, chosen: Plan) -> Table:
             f"{sum(s.checkpoint for s in plan.stages)}/{len(plan.stages)}",
             format_ms(plan.predicted_step_ms),
             format_bytes(max(s.memory_bytes for s in plan.stages)),
-            "; ".join(x for x in ("chosen" if mine else "", option.why) if x),
+            "; ".join(x for x in (_chosen_note(plan, chosen) if mine else "", option.why) if x),
         )
     return table
+
+
+def _chosen_note(row: Plan, chosen: Plan) -> str:
+    """"chosen" on the row of the chosen plan's schedule or layout; where verification chose
+    another of its plans than the row's best by block sums (other cuts or micro-batches),
+    what was chosen."""
+    same = ((row.microbatches, row.split_size, row.balance)
+            == (chosen.microbatches, chosen.split_size, chosen.balance))
+    if same:
+        return "chosen (verified above)" if chosen.verification else "chosen"
+    cuts = "" if row.balance == chosen.balance else " on other cuts"
+    return f"chosen: {chosen.microbatches}×{chosen.split_size}{cuts}, verified above"
 
 
 def layout_table(layouts: Layouts, chosen: Plan) -> Table:
@@ -157,7 +169,7 @@ def layout_table(layouts: Layouts, chosen: Plan) -> Table:
                           ("step (block sums)", "right"), ("memory/device", "right"),
                           ("note", "left")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    shape = (len(chosen.stages), chosen.replicas)
+    shape = (len(chosen.stages) // chosen.stages_per_rank, chosen.replicas)  # ranks per replica
     for option in layouts.options:
         mine = (option.stages, option.replicas) == shape
         if option.plan is None:
@@ -165,8 +177,7 @@ def layout_table(layouts: Layouts, chosen: Plan) -> Table:
             table.add_row(option.label, "–", "–", "–", f"does not fit{need}")
             continue
         plan = option.plan
-        notes = ["chosen (verified above)" if mine and chosen.verification else
-                 "chosen" if mine else ""]
+        notes = [_chosen_note(plan, chosen) if mine else ""]
         if plan.replicas > 1:
             notes.append(f"all-reduce {format_ms(plan.replica_sync_ms)}")
             if plan.placement and plan.stages[1:]:

@@ -406,3 +406,36 @@ def test_too_many_cuts_are_not_enumerated_and_gpipe_falls_back_on_its_exact_sear
         plan_schedules(settings, profile, sizes, (("gpipe", 1),))  # no fallback given
     with pytest.raises(autosplit.InvalidInputError, match=r"interleaved-1f1b \(v = 2\): 35 ways"):
         autosplit.plan(profile, 2, schedule="interleaved-1f1b")
+
+
+def test_the_tables_mark_the_chosen_plan_and_what_verification_chose_instead() -> None:
+    """The schedule and layout tables show each row's best plan by block sums; the chosen
+    plan's row says "chosen", and what was chosen where verification took another of its
+    plans (a v = 2 plan's 4 stages are the 2-stage pipeline's layout)."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from autosplit.planner.layouts import LayoutOption, Layouts
+    from autosplit.report import _chosen_note, layout_table
+
+    profile = make_profile([2, 4], [[1.0, 0.8]] * 6, batch_size=8)
+    row = autosplit.plan(profile, 2, schedule="interleaved-1f1b")
+    assert len(row.stages) == 4 and row.stages_per_rank == 2
+    assert _chosen_note(row, row) == "chosen"
+    verified = dataclasses.replace(row, verification="stages timed together")
+    assert _chosen_note(row, verified) == "chosen (verified above)"
+    size = 2 if row.split_size == 4 else 4
+    other = dataclasses.replace(verified, split_size=size, microbatches=8 // size)
+    assert _chosen_note(row, other) == f"chosen: {8 // size}×{size}, verified above"
+    recut = autosplit.plan(profile, 2, schedule="gpipe")  # 2 stages: other cuts
+    moved = dataclasses.replace(recut, verification="stages timed together")
+    assert "on other cuts" in _chosen_note(row, moved)
+
+    layouts = Layouts(best=row, options=(LayoutOption(1, 2, None, 1e9),
+                                         LayoutOption(2, 1, row)), devices=2)
+    out = StringIO()
+    Console(file=out, width=200).print(layout_table(layouts, other))
+    rows = {line.split("  ")[0]: line for line in out.getvalue().splitlines()}
+    assert f"chosen: {8 // size}×{size}, verified above" in rows["pipeline 2 stages"]
+    assert "chosen" not in rows["data parallel ×2"]
