@@ -343,7 +343,7 @@ def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count:
     retried = 0
     marks = start_marks()
     for r in range(count):
-        order = list(labels) if (skip + settling + r) % 2 == 0 else list(reversed(labels))
+        order = _direction(labels, skip + settling + r)
         start = time.perf_counter()
         for label in order:
             run = functools.partial(runners[label], leads.get(label, 0))
@@ -375,6 +375,11 @@ def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count:
     return merged, load, dict(leads)
 
 
+def _direction(labels: Sequence[str], r: int) -> list[str]:
+    """Round ``r``'s order: A B C in even rounds, C B A in odd ones."""
+    return list(labels) if r % 2 == 0 else list(reversed(labels))
+
+
 def _untimed_round(group: Group, labels: Sequence[str], runners: dict[str, Any], r: int,
                    rank: int, kind: str, untimed: dict[str, list[float]],
                    leads: dict[str, int]) -> list[str]:
@@ -382,7 +387,7 @@ def _untimed_round(group: Group, labels: Sequence[str], runners: dict[str, Any],
     direction; append each one's seconds per step to ``untimed``. Collective: returns, on every
     rank alike, the configurations whose steps (lead-in steps included) faulted in fresh memory
     on some rank (:func:`settled`)."""
-    order = list(labels) if r % 2 == 0 else list(reversed(labels))
+    order = _direction(labels, r)
     start = time.perf_counter()
     faults: dict[str, int] = {}
     for label in order:
@@ -532,17 +537,28 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-others", type=float, default=0.10,
                         help="retake a timing during which other processes used more than this "
                              "share of the machine's CPU time (default 0.10)")
-    parser.add_argument("--retries", type=int, default=3,
+    parser.add_argument("--retries", type=_count, default=3,
                         help="at most this many retakes per timing (default 3; 0: never)")
     parser.add_argument("--lead-in", type=float, default=1.0, metavar="S", dest="lead_in",
                         help="a configuration whose step is shorter than S seconds runs untimed "
                              "steps of its own for S seconds before each timing (default 1.0; "
                              "0: never)")
-    parser.add_argument("--settle-rounds", type=int, default=10, metavar="N",
+    parser.add_argument("--settle-rounds", type=_count, default=10, metavar="N",
                         dest="settle_rounds",
                         help="after the warm-up round, at most N more untimed rounds while a "
                              "configuration's steps fault in fresh memory (over 1 MiB on a "
                              "rank; default 10; 0: never)")
+
+
+def _count(text: str) -> int:
+    """A whole number of at least 0 (an option's value), else a one-line usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a whole number of 0 or more; got {text!r}")
+    return value
 
 
 def load_options(args: argparse.Namespace) -> dict[str, Any]:

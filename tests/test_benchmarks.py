@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib.util
 import json
@@ -428,6 +429,20 @@ def test_untimed_rounds_go_on_until_no_step_faults_in_fresh_memory(tmp_path) -> 
                                  "calls": 2}
 
 
+def test_retries_and_settle_rounds_take_whole_numbers_of_0_or_more() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy.py"),
+                           "--settle-rounds", "-1"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--settle-rounds: a whole number of 0 or more; got '-1'" in done.stderr
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from harness import _count
+
+    assert _count("0") == 0 and _count("10") == 10
+    for bad in ("-1", "x", "1.5"):
+        with pytest.raises(argparse.ArgumentTypeError, match="0 or more"):
+            _count(bad)
+
+
 def test_a_run_is_settled_under_one_mib_of_fresh_memory_on_every_rank() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from harness import SETTLED_BYTES, settled
@@ -500,8 +515,6 @@ def test_the_load_sentence_names_the_hypervisor_only_where_it_was_counted() -> N
 
 
 def test_runtime_gap_runs_a_given_cut_scored_as_the_planner_scores_it() -> None:
-    import argparse
-
     sys.path.insert(0, str(ROOT / "benchmarks"))
     sys.path.insert(0, str(ROOT / "tests"))
     from runtime_gap import _balance, given_plan
