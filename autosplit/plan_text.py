@@ -12,7 +12,7 @@ from typing import Any
 from autosplit.claims import ratio_with_spread, spread_text
 from autosplit.units import format_bytes, format_ms
 
-__all__ = ["plan_text", "summary_lines", "checkpoint_text"]
+__all__ = ["plan_text", "summary_lines", "checkpoint_text", "one_device_way"]
 
 
 def checkpoint_text(stage: Any) -> str:
@@ -44,6 +44,18 @@ def plan_text(plan: Any) -> str:
     return "\n".join(lines + summary_lines(plan))
 
 
+def one_device_way(plan: Any) -> str:
+    """How the one device the plan is compared with runs its batch: ``" (6×20 accumulated)"``
+    (micro-batches, their gradients added up), ``" (120 at once)"``, or ``""`` when the plan
+    does not say (:attr:`~autosplit.records.Plan.single_device_split`)."""
+    b = getattr(plan, "single_device_split", None)
+    if b is None:
+        return ""
+    if b >= plan.batch_size:
+        return f" ({plan.batch_size} at once)"
+    return f" ({-(-plan.batch_size // b)}×{b} accumulated)"
+
+
 def summary_lines(plan: Any) -> list[str]:
     """The lines shown under the stage table: batch split, step time, bubble, speed-up."""
     p = len(plan.stages) // getattr(plan, "stages_per_rank", 1)  # ranks
@@ -65,7 +77,7 @@ def summary_lines(plan: Any) -> list[str]:
         f"{per_rank}",
         f"predicted step {format_ms(plan.predicted_step_ms)}{spread_text(plan.step_spread)} "
         f"({how}) · bubble {plan.bubble_fraction:.0%} · "
-        f"vs one device: {over_one} (ideal ×{p * d:.2f})",
+        f"vs one device{one_device_way(plan)}: {over_one} (ideal ×{p * d:.2f})",
     ]
     if d > 1:
         lines.append(f"gradient all-reduce among {d} replicas: "

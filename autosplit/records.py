@@ -167,6 +167,9 @@ class Plan:
             op by op on its device; transfers delay the receiver), plus the all-reduce of
             the weights shared across stages (``shared``).
         single_device_ms: predicted time of the same step on one device (best measured b).
+        single_device_split: how that one device runs the batch: in micro-batches of this
+            many samples, their gradients accumulated (``batch_size``: the whole batch at
+            once); ``None`` when not recorded (plans saved before this field).
         solver: which solver produced the cut points (``"dp"``, ``"milp"``, ``"manual"`` …).
         candidates: the micro-batch sizes the planner chose among.
         profile: one line on the profile the predictions come from.
@@ -230,6 +233,7 @@ class Plan:
     devices_per_node: int | None = None
     stages_per_rank: int = 1
     action_ms: float = 0.0
+    single_device_split: int | None = None
 
     def __post_init__(self) -> None:
         checked(self, lambda p: check_plan(

@@ -414,6 +414,11 @@ def check_plan(p: Any, *, stage_type: type, weight_type: type) -> None:
     for field in ("step_spread", "single_device_spread"):
         if getattr(p, field) is not None:
             check_ms(getattr(p, field), field)
+    if p.single_device_split is not None:
+        check_size(p.single_device_split, "single_device_split")
+        if p.single_device_split > p.batch_size:
+            raise RecordError("single_device_split", f"is {p.single_device_split}: above "
+                                                     f"batch_size {p.batch_size}")
 
 
 def is_a(cls: type) -> Callable[[Any, str], None]:

@@ -298,7 +298,8 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
     stage at median ± spread and of the runtime's cost per action at its median ± spread,
     :attr:`Profile.action_spread`), ``single_device_ms`` the whole model timed in one piece (the
     faster of the profile's best micro-batch size, accumulated, and, on a CPU, the whole batch
-    at once; not timed: the plan's kept), and ``verification`` says how.
+    at once; not timed: the plan's kept) and ``single_device_split`` the micro-batch size of
+    that faster way (the batch size: at once), and ``verification`` says how.
 
     ``share``: a pipeline's stages take this share (0 … 1) of the difference between their
     time alone and beside the neighbour, not the simulated overlap (:func:`_stage_times`;
@@ -317,9 +318,11 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
                           for f in (0, -1, 1))
         step = simulate_plan(mid).step_ms + plan.sync_after_ms  # all-reduces: not timed
         spread = (simulate_plan(high).step_ms - simulate_plan(low).step_ms) / 2 / step
-        one_ms, one = min(((_step_of(timed.times[r], math.ceil(plan.batch_size / r[0][2])),
-                            timed.times[r]) for r in timed.singles[name]),
-                          key=lambda way: way[0], default=(plan.single_device_ms, None))
+        one_ms, one, one_split = min(
+            ((_step_of(timed.times[r], math.ceil(plan.batch_size / r[0][2])), timed.times[r],
+              r[0][2]) for r in timed.singles[name]),
+            key=lambda way: way[0],
+            default=(plan.single_device_ms, None, plan.single_device_split))
         p = len(plan.stages)
         out[name] = dataclasses.replace(
             mid,
@@ -327,6 +330,7 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
             step_spread=spread,
             single_device_ms=one_ms,
             single_device_spread=plan.single_device_spread if one is None else one.spread,
+            single_device_split=one_split,
             bound_step_ms=(plan.microbatches + p - 1)
             * max(s.compute_ms + s.send_ms for s in mid.stages),
             verification=(

@@ -12,7 +12,9 @@ it); for each profile the plans below, predicted by autosplit from that profile:
 * uniform block counts and balanced parameter bytes (``baseline_plans``);
 * torchgpipe 0.0.7's ``balance_by_time`` (``torchgpipe_peer.py``, optional) at the split size of
   autosplit's best candidate by block sums;
-* one device (predicted: the verification's whole-model timing).
+* one device (predicted: the verification's whole-model timing), trained the way that
+  prediction runs it (``Plan.single_device_split``: the batch at once, or micro-batches
+  whose gradients add up, whichever was timed faster).
 
 Each profile's distinct plans and one device are then trained for real right after that profile's
 plans were made, as a user trains right after planning (the machine drifts 20-30 % over tens of
@@ -126,11 +128,12 @@ def profile_case(case: Case, p: int, args: argparse.Namespace, device: torch.dev
     plans = {AUTO: auto, **checked}
     rows = {name: plan_row(plan, sums[plan_key(plan)], profile.block_names)
             for name, plan in plans.items()}
-    rows[ONE] = {"balance": [len(profile.blocks)], "split_size": case.spec.batch, "cut_before": [],
+    one_split = auto.single_device_split or case.spec.batch  # as its prediction runs it
+    rows[ONE] = {"balance": [len(profile.blocks)], "split_size": one_split, "cut_before": [],
                  "predicted_ms": auto.single_device_ms, "step_spread": auto.single_device_spread,
                  "block_sum_ms": None, "label": ONE}
     labels: dict[tuple[tuple[int, ...], int], str] = {}
-    configs = [Config(ONE, None)]
+    configs = [Config(ONE, None, one_split)]
     for name, plan in plans.items():
         key = plan_key(plan)
         if key not in labels:

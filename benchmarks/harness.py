@@ -87,10 +87,13 @@ class ModelSpec:
 @dataclass(frozen=True)
 class Config:
     """One thing to time: a plan run one process per stage, or (``plan=None``) the whole model
-    on one device (rank 0; the other ranks wait at a barrier)."""
+    on one device (rank 0; the other ranks wait at a barrier), the batch at once or, with
+    ``split``, in micro-batches of that many samples whose gradients add up (as a plan's
+    ``single_device_split`` says its one-device figure runs)."""
 
     label: str
     plan: Plan | None
+    split: int | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,19 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def one_device_parts(inputs: tuple[torch.Tensor, ...], targets: tuple[torch.Tensor, ...],
+                     split: int | None) -> list[tuple[tuple[torch.Tensor, ...],
+                                                      tuple[torch.Tensor, ...], float]]:
+    """The batch as one device runs it: micro-batches of ``split`` samples (the last one may
+    be smaller; ``None`` or the batch size or more: the batch at once), each with its share of
+    the batch (samples / batch), by which its mean loss is scaled so that the gradients added
+    up are the whole batch's."""
+    batch = int(inputs[0].shape[0])
+    b = min(split or batch, batch)
+    return [(tuple(x[i:i + b] for x in inputs), tuple(t[i:i + b] for t in targets),
+             min(b, batch - i) / batch) for i in range(0, batch, b)]
+
+
 def _runner(config: Config, model: nn.Module, inputs: tuple[torch.Tensor, ...], targets: Any,
             device: torch.device, rank: int, steps: int) -> Any:
     """A function ``run(lead=0)`` that runs ``lead`` untimed training steps of ``config`` on this
@@ -175,10 +191,14 @@ def _runner(config: Config, model: nn.Module, inputs: tuple[torch.Tensor, ...], 
         local_inputs = tuple(x.to(device) for x in inputs)
         local_targets = tuple(t.to(device) for t in targets)
 
+        parts = one_device_parts(local_inputs, local_targets, config.split)
+
         def single_step() -> None:
             if rank == 0:
                 optimizer.zero_grad(set_to_none=True)
-                distributed.tutorial_loss(model(*local_inputs), local_targets).backward()
+                for xs, ts, share in parts:  # (one part: the batch at once)
+                    loss = distributed.tutorial_loss(model(*xs), ts)
+                    (loss * share if len(parts) > 1 else loss).backward()
                 optimizer.step()
 
         return _timed(single_step, steps, device)

@@ -219,6 +219,8 @@ def test_accuracy_benchmark_smoke(tmp_path) -> None:
         expected |= {"hand split"} if key == "resnet18" else set()
         for prof in model["profiles"]:  # each profile's plans timed in its own rounds
             assert set(prof["plans"]) == expected
+            # one device trained as its prediction runs it: in micro-batches or at once
+            assert prof["plans"]["one device"]["split_size"] in (*prof["microbatch_sizes"], 8)
             assert all(r["predicted_ms"] > 0 and r["label"] in prof["measured"]
                        for r in prof["plans"].values())
             assert all(m["median_ms"] > 0 and m["n"] == 1 for m in prof["measured"].values())
@@ -239,6 +241,34 @@ def test_accuracy_benchmark_smoke(tmp_path) -> None:
             assert e["measured_ratio_spread"] == 0.0  # one round: nothing to pair
             assert e["beyond_noise"] == (e["error"] != 0.0)
     assert "± (paired rounds)" in text and "Ratio errors larger than" in text
+
+
+def test_one_device_runs_its_batch_as_its_prediction_does() -> None:
+    """The harness's one device, in micro-batches of ``split`` (the plan's
+    ``single_device_split``): the scaled losses' gradients add up to the whole batch's."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from harness import one_device_parts
+
+    from autosplit.losses import tutorial_loss
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    x, t = torch.randn(10, 6), torch.randn(10, 3)
+
+    def grads(split: int | None) -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        parts = one_device_parts((x,), (t,), split)
+        for xs, ts, share in parts:
+            loss = tutorial_loss(model(*xs), ts)
+            (loss * share if len(parts) > 1 else loss).backward()
+        return [q.grad.clone() for q in model.parameters()]
+
+    assert [len(xs[0]) for xs, _, _ in one_device_parts((x,), (t,), 4)] == [4, 4, 2]
+    assert len(one_device_parts((x,), (t,), None)) == len(one_device_parts((x,), (t,), 12)) == 1
+    whole = grads(None)
+    for split in (1, 3, 4, 10):
+        for got, want in zip(grads(split), whole):
+            torch.testing.assert_close(got, want)
 
 
 def test_a_measured_ratio_is_known_to_its_paired_rounds_spread() -> None:

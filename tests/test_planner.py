@@ -28,6 +28,7 @@ def test_balanced_cut_and_predicted_step() -> None:
     assert plan.predicted_step_ms == pytest.approx((2 + 2 - 1) * 8.0)  # balanced: exact
     assert plan.bound_step_ms == pytest.approx(plan.predicted_step_ms)
     assert plan.single_device_ms == pytest.approx(2 * 16.0)
+    assert plan.single_device_split == 4  # 2 micro-batches of 4, accumulated
     assert plan.split_points == ("block2",)
 
 

@@ -73,6 +73,14 @@ def test_valid_records_load_unchanged() -> None:
     assert _load_text(Plan, json.dumps(PLAN_JSON)) == PLAN
 
 
+def test_a_plan_saved_before_the_one_device_split_loads_without_it() -> None:
+    data = dict(PLAN_JSON)
+    data.pop("single_device_split", None)
+    assert _load_text(Plan, json.dumps(data)).single_device_split is None
+    assert _load_text(Plan, json.dumps({**data, "single_device_split": 4})
+                      ).single_device_split == 4
+
+
 def test_known_names_are_those_the_cost_model_and_runtimes_know() -> None:
     assert set(KNOWN_OPTIMIZERS) == set(cost.OPTIMIZER_STATE)
     assert KNOWN_SCHEDULES == cost.SCHEDULES == simulator.SCHEDULES
@@ -155,6 +163,9 @@ PLAN_CASES = {
     "blocks a string": (_set("stages[0].blocks", "block0"), "stages[0].blocks is 'block0'"),
     "nested list": (_set("stages[0].blocks", [[["block0"]]]), "stages[0].blocks[0] is"),
     "negative action cost": (_set("action_ms", -1.0), "action_ms is -1.0"),
+    "one device's split 0": (_set("single_device_split", 0), "single_device_split is 0"),
+    "one device's split above the batch": (_set("single_device_split", 9),
+                                           "single_device_split is 9: above batch_size 8"),
 }
 
 PROFILE_CASES = {

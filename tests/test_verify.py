@@ -19,6 +19,7 @@ from autosplit.claims import half_iqr, ratio_with_spread, relative_spread, sprea
 from autosplit.cli import main
 from autosplit.comparison import manual_plan
 from autosplit.cost import single_device_ms
+from autosplit.plan_text import one_device_way
 from autosplit.graph import trace
 from autosplit.planner import plan_candidates
 from autosplit.records import Plan, Profile
@@ -331,27 +332,36 @@ def test_the_chosen_candidate_is_predicted_from_a_second_session_not_the_one_tha
     assert "first verification" in best.verification
 
 
+@pytest.mark.parametrize("whole_per_sample", [3.0, 0.5])
 def test_one_device_is_the_faster_of_the_whole_batch_and_accumulated_micro_batches(
-        small, monkeypatch) -> None:
+        small, monkeypatch, whole_per_sample) -> None:
     model, x, _ = small
     prof = autosplit.profile(model, x, microbatch_sizes=[2, 4], warmup=0, repeats=1)
     plan = autosplit.plan(prof, 2)
     b_one = single_device_ms(prof, plan.batch_size)[1]
     assert b_one < plan.batch_size == x.shape[0]
+    assert plan.single_device_split == b_one  # by block sums: the best measured size
     timed: list[tuple[int, int, int]] = []
 
     def stage_times(graph, inputs, runs, **options):  # noqa: ARG001
         timed.extend(run for run, _ in runs)  # (each run and what runs beside it)
-        # per sample, the whole batch at once costs 3 ms, smaller micro-batches 1 ms
-        return {r: verify.StageTime(b * (3.0 if b == plan.batch_size else 1.0) / 2,
-                                    b * (3.0 if b == plan.batch_size else 1.0) / 2,
+        # per sample, the whole batch at once costs whole_per_sample ms, micro-batches 1 ms
+        return {r: verify.StageTime(b * (whole_per_sample if b == plan.batch_size else 1.0) / 2,
+                                    b * (whole_per_sample if b == plan.batch_size else 1.0) / 2,
                                     0.0, 1) for r in runs for b in [r[0][2]]}
 
     monkeypatch.setattr(verify, "time_stages", stage_times)
     verified = verify_plans(trace(model), x, prof, {"p": plan})["p"]
     n = len(prof.blocks)
     assert (0, n, b_one) in timed and (0, n, plan.batch_size) in timed  # both ways timed
-    assert verified.single_device_ms == pytest.approx(plan.batch_size * 1.0)  # accumulated
+    per_sample = min(whole_per_sample, 1.0)
+    assert verified.single_device_ms == pytest.approx(plan.batch_size * per_sample)
+    # the plan says which way its one-device figure runs, and prints it
+    way = plan.batch_size if whole_per_sample < 1.0 else b_one
+    assert verified.single_device_split == way
+    m = plan.batch_size // b_one
+    assert (f"vs one device ({plan.batch_size} at once)" if way == plan.batch_size
+            else f"vs one device ({m}×{b_one} accumulated)") in str(verified)
 
 
 def test_one_device_accumulates_where_the_examples_hold_less_than_the_batch(small,
@@ -432,8 +442,9 @@ def test_cli_plan_verifies_and_no_verify_skips(tmp_path, capsys) -> None:
     out_plan = tmp_path / "plan.json"
     assert main(["plan", TOY, "--gpus", "2", *FAST, "-o", str(out_plan)]) == 0
     out = capsys.readouterr().out
-    assert "verified stage times" in out and "vs one device:" in out
-    assert Plan.load(out_plan).verification
+    saved = Plan.load(out_plan)
+    assert "verified stage times" in out and f"vs one device{one_device_way(saved)}:" in out
+    assert saved.verification and saved.single_device_split is not None
     assert main(["plan", TOY, "--gpus", "2", *FAST, "--no-verify", "-o", str(out_plan)]) == 0
     out = capsys.readouterr().out
     assert "(block sums)" in out and "verified:" not in out

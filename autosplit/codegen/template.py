@@ -28,6 +28,7 @@ from autosplit.codegen.text import (
     quoted,
 )
 from autosplit.modelfile import MODEL_NAMES
+from autosplit.plan_text import one_device_way
 from autosplit.records import Plan
 from autosplit.units import format_bytes, format_ms
 
@@ -92,7 +93,7 @@ class ModuleWriter:
             ),
             (
                 f"  step          predicted {format_ms(plan.predicted_step_ms)} · one device "
-                f"{format_ms(plan.single_device_ms)} (×{plan.speedup:.2f})"
+                f"{format_ms(plan.single_device_ms)}{one_device_way(plan)} (×{plan.speedup:.2f})"
             ),
         ]
         for st in plan.stages:

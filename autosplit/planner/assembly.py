@@ -100,7 +100,7 @@ def assemble(
                 memory_bytes=int(held),
             )
         )
-    single, _ = single_device_ms(profile, settings.batch_size)
+    single, single_split = single_device_ms(profile, settings.batch_size)
     capacity = settings.capacity_bytes
     shared = shared_weights(settings, profile, part.bounds)
     plan = Plan(
@@ -113,6 +113,7 @@ def assemble(
         schedule=settings.schedule,
         predicted_step_ms=0.0,  # the schedule simulation, below
         single_device_ms=single / max(settings.speeds),
+        single_device_split=single_split,
         solver=solver,
         candidates=candidates,
         profile=profile.describe(),

@@ -242,12 +242,13 @@ def plan_replicated(
     candidates = tuple(profile.microbatch_sizes[c] for c in sizes)
     piped = assemble(settings, profile, balance, k, label, candidates)
     synced = sync(_max_stage(grads, balance))
-    single, _ = single_device_ms(profile, batch)
+    single, single_split = single_device_ms(profile, batch)
     return dataclasses.replace(
         piped, batch_size=batch, replicas=replicas, replica_sync_ms=synced,
         allreduce_bytes_per_s=width,
         predicted_step_ms=piped.predicted_step_ms + synced,
         bound_step_ms=piped.bound_step_ms + synced, single_device_ms=single,
+        single_device_split=single_split,
     )
 
 

@@ -169,12 +169,13 @@ def _assemble(settings: PlanSettings, profile: Profile, k: int, schedule: str, v
             checkpoint=found.checkpoint[s], weight_grad_ms=costs.bwd_weight_ms[s]))
         start = end
     shared = shared_weights(settings, profile, bounds, order.stage_rank)
-    single, _ = single_device_ms(profile, settings.batch_size)
+    single, single_split = single_device_ms(profile, settings.batch_size)
     capacity = settings.capacity_bytes
     plan = Plan(
         model=profile.model, fingerprint=profile.fingerprint, stages=tuple(stages),
         split_size=b, microbatches=m, batch_size=settings.batch_size, schedule=schedule,
-        predicted_step_ms=found.step_ms, single_device_ms=single, solver=label,
+        predicted_step_ms=found.step_ms, single_device_ms=single,
+        single_device_split=single_split, solver=label,
         candidates=sizes, profile=profile.describe(),
         memory_limit_bytes=None if capacity is None else int(min(capacity)),
         optimizer=settings.optimizer, shared=shared, stages_per_rank=v,
