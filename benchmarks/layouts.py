@@ -4,14 +4,17 @@ pipeline and the hand split, predicted and measured.
 For each model: one profile (``autosplit.profile``, one CPU worker of one thread, the training
 loss timed with the last block) and the gloo all-reduce bandwidth measured once as DDP
 synchronises a backward (``autosplit.collectives``); then, as ``autosplit plan --gpus 2`` does,
-the best plan of every layout (``plan_layouts``: 2 stages × 1, 1 stage × 2 replicas) and the
-best pipelines by block sums (``plan_candidates``), all verified together stage by stage
+the best plan of every layout (``plan_layouts``: 2 ranks × 1, 1 stage × 2 replicas) and the
+best pipelines by block sums (``plan_candidates``), both with the schedule searched as the
+command searches it (``schedule="auto"``: GPipe, 1F1B and the schedules of 2 stages per rank,
+such as looped BFS), all verified together stage by stage
 (``autosplit.verified_choice.verify_and_choose``), the fastest verified plan being autosplit's choice.
 Each model's plans are measured right after they are verified (before the next model is
 profiled: the machine's drift between prediction and measurement is that of minutes),
 interleaved on 2 gloo ranks (``harness.py``: ``Trainer`` per rank, DDP along the
 replicas, rounds A B … B A after a warm-up round, a timing disturbed by other processes taken
-again): data parallelism (1 stage × 2 replicas), the best verified pipeline (2 stages), the hand
+again): data parallelism (1 stage × 2 replicas), the best verified pipeline (2 ranks, of any
+schedule searched), the hand
 split where there is one (examples/resnet50.py's) and autosplit's choice (one of those, or
 another pipeline).
 
@@ -72,9 +75,11 @@ def smoke_cases() -> list[Case]:
     ]
 
 
-def key(plan: Plan) -> tuple[tuple[int, ...], int, int]:
-    """What makes two plans run alike: stage block counts, micro-batch size, replicas."""
-    return tuple(plan.balance), int(plan.split_size), int(plan.replicas)
+def key(plan: Plan) -> tuple[tuple[int, ...], int, int, str, tuple[bool, ...]]:
+    """What makes two plans run alike: stage block counts, micro-batch size, replicas,
+    schedule and each stage's recomputation."""
+    return (tuple(plan.balance), int(plan.split_size), int(plan.replicas), plan.schedule,
+            tuple(bool(s.checkpoint) for s in plan.stages))
 
 
 def plans_of(case: Case, args: argparse.Namespace, width: float) -> dict[str, Any]:
@@ -89,11 +94,11 @@ def plans_of(case: Case, args: argparse.Namespace, width: float) -> dict[str, An
         profile = dataclasses.replace(profile, **action_costs(),
                                       link_bytes_per_s=measure_link_bandwidth())
     profile_s = time.perf_counter() - start
-    layouts = plan_layouts(profile, 2, allreduce_bandwidth_bytes_per_s=width)
+    layouts = plan_layouts(profile, 2, allreduce_bandwidth_bytes_per_s=width, schedule="auto")
     dp = layouts.option(1, 2)
     if dp is None or dp.plan is None:
         raise SystemExit(f"{case.label}: no data-parallel plan ({layouts.note})")
-    pipelines = plan_candidates(profile, 2, top_k=3)
+    pipelines = plan_candidates(profile, 2, top_k=3, schedule="auto")
     named = {f"pipeline {i}": p for i, p in enumerate(pipelines)}
     others: dict[str, Plan] = {DP: dp.plan, **named}
     if case.hand is not None:
@@ -112,7 +117,10 @@ def plans_of(case: Case, args: argparse.Namespace, width: float) -> dict[str, An
 
 def plan_row(plan: Plan, names: Sequence[str]) -> dict[str, Any]:
     ends = [sum(plan.balance[: i + 1]) for i in range(len(plan.balance) - 1)]
-    return {"layout": f"{len(plan.stages)} × {plan.replicas}", "balance": list(plan.balance),
+    v = plan.stages_per_rank
+    per_rank = f", {v} stages per rank" if v > 1 else ""
+    return {"layout": f"{len(plan.stages) // v} × {plan.replicas}",
+            "schedule": f"{plan.schedule}{per_rank}", "balance": list(plan.balance),
             "split_size": plan.split_size, "cut_before": [names[e] for e in ends],
             "replicas": plan.replicas, "predicted_ms": plan.predicted_step_ms,
             "step_spread": plan.step_spread, "replica_sync_ms": plan.replica_sync_ms}
@@ -196,18 +204,19 @@ def markdown(data: dict[str, Any]) -> str:
     ]
     for m in data["models"]:
         lines += ["", f"## {m['model']} ({m['input']})", "",
-                  "| plan | layout | cut before | b | predicted ms | measured ms | min–max ms "
-                  "| error |", "|---|---|---|---|---|---|---|---|"]
+                  "| plan | layout | schedule | cut before | b | predicted ms | measured ms "
+                  "| min–max ms | error |", "|---|---|---|---|---|---|---|---|---|"]
         for name, r in m["plans"].items():
             x = m["measured"][r["label"]]
             same = "" if r["label"] == name else f" (= {r['label']})"
             spread_txt = "" if r["step_spread"] is None else f" ± {r['step_spread']:.0%}"
             lines.append(
-                f"| {name}{same} | {r['layout']} | {', '.join(r['cut_before']) or '–'} | "
+                f"| {name}{same} | {r['layout']} | {r.get('schedule', '')} | "
+                f"{', '.join(r['cut_before']) or '–'} | "
                 f"{r['split_size']} | {r['predicted_ms']:.0f}{spread_txt} | "
                 f"{x['median_ms']:.0f} | {x['min_ms']:.0f}–{x['max_ms']:.0f} | "
                 f"{r['error']:.1%} |")
-        lines += ["", (f"autosplit's choice: {m['plans'][AUTO]['layout']} (stages × replicas), "
+        lines += ["", (f"autosplit's choice: {m['plans'][AUTO]['layout']} (ranks × replicas), "
                        f"{m['choice_vs_best']:.3f}× the best measured plan. Profile "
                        f"{m['profile_s']:.0f} s, plan and verification "
                        f"{m['plan_and_verify_s']:.0f} s. {load_sentence(m['load'])}")]

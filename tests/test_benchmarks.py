@@ -320,7 +320,9 @@ def test_layouts_benchmark_smoke(tmp_path) -> None:
         assert set(plans) == {"autosplit", "data parallel", "best pipeline"} | (
             {"hand split"} if key == "resnet18" else set())
         assert (plans["data parallel"]["layout"], plans["best pipeline"]["layout"]) == (
-            "1 × 2", "2 × 1")
+            "1 × 2", "2 × 1")  # ranks × replicas: a pipeline of any searched schedule
+        from autosplit.validation import KNOWN_SCHEDULES
+        assert all(r["schedule"].split(",")[0] in KNOWN_SCHEDULES for r in plans.values())
         assert plans["autosplit"]["label"] in {r["label"] for name, r in plans.items()
                                                if name != "autosplit"} | {"autosplit"}
         assert all(r["label"] in model["measured"] and r["predicted_ms"] > 0
