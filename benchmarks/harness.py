@@ -190,15 +190,13 @@ def _runner(config: Config, model: nn.Module, inputs: tuple[torch.Tensor, ...], 
         optimizer = torch.optim.SGD(model.parameters(), lr=LR)
         local_inputs = tuple(x.to(device) for x in inputs)
         local_targets = tuple(t.to(device) for t in targets)
-
         parts = one_device_parts(local_inputs, local_targets, config.split)
 
         def single_step() -> None:
             if rank == 0:
                 optimizer.zero_grad(set_to_none=True)
-                for xs, ts, share in parts:  # (one part: the batch at once)
-                    loss = distributed.tutorial_loss(model(*xs), ts)
-                    (loss * share if len(parts) > 1 else loss).backward()
+                for xs, ts, share in parts:  # (one part, share 1: the batch at once)
+                    (distributed.tutorial_loss(model(*xs), ts) * share).backward()
                 optimizer.step()
 
         return _timed(single_step, steps, device)

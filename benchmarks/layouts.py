@@ -211,7 +211,7 @@ def markdown(data: dict[str, Any]) -> str:
             same = "" if r["label"] == name else f" (= {r['label']})"
             spread_txt = "" if r["step_spread"] is None else f" ± {r['step_spread']:.0%}"
             lines.append(
-                f"| {name}{same} | {r['layout']} | {r.get('schedule', '')} | "
+                f"| {name}{same} | {r['layout']} | {r['schedule']} | "
                 f"{', '.join(r['cut_before']) or '–'} | "
                 f"{r['split_size']} | {r['predicted_ms']:.0f}{spread_txt} | "
                 f"{x['median_ms']:.0f} | {x['min_ms']:.0f}–{x['max_ms']:.0f} | "

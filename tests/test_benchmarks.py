@@ -258,13 +258,13 @@ def test_one_device_runs_its_batch_as_its_prediction_does() -> None:
     def grads(split: int | None) -> list[torch.Tensor]:
         model.zero_grad(set_to_none=True)
         parts = one_device_parts((x,), (t,), split)
-        for xs, ts, share in parts:
-            loss = tutorial_loss(model(*xs), ts)
-            (loss * share if len(parts) > 1 else loss).backward()
+        for xs, ts, share in parts:  # as the harness's one device runs them
+            (tutorial_loss(model(*xs), ts) * share).backward()
         return [q.grad.clone() for q in model.parameters()]
 
     assert [len(xs[0]) for xs, _, _ in one_device_parts((x,), (t,), 4)] == [4, 4, 2]
     assert len(one_device_parts((x,), (t,), None)) == len(one_device_parts((x,), (t,), 12)) == 1
+    assert one_device_parts((x,), (t,), None)[0][2] == 1.0  # the batch at once: loss unscaled
     whole = grads(None)
     for split in (1, 3, 4, 10):
         for got, want in zip(grads(split), whole):
