@@ -57,6 +57,9 @@ class InfeasiblePlanError(AutosplitError, ValueError):
             or ``None`` when not even unlimited memory would help.
         stage: index of the stage that needs ``min_capacity_bytes`` in that smallest plan.
         blocks: the names of the first and last block of that stage, when known.
+        finding: what does not fit, without the advice in the library's words that follows it
+            in the message (``""``: the message alone); the command line follows it with its
+            own options' names instead.
     """
 
     def __init__(
@@ -66,11 +69,13 @@ class InfeasiblePlanError(AutosplitError, ValueError):
         min_capacity_bytes: float | None = None,
         stage: int | None = None,
         blocks: tuple[str, str] | None = None,
+        finding: str = "",
     ) -> None:
         super().__init__(message)
         self.min_capacity_bytes = min_capacity_bytes
         self.stage = stage
         self.blocks = blocks
+        self.finding = finding
 
 
 class ModelMismatchError(AutosplitError, ValueError):

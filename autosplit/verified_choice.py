@@ -21,6 +21,7 @@ from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph
 from autosplit.profiler import check_inputs
 from autosplit.records import Plan, Profile
+from autosplit.units import format_ms
 from autosplit.verify import _stage_runs, _timed_runs, verify_plans
 
 __all__ = ["verify_and_choose"]
@@ -97,7 +98,7 @@ def _choose_here(graph: BlockGraph, example_inputs: Any, profile: Profile,
     best = dataclasses.replace(
         best, verification=f"{best.verification}; chosen among the {len(named)} best "
         f"candidates by block sums ({shapes}) on a first verification "
-        f"({chosen[name].predicted_step_ms:.0f} ms there), predicted from a second one",
+        f"({format_ms(chosen[name].predicted_step_ms)} there), predicted from a second one",
     )
     return best, {n: verified[n] for n in others}
 

@@ -55,6 +55,7 @@ from autosplit.schedules import SPLIT_BACKWARD, torch_order
 from autosplit.simulator import overlap_fractions, simulate_plan
 from autosplit.stage_timing import Beside, StageRun, StageTime, time_stages
 from autosplit.stages import block_ranges
+from autosplit.units import format_ms
 
 __all__ = ["PlanTimes", "StageTime", "predict_verified", "time_plans", "time_stages",
            "verify_plans"]
@@ -342,7 +343,7 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
                    f"{steal.MAX_SHARE:.0%} of the CPUs meanwhile; " if timed.set_aside else "")
                 + (f"torch's runtime {plan.action_ms:.2f} ± {action_spread:.2f} ms per "
                    "action; " if runtime and plan.action_ms + action_spread > 0 else "")
-                + f"block sums gave {plan.predicted_step_ms:.0f} ms"
+                + f"block sums gave {format_ms(plan.predicted_step_ms)}"
             ),
         )
     return out

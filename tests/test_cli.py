@@ -237,3 +237,25 @@ def test_plan_emit_writes_an_importable_module(tmp_path, capsys) -> None:
 
     pipelined = namespace["PipelinedToyModel"](devices=["cpu", "cpu"])
     assert tuple(pipelined(torch.randn(8, 10)).shape) == (8, 5)
+
+
+def test_a_plan_that_does_not_fit_says_what_to_try_with_the_commands_options(tmp_path,
+                                                                              capsys) -> None:
+    import re
+
+    out = tmp_path / "p.json"
+    code, _, err = run(capsys, "plan", TOY, "--gpus", "2", "--memory", "1KiB",
+                       "--schedule", "gpipe", "--split-size", "4", *FAST, "--no-verify",
+                       "-o", str(out))
+    assert code == 2 and not out.exists()
+    assert err.startswith("error: the model does not fit on 2 devices of 1.0 KiB"), err
+    # the command's own options, not the library's keyword arguments
+    assert "memory_per_gpu" not in err and "schedule='1f1b'" not in err, err
+    assert "more devices than --gpus 2, --schedule 1f1b, a smaller --split-size or --memory " \
+        in err, err
+    enough = re.search(r"--memory (\S+)$", err.strip()).group(1)
+    # the size it names is enough: the same command with it plans
+    code, _, err = run(capsys, "plan", TOY, "--gpus", "2", "--memory", enough,
+                       "--schedule", "gpipe", "--split-size", "4", *FAST, "--no-verify",
+                       "-o", str(out))
+    assert code == 0 and out.exists(), err

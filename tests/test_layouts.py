@@ -297,3 +297,15 @@ def test_partition_refuses_a_plan_with_replicas() -> None:
         autosplit.partition(model, plan=plan)
     with pytest.raises(autosplit.InvalidInputError, match=r"emit\(\) runs one pipeline in one"):
         autosplit.emit(plan, "examples/toy.py")
+
+
+def test_no_layout_fits_names_the_smallest_need() -> None:
+    # 4 blocks of 4 MB weights: neither 2 stages (16 MB on a stage) nor 2 replicas fit 1 MB
+    prof = make_profile([1, 2], [[1.0, 1.0]] * 4, batch_size=4, param_bytes=[4 * 10**6] * 4)
+    with pytest.raises(InfeasiblePlanError) as info:
+        plan_layouts(prof, 2, memory_per_gpu=1e6, bandwidth_bytes_per_s=BANDWIDTH)
+    need = info.value.min_capacity_bytes
+    assert need == pytest.approx(16e6, rel=0.05)  # two blocks' weights and gradients
+    assert info.value.finding.startswith("no layout of 2 devices fits: the smallest needs ")
+    assert str(info.value).startswith(info.value.finding + "; try more devices")
+    plan_layouts(prof, 2, memory_per_gpu=need, bandwidth_bytes_per_s=BANDWIDTH)  # it fits

@@ -65,6 +65,10 @@ def test_memory_limit_and_infeasibility_message() -> None:
     with pytest.raises(InfeasiblePlanError, match=r"needs 40\.0 MiB on stage 0 \(block0 … block0\)") as info:
         autosplit.plan(prof, gpus=2, memory_per_gpu="25MiB", optimizer="adam")
     assert info.value.min_capacity_bytes == 40 * 2**20
+    # what does not fit, without the advice (the command line words that its own way)
+    assert info.value.finding == "the model does not fit on 2 devices of 25.0 MiB: the " \
+        "smallest feasible plan needs 40.0 MiB on stage 0 (block0 … block0)"
+    assert str(info.value).startswith(info.value.finding + ". Try more devices")
 
 
 @pytest.mark.parametrize(

@@ -15,13 +15,15 @@ The parser is :mod:`autosplit.cli.parser`; each command lives in its own module
 
 from __future__ import annotations
 
+import argparse
+import math
 import sys
 import warnings
 from collections.abc import Sequence
 
 from autosplit.cli.common import checked_outputs
 from autosplit.cli.parser import EXIT_USAGE, build_parser
-from autosplit.errors import AutosplitError
+from autosplit.errors import AutosplitError, InfeasiblePlanError
 
 __all__ = ["main", "entry", "build_parser"]
 
@@ -68,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (AutosplitError, OSError) as exc:  # the user's input, or a file they named
         if args.debug:
             raise
-        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        print(f"error: {_one_line(_in_cli_words(exc, args))}", file=sys.stderr)
         rank_failed = getattr(sys.modules.get("autosplit.distributed"), "RankFailedError", ())
         return EXIT_INTERNAL if isinstance(exc, rank_failed) else EXIT_USAGE
     except Exception as exc:  # a bug of autosplit's
@@ -77,6 +79,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"internal error: {type(exc).__name__}: {_one_line(exc)} (run with --debug for "
               "the traceback)", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _in_cli_words(exc: Exception, args: argparse.Namespace) -> object:
+    """The error as the command line words it: a plan that does not fit says what does not
+    fit (:attr:`InfeasiblePlanError.finding`), then what to try with this command's own
+    options (the library's message names its keyword arguments instead)."""
+    if not isinstance(exc, InfeasiblePlanError) or not exc.finding:
+        return exc
+    tries = []
+    if isinstance(getattr(args, "gpus", None), int):
+        tries.append(f"more devices than --gpus {args.gpus}")
+    if getattr(args, "schedule", "auto") not in ("auto", "1f1b"):
+        tries.append("--schedule 1f1b")
+    if getattr(args, "split_size", None):
+        tries.append("a smaller --split-size")
+    need = exc.min_capacity_bytes
+    if hasattr(args, "memory") and need is not None and math.isfinite(need):
+        tries.append(f"--memory {_size_at_least(need)}")
+    if not tries:
+        return exc
+    return f"{exc.finding}. Try {', '.join(tries[:-1])}{' or ' if len(tries) > 1 else ''}" \
+           f"{tries[-1]}"
+
+
+def _size_at_least(n: float) -> str:
+    """A ``--memory`` value of at least ``n`` bytes, as :func:`~autosplit.units.format_bytes`
+    writes sizes but rounded up: ``5.1KiB`` for 5,130 bytes (5.0098 KiB)."""
+    for i, unit in enumerate(("KiB", "MiB", "GiB", "TiB")):
+        size = n / 1024 ** (i + 1)
+        if size < 1024 or unit == "TiB":
+            return f"{math.ceil(size * 10) / 10:.1f}{unit}"
+    raise AssertionError("unreachable")
 
 
 def _one_line(exc: object) -> str:

@@ -140,11 +140,12 @@ def explain_infeasible(
     names = profile.block_names
     p = settings.gpus
     have = format_bytes(min(settings.capacity_bytes or (0.0,)))
+    finding = (f"the model does not fit on {p} devices of {have}: the smallest feasible plan "
+               f"needs {format_bytes(need)} on stage {s} ({names[first]} … {names[end - 1]})")
     return InfeasiblePlanError(
-        f"the model does not fit on {p} devices of {have}: the smallest feasible plan needs "
-        f"{format_bytes(need)} on stage {s} ({names[first]} … {names[end - 1]}). Try more "
-        f"devices, schedule='1f1b', a smaller split_size, or memory_per_gpu of at least "
-        f"{format_bytes(need)}",
+        f"{finding}. Try more devices, schedule='1f1b', a smaller split_size, or "
+        f"memory_per_gpu of at least {format_bytes(need)}",
+        finding=finding,
         min_capacity_bytes=need,
         stage=s,
         blocks=(names[first], names[end - 1]),

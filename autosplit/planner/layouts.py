@@ -360,10 +360,11 @@ def plan_layouts(
         if len(failures) == 1:
             raise failures[0]
         need = min(e.min_capacity_bytes or math.inf for e in failures)
+        finding = (f"no layout of {pairs[0][0] * pairs[0][1]} devices fits: the smallest "
+                   f"needs {format_bytes(need)} per device")
         raise InfeasiblePlanError(
-            f"no layout of {pairs[0][0] * pairs[0][1]} devices fits: the smallest needs "
-            f"{format_bytes(need)} per device; try more devices, schedule='1f1b' or a larger "
-            "memory_per_gpu", min_capacity_bytes=need)
+            f"{finding}; try more devices, schedule='1f1b' or a larger memory_per_gpu",
+            finding=finding, min_capacity_bytes=need)
     best = min(fits, key=lambda o: (o.plan.predicted_step_ms, o.replicas))  # type: ignore
     return Layouts(best.plan, tuple(found), pairs[0][0] * pairs[0][1], note)  # type: ignore
 
