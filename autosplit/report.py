@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -71,8 +72,12 @@ def print_plan(console: Console, plan: Plan,
         console.print(" " + line, highlight=False)
 
 
-def comparison_table(rows: Sequence[tuple[str, Plan, float | None]]) -> Table:
-    """One row per plan: cut points, split, predicted (and measured) step time, memory."""
+def comparison_table(rows: Sequence[tuple[str, Plan, float | Sequence[float] | None]]
+                     ) -> Table:
+    """One row per plan: cut points, split, predicted (and measured) step time, memory.
+
+    A row's measurement is a step time (ms) or the step times taken (ms): then their median,
+    and their range when there are several (``"5.2 ms (4.9–5.6 ms)"``)."""
     best_plan = min((plan for _, plan, _ in rows), key=lambda p: p.predicted_step_ms)
     measured_any = any(m is not None for _, _, m in rows)
     table = Table(box=None, header_style="bold", pad_edge=False)
@@ -103,9 +108,27 @@ def comparison_table(rows: Sequence[tuple[str, Plan, float | None]]) -> Table:
             format_bytes(max(s.memory_bytes for s in plan.stages)),
         ]
         if measured_any:
-            cells.append("–" if measured is None else format_ms(measured))
+            cells.append(_measured_cell(measured))
         table.add_row(*cells)
     return table
+
+
+def _measured_cell(measured: float | Sequence[float] | None) -> str:
+    """A measured step (ms), or the median of several and their range."""
+    if measured is None:
+        return "–"
+    if isinstance(measured, (int, float)):
+        return format_ms(measured)
+    times = sorted(measured)
+    if not times:
+        return "–"
+    text = format_ms(statistics.median(times))
+    if len(times) > 1:
+        low, high = format_ms(times[0]), format_ms(times[-1])
+        if low[-3:] == high[-3:] == " ms" or low[-2:] == high[-2:] == " s":
+            low = low.rsplit(" ", 1)[0]  # "4.9–5.6 ms": the unit once
+        text += f" ({low}–{high})"
+    return text
 
 
 def _vs_best(plan: Plan, best: Plan) -> str:

@@ -215,13 +215,31 @@ def test_bad_device_names_and_spec_files(tmp_path, capsys) -> None:
 
 
 def test_compare_measure_trains_each_plan(tmp_path, capsys) -> None:
-    code, out, err = run(capsys, "compare", TOY, "--gpus", "2", *FAST, "--measure", "--rounds", "1",
+    import re
+
+    code, out, err = run(capsys, "compare", TOY, "--gpus", "2", *FAST, "--measure", "--rounds", "2",
                          "--timeout", "60")
     assert code == 0, err
     assert "measured step" in out
     header, *rows = [line for line in out.splitlines() if line.startswith(("plan ", "autosplit ", "uniform "))]
     assert "measured step" in header
-    assert all(not row.rstrip().endswith("–") for row in rows)
+    # each plan's median and the range of its timed steps
+    for row in rows:
+        got = re.search(r"([\d.]+) ms \(([\d.]+)–([\d.]+) ms\)$", row.rstrip())
+        assert got, row
+        median, low, high = map(float, got.groups())
+        assert low <= median <= high
+    assert "the median of 2 timed step(s) per plan" in out
+
+
+def test_comparison_table_measured_cells() -> None:
+    from autosplit.report import _measured_cell
+
+    assert _measured_cell(None) == "–"
+    assert _measured_cell(5.23) == "5.2 ms"
+    assert _measured_cell([5.6, 4.9, 5.2]) == "5.2 ms (4.9–5.6 ms)"
+    assert _measured_cell([9_800.0, 10_200.0]) == "10.00 s (9800 ms–10.20 s)"  # units differ
+    assert _measured_cell([12_000.0, 14_000.0]) == "13.00 s (12.00–14.00 s)"
 
 
 def test_plan_emit_writes_an_importable_module(tmp_path, capsys) -> None:

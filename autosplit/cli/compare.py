@@ -4,6 +4,7 @@ predicted by one simulator and, with ``--measure``, trained side by side."""
 from __future__ import annotations
 
 import argparse
+import statistics
 from typing import Any
 
 from rich.console import Console
@@ -17,10 +18,9 @@ __all__ = ["compare_command"]
 
 
 def _measure_plans(args: argparse.Namespace, plans: dict[str, Plan],
-                   console: Console) -> dict[str, float]:
-    """Train every plan side by side on the multi-process runtime: median step time (ms)."""
-    import statistics
-
+                   console: Console) -> dict[str, list[float]]:
+    """Train every plan side by side on the multi-process runtime: each plan's timed step
+    times (ms), ``--rounds`` of them, taken in turn."""
     import torch
 
     from autosplit.distributed import RunSpec, launch, measure_plans
@@ -41,7 +41,7 @@ def _measure_plans(args: argparse.Namespace, plans: dict[str, Plan],
                      backend=backend, timeout_s=args.timeout,
                      threads=1 if backend == "gloo" else None)
     times = results[0]
-    return {name: 1000.0 * statistics.median(t) for name, t in zip(runnable, times)}
+    return {name: [1000.0 * x for x in t] for name, t in zip(runnable, times)}
 
 
 def compare_command(args: argparse.Namespace) -> int:
@@ -75,10 +75,14 @@ def compare_command(args: argparse.Namespace) -> int:
         others = {k: v for k, v in plans.items() if k != "autosplit"}
         best, checked = verify_plans(args, model, inputs, prof, candidates, others, console)
         plans = {"autosplit": best, **checked}
-    measured = _measure_plans(args, plans, console) if args.measure else None
-    rows = compare(prof, plans, measured)
+    measured = _measure_plans(args, plans, console) if args.measure else {}
+    rows = compare(prof, plans, {n: statistics.median(t) for n, t in measured.items()}
+                   if args.measure else None)
     console.print()
-    console.print(comparison_table([(r.name, r.plan, r.measured_step_ms) for r in rows]))
+    console.print(comparison_table([(r.name, r.plan, measured.get(r.name)) for r in rows]))
+    if measured:
+        console.print(f" measured: the median of {args.rounds} timed step(s) per plan, the plans "
+                      "taking turns after a warm-up step each (range in brackets)")
     console.print()
     how = ("stage times verified: each plan's stages timed as they run, taking turns"
            if verify else "from block sums")

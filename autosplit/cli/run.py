@@ -12,6 +12,7 @@ from typing import Any
 from autosplit.cli.common import make_console, model_args
 from autosplit.errors import InvalidInputError
 from autosplit.records import Plan
+from autosplit.units import format_ms
 
 __all__ = ["run_command"]
 
@@ -123,8 +124,7 @@ def run_command(args: argparse.Namespace) -> int:
         console.print(header)
     for i, (seconds, loss) in enumerate(zip(result.step_s, result.losses), start=1):
         note = "  (first step: warm-up)" if i == 1 and len(result.step_s) > 1 else ""
-        console.print(f"step {i}  {seconds:7.2f} s  loss {loss:.6g}{note}")
-    predicted = plan.predicted_step_ms
-    console.print(f"median step {result.steady_step_s:.2f} s on {where} ({result.device}) · "
-                  f"the plan predicted {predicted / 1000:.2f} s")
+        console.print(f"step {i}  {format_ms(seconds * 1000):>9}  loss {loss:.6g}{note}")
+    console.print(f"median step {format_ms(result.steady_step_s * 1000)} on {where} "
+                  f"({result.device}) · the plan predicted {format_ms(plan.predicted_step_ms)}")
     return 0
