@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-import torch.fx as fx
-from torch import nn
+from torch import fx, nn
 
 from autosplit import checks
 from autosplit.errors import ArgumentTypeError, TraceError
@@ -204,12 +203,12 @@ def sequential_fallback(
     )
     if not children:
         raise TraceError(f"torch.fx cannot trace {type(model).__name__} ({reason}); {fix}") from cause
-    if not isinstance(model, nn.Sequential):
-        if example_inputs is None or not _calls_children_in_order(model, example_inputs):
-            raise TraceError(
-                f"torch.fx cannot trace {type(model).__name__} ({reason}), and its children are "
-                f"not called one after the other; {fix}"
-            ) from cause
+    if not isinstance(model, nn.Sequential) and (
+            example_inputs is None or not _calls_children_in_order(model, example_inputs)):
+        raise TraceError(
+            f"torch.fx cannot trace {type(model).__name__} ({reason}), and its children are "
+            f"not called one after the other; {fix}"
+        ) from cause
     warnings.warn(
         f"torch.fx cannot trace {type(model).__name__} ({reason}); splitting it at its "
         f"{len(children)} top-level children instead, in order",
@@ -236,7 +235,7 @@ def _calls_children_in_order(model: nn.Module, example_inputs: Sequence[Any]) ->
     try:
         with torch.no_grad(), torch.random.fork_rng():
             out = probe(*example_inputs)
-    except Exception:
+    except Exception:  # noqa: BLE001 - the user's model failed: then its children are not known
         return False
     finally:
         for h in handles:

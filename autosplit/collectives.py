@@ -82,7 +82,7 @@ def _rank(rank: int, ranks: int, port: int, backend: str, nbytes: int, repeats: 
             if backend == "nccl":
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
-            ddp(x).sum().backward()
+            ddp(x).sum().backward()  # noqa: F821 - a closure cell, deleted below on purpose
             if backend == "nccl":
                 torch.cuda.synchronize(device)
             return time.perf_counter() - t0

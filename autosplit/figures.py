@@ -15,13 +15,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
 
-from autosplit.comparison import ComparisonRow  # noqa: E402
-from autosplit.records import Plan  # noqa: E402
-from autosplit.simulator import SimResult, simulate_plan  # noqa: E402
-from autosplit.units import format_bytes, format_ms  # noqa: E402
+from autosplit.comparison import ComparisonRow
+from autosplit.records import Plan
+from autosplit.simulator import SimResult, simulate_plan
+from autosplit.units import format_bytes, format_ms
 
 __all__ = ["plan_figure", "comparison_figure"]
 

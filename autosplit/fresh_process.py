@@ -23,6 +23,7 @@ speed, except where it tests this module).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import subprocess
@@ -175,7 +176,5 @@ def import_model_files(files: dict[str, str]) -> None:
 
     for name, path in files.items():
         if name not in sys.modules:
-            try:
+            with contextlib.suppress(Exception):  # then the job may not load: said so
                 _import_file(Path(path), path)
-            except Exception:  # noqa: BLE001 - then the job may not load: said so
-                pass

@@ -23,8 +23,7 @@ from typing import Any
 
 import networkx as nx
 import torch
-import torch.fx as fx
-from torch import nn
+from torch import fx, nn
 
 from autosplit import checks
 from autosplit.blocks import (
@@ -261,7 +260,7 @@ def trace(
     leaves = leaf_module_list(leaf_modules)
     try:
         gm = symbolic_trace(model, leaves)
-    except Exception as exc:  # fx raises many kinds of errors from user code
+    except Exception as exc:  # noqa: BLE001 - fx raises many kinds of errors from user code
         gm = sequential_fallback(model, example_inputs, exc)
         blocks = [
             Block(i, n.target, (n.name,), owned_params(model, [n], set()))  # type: ignore[arg-type]

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from autosplit import steal
-from autosplit.graph import BlockGraph, Segment
 from autosplit.block_memory import split_held_bytes, working_bytes
+from autosplit.graph import BlockGraph, Segment
 from autosplit.tensors import backward_from, fresh_leaves, nbytes, tensor_leaves
 
 __all__ = [
@@ -349,7 +349,7 @@ def measure_interleaved(
                 try:
                     outputs, f_ms, b_ms = timed_run(seg, state.args(graph, seg), dev, hooks,
                                                      loss if seg is segments[-1] else None)
-                except Exception as exc:  # the user's model failed on this input
+                except Exception as exc:  # noqa: BLE001 - the user's model failed on this input
                     failures.append((b, exc))
                     del states[b]
                     if explicit:

@@ -9,6 +9,7 @@ that does it on its first batch.
 from __future__ import annotations
 
 import functools
+import itertools
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,7 +67,7 @@ def partition(
     split_size: int | None = None,
     schedule: str = "gpipe",
     optimizer: str = "sgd",
-    memory_per_gpu: int | float | str | None = None,
+    memory_per_gpu: float | str | None = None,
     bandwidth_bytes_per_s: float | None = None,
     microbatch_sizes: Sequence[int] | None = None,
     granularity: Granularity = "block",
@@ -188,7 +189,7 @@ def plan_for_batch(
     distinct_gpus = len({d for d in devices if d.type == "cuda"})
     if bandwidth is None and distinct_gpus == len(devices) > 1:
         # real GPUs: the slowest link between consecutive stages, measured
-        bandwidth = min(measure_link_bandwidth(a, b) for a, b in zip(devices, devices[1:]))
+        bandwidth = min(measure_link_bandwidth(a, b) for a, b in itertools.pairwise(devices))
     planning: dict[str, Any] = dict(
         bandwidth_bytes_per_s=bandwidth,
         devices=[str(d) for d in devices],

@@ -302,7 +302,7 @@ def _profile_here(
                     states[b] = SizeState(work, inputs, b, dev)
                     estimate_ms = warm_up(work, segments, states[b], dev, loss_fn)
                     break
-                except Exception as exc:  # the user's model failed on this input
+                except Exception as exc:  # noqa: BLE001 - the user's model failed on this input
                     states.pop(b, None)
                     failures.append((b, exc))
                     if explicit:

@@ -27,7 +27,7 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_bytes(value: int | float | str, name: str = "memory size") -> int:
+def parse_bytes(value: float | str, name: str = "memory size") -> int:
     """``"16GiB"``, ``"512 MB"``, ``2**30`` or ``"1e9"`` → bytes (int).
 
     Args:

@@ -69,8 +69,8 @@ from report import lead_in_words, load_sentence, plural
 from run_options import benchmark_parser, chosen_cases, write_and_show
 from torchgpipe_peer import INSTALL_TORCHGPIPE, TORCHGPIPE, balance_by_time, torchgpipe_balance
 
-from autosplit.allocator import restart_keeping_freed_memory
 import autosplit
+from autosplit.allocator import restart_keeping_freed_memory
 from autosplit.collectives import measure_link_bandwidth
 from autosplit.comparison import baseline_plans, manual_plan
 from autosplit.planner import plan_candidates, plan_with_balance

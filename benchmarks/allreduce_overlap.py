@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, command_line, describe, machine, write_results  # noqa: E402
-from autosplit.allocator import restart_keeping_freed_memory  # noqa: E402
+from common import RESULTS, command_line, describe, machine, write_results
+
+from autosplit.allocator import restart_keeping_freed_memory
 
 
 def _rank(rank: int, port: int, layers: int, width: int, batch: int, rounds: int,

@@ -21,16 +21,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, describe, machine, write_results  # noqa: E402
+import torch
+import torchvision
+from common import RESULTS, describe, machine, write_results
+from torch import nn
 
-import torch  # noqa: E402
-import torchvision  # noqa: E402
-from torch import nn  # noqa: E402
-
-import autosplit  # noqa: E402
+import autosplit
 from autosplit.allocator import restart_keeping_freed_memory
-from autosplit.analytic import count_costs, profile_from_costs  # noqa: E402
-from autosplit.specs import calibrate, get_spec  # noqa: E402
+from autosplit.analytic import count_costs, profile_from_costs
+from autosplit.specs import calibrate, get_spec
 
 
 def stage_times(profile: autosplit.Profile, b: int, cut: int) -> list[float]:

@@ -48,9 +48,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, command_line, machine, write_results  # noqa: E402
-from compare_report import figures, markdown  # noqa: E402
-from compare_results import (  # noqa: E402
+import torch
+from common import RESULTS, command_line, machine, write_results
+from compare_report import figures, markdown
+from compare_results import (
     AUTO,
     HAND,
     ONE,
@@ -62,23 +63,20 @@ from compare_results import (  # noqa: E402
     plan_key,
     sizes_for,
 )
-from harness import (Config, Group, ModelSpec, add_load_arguments, load_options,  # noqa: E402
-                     measure, stage_check)
-from torchgpipe_peer import (  # noqa: E402
+from harness import Config, Group, ModelSpec, add_load_arguments, load_options, measure, stage_check
+from torch import nn
+from torchgpipe_peer import (
     INSTALL_TORCHGPIPE,
     TORCHGPIPE,
     balance_by_time,
     torchgpipe_balance,
 )
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-import autosplit  # noqa: E402
+import autosplit
 from autosplit.allocator import restart_keeping_freed_memory
-from autosplit.comparison import baseline_plans, manual_plan  # noqa: E402
-from autosplit.planner import plan_with_balance  # noqa: E402
-from autosplit.records import Plan, Profile  # noqa: E402
+from autosplit.comparison import baseline_plans, manual_plan
+from autosplit.planner import plan_with_balance
+from autosplit.records import Plan, Profile
 
 
 def default_cases() -> tuple[list[Case], Case, int]:

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import describe  # noqa: E402
-from compare_results import AUTO, HAND, ONE  # noqa: E402
-from report import despine, lead_in_words, load_sentence, plural, pyplot, save_figure  # noqa: E402
+from common import describe
+from compare_results import AUTO, HAND, ONE
+from report import despine, lead_in_words, load_sentence, plural, pyplot, save_figure
 
 
 def _stages(row: dict) -> str:

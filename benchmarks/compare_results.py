@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import ModelSpec, summary  # noqa: E402
-from torchgpipe_peer import INSTALL_TORCHGPIPE  # noqa: E402
+from harness import ModelSpec, summary
+from torchgpipe_peer import INSTALL_TORCHGPIPE
 
-from autosplit.cost import block_time_ms  # noqa: E402
-from autosplit.records import Plan, Profile  # noqa: E402
+from autosplit.cost import block_time_ms
+from autosplit.records import Plan, Profile
 
 ONE = "one device"
 HAND = "hand split"

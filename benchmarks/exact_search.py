@@ -25,9 +25,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import autosplit  # noqa: E402
-from common import RESULTS, command_line, describe, machine, write_results  # noqa: E402
-from synthetic import make_profile  # noqa: E402
+from common import RESULTS, command_line, describe, machine, write_results
+from synthetic import make_profile
+
+import autosplit
 
 GOALS_S = {"resnet50": 1.0, "1000 blocks": 2.0}
 SCHEDULES_FIXTURE = "resnet50_schedules_profile.json"

@@ -36,16 +36,15 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # this checkout's autosplit, even uninstalled
-from common import RESULTS, describe, machine, write_results  # noqa: E402
+import torch
+import torchvision
+from common import RESULTS, describe, machine, write_results
+from torch.utils import _pytree as pytree
 
-import torch  # noqa: E402
-import torchvision  # noqa: E402
-from torch.utils import _pytree as pytree  # noqa: E402
-
-import autosplit  # noqa: E402
+import autosplit
 from autosplit.allocator import restart_keeping_freed_memory
-from autosplit.analytic import count_costs, profile_from_costs  # noqa: E402
-from autosplit.specs import KNOWN_DEVICES, calibrate, get_spec  # noqa: E402
+from autosplit.analytic import count_costs, profile_from_costs
+from autosplit.specs import KNOWN_DEVICES, calibrate, get_spec
 
 STEPS = [("tests", 150), ("resnet50", 75), ("memory", 20), ("analytic", 40), ("gpt", 50),
          ("bf16", 45)]
@@ -487,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
                 with time_limit(min(limit, left)):
                     record["result"] = actions[name](min(limit, left))
                 record["status"] = "ok"
-            except (Exception, StepTimeout) as exc:  # recorded; the other steps still run
+            except (Exception, StepTimeout) as exc:  # noqa: BLE001 - recorded; the other steps run
                 record["status"] = "timeout" if isinstance(exc, StepTimeout) else "failed"
                 record["error"] = f"{type(exc).__name__}: {exc}"
                 record["traceback"] = traceback.format_exc()[-4000:]

@@ -31,15 +31,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import load_example  # noqa: E402
+import torch
+import torch.distributed as dist
+from common import load_example
+from torch import nn
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
-
-from autosplit import distributed, steal  # noqa: E402
-from autosplit.peak_memory import rise_during, tensor_bytes  # noqa: E402
-from autosplit.records import Plan  # noqa: E402
+from autosplit import distributed, steal
+from autosplit.peak_memory import rise_during, tensor_bytes
+from autosplit.records import Plan
 
 LR = 0.001  # SGD's learning rate, the tutorial's
 

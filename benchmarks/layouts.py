@@ -42,8 +42,8 @@ from harness import Config, Group, ModelSpec, load_options, measure
 from report import lead_in_words, load_sentence
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
-from autosplit.allocator import restart_keeping_freed_memory
 import autosplit
+from autosplit.allocator import restart_keeping_freed_memory
 from autosplit.collectives import measure_allreduce_bandwidth, measure_link_bandwidth
 from autosplit.comparison import manual_plan
 from autosplit.planner import plan_candidates, plan_layouts

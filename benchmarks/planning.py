@@ -18,11 +18,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, describe, load_example, machine, write_results  # noqa: E402
+from common import RESULTS, describe, load_example, machine, write_results
 
-import autosplit  # noqa: E402
-from autosplit.graph import trace  # noqa: E402
-from autosplit.profiler import profile_graph  # noqa: E402
+import autosplit
+from autosplit.graph import trace
+from autosplit.profiler import profile_graph
+
 
 def measure(name: str, model, inputs, stages: list[int], budget_s: float) -> dict:  # type: ignore[no-untyped-def]
     start = time.perf_counter()

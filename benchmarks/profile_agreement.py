@@ -19,11 +19,11 @@ import time
 import torch
 import torchvision
 
-from autosplit.allocator import restart_keeping_freed_memory
 import autosplit
+from autosplit.allocator import restart_keeping_freed_memory
+from autosplit.comparison import manual_plan
 from autosplit.graph import trace
 from autosplit.planner import plan_candidates
-from autosplit.comparison import manual_plan
 from autosplit.verified_choice import verify_and_choose
 
 SIZES = [8, 12, 16, 24]

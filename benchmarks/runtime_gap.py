@@ -49,8 +49,8 @@ from common import describe, machine
 from harness import ModelSpec, page_faults, settled
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
-from autosplit.allocator import restart_keeping_freed_memory
 import autosplit
+from autosplit.allocator import restart_keeping_freed_memory
 from autosplit.collectives import measure_link_bandwidth
 from autosplit.records import Plan
 from autosplit.runtime_cost import action_costs

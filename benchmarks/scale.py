@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import torch  # noqa: E402
-from common import (  # noqa: E402
+import torch
+from common import (
     RESULTS,
     command_line,
     describe,
@@ -36,12 +36,12 @@ from common import (  # noqa: E402
     write_results,
 )
 
-from autosplit.analytic import analytic_profile, build_on_meta  # noqa: E402
-from autosplit.planner import plan_layouts  # noqa: E402
-from autosplit.records import Plan  # noqa: E402
-from autosplit.specs import LINKS, get_spec, inter_node_link  # noqa: E402
-from autosplit.topology import Topology, placement_text  # noqa: E402
-from autosplit.units import format_bytes, format_ms  # noqa: E402
+from autosplit.analytic import analytic_profile, build_on_meta
+from autosplit.planner import plan_layouts
+from autosplit.records import Plan
+from autosplit.specs import LINKS, get_spec, inter_node_link
+from autosplit.topology import Topology, placement_text
+from autosplit.units import format_bytes, format_ms
 
 MEMORY_BYTES = 80 * 10**9
 

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, describe, machine, write_results  # noqa: E402
+from common import RESULTS, describe, machine, write_results
 
-from autosplit.solve import (  # noqa: E402
+from autosplit.solve import (
     PartitionProblem,
     block_partition,
     by_parameters,
@@ -33,7 +33,6 @@ from autosplit.solve import (  # noqa: E402
     solve_milp,
     uniform,
 )
-
 
 try:  # optional peer: pip install torchgpipe==0.0.7
     from torchgpipe.balance.blockpartition import solve as torchgpipe_solve
@@ -79,9 +78,9 @@ def run(sizes: list[int], stages: list[int], milp_limit_s: float, milp_max_n: in
                 row.update(milp_seconds=None, milp_status="not run", milp_gap=None, milp_vs_dp=None)
             costs = list(problem.costs[0])
             heuristics = {
-                "uniform": lambda: uniform(n, p),
-                "parameters": lambda: by_parameters(params, p),
-                "torchgpipe": lambda: block_partition(costs, p),
+                "uniform": lambda n=n, p=p: uniform(n, p),
+                "parameters": lambda params=params, p=p: by_parameters(params, p),
+                "torchgpipe": lambda costs=costs, p=p: block_partition(costs, p),
             }
             for name, heuristic in heuristics.items():
                 bal, seconds = timed(heuristic)

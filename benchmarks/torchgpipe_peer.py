@@ -8,6 +8,7 @@ torchgpipe is optional (``pip install torchgpipe==0.0.7``); without it ``balance
 from __future__ import annotations
 
 import importlib.metadata
+import itertools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -71,7 +72,7 @@ def to_block_balance(layer_balance: Sequence[int], owners: Sequence[str],
             notes.append(f"torchgpipe's cut inside block {before} moved to its end")
         ends.append(index[before] + 1)
     bounds = [0, *ends, len(block_names)]
-    balance = tuple(b - a for a, b in zip(bounds, bounds[1:]))
+    balance = tuple(b - a for a, b in itertools.pairwise(bounds))
     if min(balance) < 1:
         raise ValueError(f"torchgpipe's balance {list(layer_balance)} maps to an empty stage")
     return balance, notes

@@ -40,21 +40,18 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, command_line, describe, machine, write_results  # noqa: E402
-from harness import (Config, Group, ModelSpec, add_load_arguments, load_options,  # noqa: E402
-                     measure, summary)
-from report import (despine, lead_in_words, load_sentence, plural, pyplot,  # noqa: E402
-                    save_figure)
-from two_devices import time_in_process  # noqa: E402
-
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+from common import RESULTS, command_line, describe, machine, write_results
+from harness import Config, Group, ModelSpec, add_load_arguments, load_options, measure, summary
+from report import despine, lead_in_words, load_sentence, plural, pyplot, save_figure
+from torch import nn
+from two_devices import time_in_process
 
 from autosplit.allocator import restart_keeping_freed_memory
-from autosplit.graph import trace  # noqa: E402
-from autosplit.records import Plan, Stage  # noqa: E402
-from autosplit.solve import manual  # noqa: E402
-from autosplit.stages import stage_layout  # noqa: E402
+from autosplit.graph import trace
+from autosplit.records import Plan, Stage
+from autosplit.solve import manual
+from autosplit.stages import stage_layout
 
 TUTORIAL_SPLITS = (1, 3, 5, 8, 10, 12, 20, 40, 60)
 TUTORIAL_SPLIT = 20

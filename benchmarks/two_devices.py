@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import LR, ModelSpec, add_machine_load, start_marks, sync  # noqa: E402
+import torch
+from harness import LR, ModelSpec, add_machine_load, start_marks, sync
+from torch import nn
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from autosplit import distributed, steal  # noqa: E402
+from autosplit import distributed, steal
 
 
 class TwoDeviceResNet(nn.Module):

@@ -77,6 +77,6 @@ def build_model(size: str = "small") -> nn.Module:
 
 
 def example_inputs(batch_size: int = 16, size: str = "small") -> tuple[torch.Tensor, ...]:
-    layers, width, heads, vocab, context = SIZES[size]
+    *_, vocab, context = SIZES[size]
     tokens = context if size == "7b" else min(SEQUENCE, context)
     return (torch.randint(0, vocab, (batch_size, tokens)),)

@@ -28,7 +28,7 @@ from autosplit.analytic import (
     profile_from_costs,
     to_meta,
 )
-from autosplit.errors import InvalidInputError, RecordFileError, ModelMismatchError
+from autosplit.errors import InvalidInputError, ModelMismatchError, RecordFileError
 from autosplit.records import Profile
 from autosplit.specs import (
     KNOWN_DEVICES,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import subprocess
-from pathlib import Path
 import sys
+from pathlib import Path
 
 import pytest
 

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 import torch
+from models import ToyModel
+from synthetic import make_profile
 
 import autosplit
 from autosplit import analytic, comparison, planner, simulator, solve, specs
 from autosplit.errors import ArgumentTypeError, InvalidInputError
 from autosplit.specs import get_spec
 from autosplit.units import parse_bytes
-from models import ToyModel
-from synthetic import make_profile
 
 PROF = make_profile([1, 2], [[1.0, 1.0]] * 4, batch_size=4)
 PLAN = autosplit.plan(PROF, gpus=2)

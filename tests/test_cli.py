@@ -118,7 +118,7 @@ def test_python_dash_m_works(tmp_path) -> None:
 def _one_line_error(capsys, tmp_path, *argv: str, match: str) -> None:
     before = set(tmp_path.iterdir())
     code = main(list(argv))
-    out, err = capsys.readouterr()
+    _, err = capsys.readouterr()
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), err
@@ -244,13 +244,13 @@ def test_comparison_table_measured_cells() -> None:
 
 def test_plan_emit_writes_an_importable_module(tmp_path, capsys) -> None:
     target = tmp_path / "pipelined_toy.py"
-    code, out, err = run(capsys, "plan", TOY, "--gpus", "2", *FAST, "-o", str(tmp_path / "p.json"),
-                         "--emit", str(target))
+    code, _, err = run(capsys, "plan", TOY, "--gpus", "2", *FAST, "-o", str(tmp_path / "p.json"),
+                       "--emit", str(target))
     assert code == 0, err
     text = target.read_text()
     assert "class PipelinedToyModel" in text and "autosplit plan" in text
     namespace: dict = {}
-    exec(compile(text, str(target), "exec"), namespace)
+    exec(compile(text, str(target), "exec"), namespace)  # noqa: S102 - the emitted module
     import torch
 
     pipelined = namespace["PipelinedToyModel"](devices=["cpu", "cpu"])

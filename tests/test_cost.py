@@ -20,7 +20,6 @@ from autosplit.planner import PlanSettings
 from autosplit.planner.problems import partition_problem
 from autosplit.solve import solve_dp, solve_milp
 
-
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

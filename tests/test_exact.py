@@ -43,7 +43,7 @@ def stage_ranges(balance: tuple[int, ...]):
 
 def random_pipeline(rng: random.Random, schedule: str):
     p, m = rng.randint(1, 6), rng.randint(1, 9)
-    scale = lambda: rng.choice([0.1, 1.0, 3.0])  # noqa: E731
+    scale = lambda: rng.choice([0.1, 1.0, 3.0])
     f = [rng.random() * scale() for _ in range(p)]
     b = [rng.random() * scale() for _ in range(p)]
     cf = [rng.random() * rng.choice([0.0, 0.5, 2.0]) for _ in range(p - 1)]
@@ -124,7 +124,7 @@ def random_case(rng: random.Random) -> tuple[autosplit.Profile, int, dict]:
     n = rng.randint(5, 8)
     p = rng.randint(2, min(5, n))
     sizes = sorted(rng.sample([1, 2, 3, 4], rng.randint(1, 2)))
-    grid = lambda: rng.randint(1, 12) / 4  # noqa: E731  on a grid: exact ties happen
+    grid = lambda: rng.randint(1, 12) / 4
     prof = make_profile(
         sizes, [[grid() for _ in sizes] for _ in range(n)], batch_size=rng.choice([4, 6, 8]),
         param_bytes=[rng.randint(0, 4) * 2**20 for _ in range(n)],
@@ -167,7 +167,7 @@ def test_search_finds_the_lexicographically_first_optimum_from_any_seed(method: 
     for _ in range(100):
         n, p, m = rng.randint(3, 8), rng.randint(2, 4), rng.randint(1, 6)
         p = min(p, n)
-        row = lambda: tuple(float(rng.randint(0, 2)) for _ in range(n))  # noqa: E731
+        row = lambda n=n: tuple(float(rng.randint(0, 2)) for _ in range(n))
         comm = tuple(float(rng.randint(0, 2)) for _ in range(n - 1))
         problem = StepProblem((row(),) * p, (row(),) * p, comm, comm, m,
                               rng.choice(["gpipe", "1f1b"]))

@@ -162,5 +162,5 @@ def test_no_module_is_over_450_lines() -> None:
     }
     over = {name: n for name, n in too_long.items() if name not in OVER_LIMIT_FOR_NOW}
     assert not over, f"modules over {MAX_LINES} lines (split them by what they do): {over}"
-    assert OVER_LIMIT_FOR_NOW <= set(MODULES[m].relative_to(PACKAGE).as_posix()
-                                     for m in MODULES), "allow-list names a module that is gone"
+    assert OVER_LIMIT_FOR_NOW <= {MODULES[m].relative_to(PACKAGE).as_posix()
+                                   for m in MODULES}, "allow-list names a module that is gone"

@@ -12,8 +12,8 @@ from models import LongSkip, TokenModel, ToyModel, TwoInOut
 from test_stages import SIZE_MESSAGE, SizeAcross
 
 import autosplit
-from autosplit.planner import plan_with_balance
 from autosplit.pipeline import PipelinedModule
+from autosplit.planner import plan_with_balance
 from autosplit.stages import CutValueError
 
 

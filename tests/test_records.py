@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from synthetic import make_profile
 
 import autosplit
 from autosplit import cost, simulator
@@ -24,7 +25,6 @@ from autosplit.errors import AutosplitError, InvalidInputError, PlanFileError, P
 from autosplit.graph import trace
 from autosplit.records import Plan, Profile, Stage
 from autosplit.validation import KNOWN_OPTIMIZERS, KNOWN_SCHEDULES
-from synthetic import make_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = str(ROOT / "examples" / "toy.py")
@@ -54,7 +54,7 @@ PROFILE_JSON = _json(PROFILE)
 PLAN_JSON = _json(PLAN)
 
 
-def _load_text(cls: type[Profile] | type[Plan], text: str) -> Profile | Plan:
+def _load_text(cls: type[Profile | Plan], text: str) -> Profile | Plan:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bad.json"
         path.write_text(text)
@@ -418,7 +418,7 @@ def _numbers(value: Any) -> list[float]:
     return [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
 
 
-def _loaded_or_refused(cls: type[Profile] | type[Plan], text: str) -> Any:
+def _loaded_or_refused(cls: type[Profile | Plan], text: str) -> Any:
     """The record read from ``text``, checked to round-trip exactly, or None if refused."""
     try:
         record = _load_text(cls, text)

@@ -328,7 +328,7 @@ def test_memory_limits_that_bind_without_cut_bytes(schedule: str, v: int) -> Non
                                    output_saved_bytes=None)
         for cuts in itertools.combinations(range(1, n), 2 * v - 1):
             edges = (0, *cuts, n)
-            balance = tuple(b - a for a, b in zip(edges, edges[1:]))
+            balance = tuple(b - a for a, b in itertools.pairwise(edges))
             static = rank_static_bytes(base, balance, order.stage_rank, 2)
             peaks = replay(order, stage_costs(base, balance, (False,) * order.n, order)).peak_bytes
             cap = max(a + b for a, b in zip(static, peaks))
@@ -380,7 +380,7 @@ def test_too_many_cuts_are_not_enumerated_and_gpipe_falls_back_on_its_exact_sear
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Cuts beyond the joint search's enumeration: that (schedule, v) says why; GPipe and 1F1B
     on one stage per rank are planned by their own exact search, as schedule="gpipe" plans."""
-    import autosplit.planner.schedules as schedules
+    from autosplit.planner import schedules
 
     monkeypatch.setattr(schedules, "MAX_BALANCES", 10)  # 8 blocks: C(7, 3) = 35 > 10 ≥ C(7, 1)
     profile = make_profile([1, 2, 4], [[1.0, 0.9, 0.8], [2.0, 1.5, 1.2]] * 4, batch_size=8,

@@ -175,15 +175,15 @@ def test_emitted_module_trains_the_one_tied_weight(tmp_path: Path, last: str) ->
     assert_equivalent(model, pm, ref, _ids(8), plan.split_size)
 
 
-TIED_FILE = '''
+TIED_FILE = f'''
 import sys
-sys.path.insert(0, %r)
+sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
 from models import TiedLM
 
 
 def build_model():
     return TiedLM()
-''' % str(Path(__file__).resolve().parent)
+'''
 
 
 # ------------------------------------------------------------------------- many processes

@@ -19,8 +19,8 @@ from autosplit.claims import half_iqr, ratio_with_spread, relative_spread, sprea
 from autosplit.cli import main
 from autosplit.comparison import manual_plan
 from autosplit.cost import single_device_ms
-from autosplit.plan_text import one_device_way
 from autosplit.graph import trace
+from autosplit.plan_text import one_device_way
 from autosplit.planner import plan_candidates
 from autosplit.records import Plan, Profile
 from autosplit.simulator import simulate_plan
@@ -306,7 +306,7 @@ def test_the_chosen_candidate_is_predicted_from_a_second_session_not_the_one_tha
     hand = manual_plan(prof, [prof.block_names[3]], 4)
     sessions: list[list[tuple[int, int, int]]] = []
 
-    def stage_times(graph, inputs, runs, **options):  # noqa: ARG001
+    def stage_times(graph, inputs, runs, **options):
         sessions.append([run for run, _ in runs])  # (each run and what runs beside it)
         per_sample = [0.1 if len(sessions) == 1 and b == lucky else 1.0
                       for (_, _, b), _ in runs]
@@ -343,7 +343,7 @@ def test_one_device_is_the_faster_of_the_whole_batch_and_accumulated_micro_batch
     assert plan.single_device_split == b_one  # by block sums: the best measured size
     timed: list[tuple[int, int, int]] = []
 
-    def stage_times(graph, inputs, runs, **options):  # noqa: ARG001
+    def stage_times(graph, inputs, runs, **options):
         timed.extend(run for run, _ in runs)  # (each run and what runs beside it)
         # per sample, the whole batch at once costs whole_per_sample ms, micro-batches 1 ms
         return {r: verify.StageTime(b * (whole_per_sample if b == plan.batch_size else 1.0) / 2,

@@ -9,11 +9,7 @@ import argparse
 import math
 from typing import Any, NoReturn
 
-import autosplit.cli.compare as compare
-import autosplit.cli.devices as devices
-import autosplit.cli.profile_plan as profile_plan
-import autosplit.cli.run as run
-import autosplit.cli.show as show
+from autosplit.cli import compare, devices, profile_plan, run, show
 from autosplit.cli.topology_args import add_topology_arguments
 from autosplit.errors import InvalidInputError
 

@@ -58,8 +58,8 @@ class PipelinedClassWriter:
         tied = sorted(self.split.tied_stages())
         lines = self._init_lines(stages, tied)
         lines += self._forward_lines(len(stages))
-        lines += self._run_stage_lines(len(stages), tied, set(
-            s for s, on in enumerate(checkpointed) if on))
+        lines += self._run_stage_lines(len(stages), tied, {
+            s for s, on in enumerate(checkpointed) if on})
         if tied:
             lines += _tied_call_lines()
         return "\n".join(lines)

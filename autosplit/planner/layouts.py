@@ -128,7 +128,7 @@ def plan_replicated(
     replicas: int,
     *,
     batch_size: int | None = None,
-    memory_per_gpu: int | float | str | None = None,
+    memory_per_gpu: float | str | None = None,
     schedule: str = "gpipe",
     optimizer: str = "sgd",
     split_size: int | None = None,

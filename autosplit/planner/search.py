@@ -67,7 +67,7 @@ def plan(
     *,
     batch_size: int | None = None,
     devices: Sequence[str] | None = None,
-    memory_per_gpu: int | float | str | Sequence[int | float | str] | None = None,
+    memory_per_gpu: float | str | Sequence[int | float | str] | None = None,
     schedule: str = "gpipe",
     optimizer: str = "sgd",
     split_size: int | None = None,

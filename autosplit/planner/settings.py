@@ -85,7 +85,7 @@ class PlanSettings:
         *,
         batch_size: int | None = None,
         devices: Sequence[str] | None = None,
-        memory_per_gpu: int | float | str | Sequence[int | float | str] | None = None,
+        memory_per_gpu: float | str | Sequence[int | float | str] | None = None,
         schedule: str = "gpipe",
         optimizer: str = "sgd",
         bandwidth_bytes_per_s: float | None = None,
@@ -145,7 +145,7 @@ class PlanSettings:
 
 
 def memory_sizes(
-    memory_per_gpu: int | float | str | Sequence[int | float | str] | None, gpus: int
+    memory_per_gpu: float | str | Sequence[int | float | str] | None, gpus: int
 ) -> tuple[float, ...] | None:
     """Per-device memory (bytes) from one size or one per device; ``None``: no limit.
 

@@ -168,7 +168,7 @@ def brute_force_joint(problem: JointProblem, order: ScheduleOrder,
     found = None
     for cuts in itertools.combinations(range(1, problem.n), s_count - 1):
         edges = (0, *cuts, problem.n)
-        balance = tuple(b - a for a, b in zip(edges, edges[1:]))
+        balance = tuple(b - a for a, b in itertools.pairwise(edges))
         for mask in _masks(s_count, checkpointing):
             step, memory = _replayed(problem, order, balance, mask)
             key = (sum(mask), balance, mask)

@@ -17,8 +17,8 @@ p − s micro-batches in flight on stage s) are the same problem.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from autosplit import checks
 from autosplit.errors import InvalidInputError
@@ -70,9 +70,9 @@ class PartitionProblem:
             raise InvalidInputError(
                 f"comm must have one entry per cut, len(comm) == {n - 1}, got {len(self.comm)}"
             )
-        if self.memory is not None:
-            if len(self.memory) != p or any(len(row) != n for row in self.memory):
-                raise InvalidInputError("memory must be a p × n table (one row per stage)")
+        if self.memory is not None and (
+                len(self.memory) != p or any(len(row) != n for row in self.memory)):
+            raise InvalidInputError("memory must be a p × n table (one row per stage)")
         for name in ("memory_first", "memory_last"):
             table = getattr(self, name)
             if table is None:
