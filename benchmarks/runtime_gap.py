@@ -52,6 +52,7 @@ from run_options import benchmark_parser, chosen_cases, write_and_show
 import autosplit
 from autosplit.allocator import restart_keeping_freed_memory
 from autosplit.collectives import measure_link_bandwidth
+from autosplit.errors import AutosplitError, InvalidInputError
 from autosplit.records import Plan
 from autosplit.runtime_cost import action_costs
 from autosplit.schedules import SPLIT_BACKWARD
@@ -103,18 +104,27 @@ def _balance(text: str) -> tuple[int, int]:
     return counts  # type: ignore[return-value]
 
 
+def check_balance(balance: Sequence[int], blocks: int, model: str) -> None:
+    """``--balance`` against the model's block count (before anything is measured).
+
+    Raises:
+        InvalidInputError: the cut's blocks do not add up to the model's.
+    """
+    if sum(balance) != blocks:
+        raise InvalidInputError(f"--balance {','.join(map(str, balance))} has {sum(balance)} "
+                                f"blocks; {model} has {blocks}")
+
+
 def given_plan(profile: Any, balance: Sequence[int], split_size: int, schedule: str) -> Plan:
     """The cut ``balance`` at micro-batch size ``split_size`` scored as the planner scores a
     hand split (:func:`autosplit.planner.plan_with_balance`); a cut that does not add up to the
     model's blocks, or a size not profiled, is an error naming them."""
     from autosplit.planner import plan_with_balance
 
-    if sum(balance) != len(profile.blocks):
-        raise SystemExit(f"--balance {','.join(map(str, balance))} has {sum(balance)} blocks; "
-                         f"{profile.model} has {len(profile.blocks)}")
+    check_balance(balance, len(profile.blocks), profile.model)
     if split_size not in profile.microbatch_sizes:
-        raise SystemExit(f"--split-size {split_size} was not profiled "
-                         f"(sizes {', '.join(map(str, profile.microbatch_sizes))})")
+        raise InvalidInputError(f"--split-size {split_size} was not profiled "
+                                f"(sizes {', '.join(map(str, profile.microbatch_sizes))})")
     return plan_with_balance(profile, list(balance), split_size, schedule=schedule)
 
 
@@ -470,6 +480,8 @@ def run(args: Any, cases: Sequence[Case]) -> dict[str, Any]:
         print(f"{case.label} ({case.spec.describe}): profile, plan, verify …", flush=True)
         model, inputs = case.spec.build(), case.spec.make_inputs()
         graph = autosplit.trace(model, example_inputs=inputs)
+        if args.balance is not None:  # before the profile: a wrong cut ends the run at once
+            check_balance(args.balance, len(graph.blocks), graph.model_name)
         given = [args.split_size] if args.split_size is not None else []
         profile = autosplit.profile(model, inputs, microbatch_sizes=args.sizes, include=given,
                                     budget_s=args.profile_budget)
@@ -628,7 +640,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("--split-size must be positive")
     if args.smoke:
         args.steps, args.in_rank = 2, 1
-    data = run(args, cases)
+    try:
+        data = run(args, cases)
+    except AutosplitError as exc:  # a --balance or --split-size that does not fit the model
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     write_and_show(args, "runtime_gap.py", data, markdown(data))
 
 

@@ -16,6 +16,7 @@ import torch
 import torchvision
 
 import autosplit
+from autosplit.errors import InvalidInputError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -563,7 +564,18 @@ def test_runtime_gap_runs_a_given_cut_scored_as_the_planner_scores_it() -> None:
     plan = given_plan(prof, (2, 1), 4, "gpipe")
     assert plan.balance == (2, 1) and plan.split_size == 4
     assert plan == plan_with_balance(prof, [2, 1], 4, schedule="gpipe")
-    with pytest.raises(SystemExit, match="has 2 blocks; .* has 3"):
+    with pytest.raises(InvalidInputError, match="has 2 blocks; .* has 3"):
         given_plan(prof, (1, 1), 4, "gpipe")
-    with pytest.raises(SystemExit, match="--split-size 3 was not profiled"):
+    with pytest.raises(InvalidInputError, match="--split-size 3 was not profiled"):
         given_plan(prof, (2, 1), 3, "gpipe")
+
+
+def test_runtime_gap_refuses_a_cut_of_other_blocks_before_measuring(capsys) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from runtime_gap import main
+
+    with pytest.raises(SystemExit) as info:  # the smoke model has more than 2 blocks
+        main(["--smoke", "--balance", "1,1", "--split-size", "2", "--out", "/nonexistent"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --balance 1,1 has 2 blocks; ") and "profile" not in err
