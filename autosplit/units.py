@@ -10,7 +10,7 @@ from autosplit import checks
 from autosplit.checks import show
 from autosplit.errors import ArgumentTypeError, InvalidInputError
 
-__all__ = ["parse_bytes", "format_bytes", "format_ms"]
+__all__ = ["parse_bytes", "format_bytes", "size_at_least", "format_ms"]
 
 _UNITS = {
     "": 1,
@@ -68,15 +68,34 @@ def parse_bytes(value: float | str, name: str = "memory size") -> int:
     return int(size)
 
 
+_BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
 def format_bytes(n: float | None) -> str:
     """``1536`` → ``"1.5 KiB"``; ``None`` → ``"–"``."""
     if n is None:
         return "–"
     size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+    for unit in _BINARY_UNITS:
         if abs(size) < 1024 or unit == "TiB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
+    raise AssertionError("unreachable")
+
+
+def size_at_least(n: float) -> str:
+    """A size of at least ``n`` bytes that :func:`parse_bytes` reads, in
+    :func:`format_bytes`'s unit but rounded up and without the space: ``"5.1KiB"`` for 5,130
+    bytes (5.0098 KiB), ``"512B"``."""
+    target = math.ceil(n)  # whole bytes, as parse_bytes reads them
+    for i, unit in enumerate(_BINARY_UNITS):
+        if target < 1024 ** (i + 1) or unit == "TiB":
+            if unit == "B":
+                return f"{target}B"
+            tenths = math.ceil(target / 1024**i * 10)
+            while int(tenths / 10 * 1024**i) < target:  # parse_bytes truncates to bytes
+                tenths += 1
+            return f"{tenths / 10:.1f}{unit}"
     raise AssertionError("unreachable")
 
 

@@ -277,3 +277,11 @@ def test_a_plan_that_does_not_fit_says_what_to_try_with_the_commands_options(tmp
                        "--schedule", "gpipe", "--split-size", "4", *FAST, "--no-verify",
                        "-o", str(out))
     assert code == 0 and out.exists(), err
+
+
+def test_size_at_least_reads_back_as_at_least_the_size() -> None:
+    from autosplit.units import parse_bytes, size_at_least
+
+    assert size_at_least(5130) == "5.1KiB" and size_at_least(512) == "512B"
+    for n in (1, 1023.5, 1024, 5130, 3.3 * 2**20, 40 * 2**30 + 1):
+        assert parse_bytes(size_at_least(n)) >= n

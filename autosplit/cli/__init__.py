@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from autosplit.cli.common import checked_outputs
 from autosplit.cli.parser import EXIT_USAGE, build_parser
 from autosplit.errors import AutosplitError, InfeasiblePlanError
+from autosplit.units import size_at_least
 
 __all__ = ["main", "entry", "build_parser"]
 
@@ -96,21 +97,11 @@ def _in_cli_words(exc: Exception, args: argparse.Namespace) -> object:
         tries.append("a smaller --split-size")
     need = exc.min_capacity_bytes
     if hasattr(args, "memory") and need is not None and math.isfinite(need):
-        tries.append(f"--memory {_size_at_least(need)}")
+        tries.append(f"--memory {size_at_least(need)}")
     if not tries:
         return exc
     return f"{exc.finding}. Try {', '.join(tries[:-1])}{' or ' if len(tries) > 1 else ''}" \
            f"{tries[-1]}"
-
-
-def _size_at_least(n: float) -> str:
-    """A ``--memory`` value of at least ``n`` bytes, as :func:`~autosplit.units.format_bytes`
-    writes sizes but rounded up: ``5.1KiB`` for 5,130 bytes (5.0098 KiB)."""
-    for i, unit in enumerate(("KiB", "MiB", "GiB", "TiB")):
-        size = n / 1024 ** (i + 1)
-        if size < 1024 or unit == "TiB":
-            return f"{math.ceil(size * 10) / 10:.1f}{unit}"
-    raise AssertionError("unreachable")
 
 
 def _one_line(exc: object) -> str:
