@@ -19,6 +19,14 @@ all-reduce of one flat tensor: on 2 gloo CPU workers DDP's synchronisation of Re
 25.6 M gradients took 164 ms where one all-reduce of as many bytes took 67 ms. The process
 start-up (a few seconds: each rank imports torch) is not timed.
 
+The synchronisation also costs a time that does not grow with n: DDP's hooks, the launch of
+its bucket's all-reduce and the message's round trip. :func:`measure_allreduce` times it the
+same way on a model of :data:`LATENCY_BYTES` gradient bytes (the latency α, ms) and takes the
+bandwidth from what the n bytes add to it, so that α + 2 (k − 1)/k · n / W is the time measured
+at n bytes again (:func:`autosplit.cost.replica_sync_ms`). On 2 gloo CPU workers α was
+0.45–0.7 ms: next to a small model's millisecond steps, what the bandwidth alone leaves out (a
+replicated 16 × 16 layer's one-stage step took 1.1 ms on the runtime, its compute 0.3 ms).
+
 The link (:func:`measure_link_bandwidth`) is timed as the pipeline runtime sends a stage's
 output: a non-blocking send and receive of n bytes between 2 ranks, back and forth; its figure
 is n over half a round trip (bytes/s, one direction), the bandwidth of
@@ -31,12 +39,30 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from autosplit import checks
 from autosplit.errors import InvalidInputError
 
-__all__ = ["bus_bandwidth", "measure_allreduce_bandwidth", "measure_link_bandwidth"]
+__all__ = ["LATENCY_BYTES", "AllReduceCost", "bus_bandwidth", "measure_allreduce",
+           "measure_allreduce_bandwidth", "measure_link_bandwidth"]
+
+LATENCY_BYTES = 4096
+"""Gradient bytes of the model the all-reduce's latency is timed on (one 1024 → 1 layer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AllReduceCost:
+    """The measured cost of the replicas' gradient synchronisation: α + 2 (k − 1)/k · n / W.
+
+    Attributes:
+        bus_bytes_per_s: W, the bus bandwidth beyond the latency (bytes/s).
+        latency_ms: α, what a synchronisation costs whatever its bytes (ms).
+    """
+
+    bus_bytes_per_s: float
+    latency_ms: float
 
 
 def bus_bandwidth(nbytes: float, ranks: int, seconds: float) -> float:
@@ -133,6 +159,30 @@ def measure_allreduce_bandwidth(ranks: int = 2, nbytes: int = 32 * 2**20, repeat
 
 
 _MEASURED: dict[tuple[int, int, int, str], float] = {}
+
+
+def measure_allreduce(ranks: int = 2, nbytes: int = 32 * 2**20, repeats: int = 7,
+                      backend: str | None = None) -> AllReduceCost:
+    """The latency α and the bus bandwidth W of ``ranks`` local ranks synchronising gradients
+    with DistributedDataParallel (see the module docstring): α timed on
+    :data:`LATENCY_BYTES` gradient bytes (the median of ``3 · repeats`` timings: a small figure
+    spreads more), W from what ``nbytes`` bytes add to it, so that α + 2 (k − 1)/k · n / W is
+    the time measured at ``nbytes``. Kept for the process's lifetime, as
+    :func:`measure_allreduce_bandwidth` (whose figure, α included, it reuses).
+
+    Raises:
+        As :func:`measure_allreduce_bandwidth`; ``nbytes`` must exceed :data:`LATENCY_BYTES`.
+    """
+    nbytes = checks.positive_int("nbytes", nbytes)
+    if nbytes <= LATENCY_BYTES:
+        raise InvalidInputError(f"nbytes={nbytes}: the bandwidth is measured above the "
+                                f"latency's {LATENCY_BYTES} bytes")
+    whole = measure_allreduce_bandwidth(ranks, nbytes, repeats, backend)
+    small = measure_allreduce_bandwidth(ranks, LATENCY_BYTES, 3 * repeats, backend)
+    seconds = bus_bandwidth(nbytes, ranks, 1.0) / whole  # the time measured at nbytes
+    latency = bus_bandwidth(LATENCY_BYTES, ranks, 1.0) / small
+    beyond = max(seconds - latency, seconds / 2)  # a noisy α: never more than half of it
+    return AllReduceCost(bus_bandwidth(nbytes, ranks, beyond), latency * 1000.0)
 
 
 def _link_rank(rank: int, ranks: int, port: int, backend: str, nbytes: int, repeats: int,

@@ -129,13 +129,17 @@ def allreduce_ms(nbytes: float, ranks: int, bandwidth_bytes_per_s: float) -> flo
 
 
 def replica_sync_ms(
-    grad_bytes: float, replicas: int, bandwidth_bytes_per_s: float, overlap: float = 0.0
+    grad_bytes: float, replicas: int, bandwidth_bytes_per_s: float, overlap: float = 0.0,
+    latency_ms: float = 0.0,
 ) -> float:
-    """Exposed time (ms) of the gradient all-reduce among a stage's d data-parallel replicas.
+    """Exposed time (ms) of the gradient synchronisation among a stage's d data-parallel
+    replicas.
 
-    With G the stage's gradient bytes, d the replicas, W the all-reduce bandwidth (bytes/s)
-    and o the overlapped share: (1 − o) · 2 · (d − 1)/d · G / W (a ring all-reduce, Patarasuk &
-    Yuan 2009, as :func:`allreduce_ms`; latency left out). ``overlap`` o = 0, the default, is
+    With G the stage's gradient bytes, d the replicas, W the all-reduce bandwidth (bytes/s), α
+    the synchronisation's latency (ms, what it costs whatever its bytes:
+    :func:`autosplit.collectives.measure_allreduce`) and o the overlapped share:
+    (1 − o) · (α + 2 · (d − 1)/d · G / W) (a ring all-reduce, Patarasuk & Yuan 2009, as
+    :func:`allreduce_ms`); 0 for one replica. ``overlap`` o = 0, the default, is
     the conservative choice: the all-reduce starts after the step's last backward and nothing
     hides it. PyTorch DDP's gradient buckets start all-reducing during the backward (Li et al.,
     "PyTorch Distributed: Experiences on Accelerating Data Parallel Training", VLDB 2020, §3.2.3),
@@ -145,7 +149,12 @@ def replica_sync_ms(
     """
     if not 0.0 <= overlap <= 1.0:
         raise InvalidInputError(f"overlap must be within [0, 1], got {overlap}")
-    return (1.0 - overlap) * allreduce_ms(grad_bytes, replicas, bandwidth_bytes_per_s)
+    if not (math.isfinite(latency_ms) and latency_ms >= 0):
+        raise InvalidInputError(f"latency_ms must be a finite number ≥ 0, got {latency_ms}")
+    if replicas <= 1:
+        return 0.0
+    return (1.0 - overlap) * (latency_ms
+                              + allreduce_ms(grad_bytes, replicas, bandwidth_bytes_per_s))
 
 
 def transfer_ms(nbytes: float, bandwidth_bytes_per_s: float) -> float:

@@ -180,8 +180,12 @@ class Profile:
         shared: parameters that several blocks use (empty for models without tied weights).
         loss: the loss timed with the last block (:mod:`autosplit.losses`; older: ``"none"``).
         allreduce_bytes_per_s: the all-reduce bus bandwidth measured on this machine's
-            backend (bytes/s, :func:`autosplit.collectives.measure_allreduce_bandwidth`), the
+            backend (bytes/s, :func:`autosplit.collectives.measure_allreduce`), the
             default for the replicas' gradient all-reduce; ``None`` when not measured.
+        allreduce_latency_ms: what the replicas' gradient synchronisation costs whatever its
+            bytes, measured with ``allreduce_bytes_per_s`` (ms,
+            :func:`autosplit.collectives.measure_allreduce`); 0 when not measured (older
+            profiles).
         backward_split: how the blocks' ``input_grad_ms`` and ``weight_grad_ms`` were
             obtained: ``"measured at b=…"`` (timed at those sizes; at the other sizes those
             of the nearest of them, scaled by the ratio of the block's ``bwd_ms``),
@@ -199,6 +203,12 @@ class Profile:
             local ranks of this machine's backend (bytes/s, one direction,
             :func:`autosplit.collectives.measure_link_bandwidth`), the planner's default link;
             ``None`` when not measured.
+        one_stage_action_ms: what the runtime costs per action of a one-stage pipeline, as a
+            plan's data-parallel replicas run it (ms,
+            :func:`autosplit.runtime_cost.measure_one_stage_action_ms`); ``None`` when not
+            measured (then :meth:`one_stage_action` falls back on GPipe's cost).
+        one_stage_action_spread: its spread over the rounds (ms, half the interquartile
+            range); ``None`` when not measured.
         set_aside: timed rounds of a block's sizes set aside because the hypervisor took
             more than 5 % of the machine's CPU time during them (:mod:`autosplit.steal`;
             their timings count only for a block left with no other round; older profiles: 0).
@@ -226,6 +236,9 @@ class Profile:
     link_bytes_per_s: float | None = None
     action_spread: tuple[tuple[str, float], ...] = ()
     set_aside: int = 0
+    allreduce_latency_ms: float = 0.0
+    one_stage_action_ms: float | None = None
+    one_stage_action_spread: float | None = None
 
     def __post_init__(self) -> None:
         checked(self, lambda p: check_profile(
@@ -264,6 +277,14 @@ class Profile:
         schedule not measured the largest spread measured, 0 when none was."""
         measured = dict(self.action_spread)
         return measured.get(schedule, max(measured.values(), default=0.0))
+
+    def one_stage_action(self) -> tuple[float, float]:
+        """The runtime's cost per action of a one-stage pipeline and its spread (ms;
+        :attr:`one_stage_action_ms`); where not measured, GPipe's (:meth:`action_ms_of`,
+        never an optimistic 0 when the pipelines' costs were measured)."""
+        if self.one_stage_action_ms is None:
+            return self.action_ms_of("gpipe"), self.action_spread_of("gpipe")
+        return self.one_stage_action_ms, self.one_stage_action_spread or 0.0
 
     def describe(self) -> str:
         """One line: how and where this profile was made."""

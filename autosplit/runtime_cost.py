@@ -19,6 +19,13 @@ schedule (``Profile.action_ms``, ``Plan.action_ms``), the median over the rounds
 spread over the rounds (``Profile.action_spread``) widens a verified plan's predicted step
 (:func:`autosplit.verify.predict_verified`).
 
+A plan of one stage with data-parallel replicas runs on the same runtime, one stage per
+rank: :func:`measure_one_stage_action_ms` fits its cost per action the same way, on 2 ranks
+each running a one-stage ``ScheduleGPipe`` of a measuring stage at once, as replicas do (their
+gradient synchronisation is DDP's, costed apart: :func:`autosplit.collectives.measure_allreduce`).
+On 2 CPU workers one such stage cost 0.26–0.37 ms per action: nothing next to a large model's
+step, much of a small one's.
+
 Stages that compute, not stages that cost nothing: on 2 CPU workers (AMD EPYC, one day's fits),
 stages of one 16 × 16 layer gave GPipe 0.36–0.60 ms per action and stages that compute (192 to
 1024 wide) 0.5–1.5 ms, median about 1.1; 1F1B 0.16–0.33 against 0.17–0.67 ms; ZB-V and
@@ -40,7 +47,7 @@ from autosplit.planner.schedules import SEARCHED
 from autosplit.schedules import StageCosts, simulate_schedule, torch_class_name
 
 __all__ = ["LAYERS", "MEASURED", "ROWS", "WIDTH", "action_costs", "fit_action_ms",
-           "measure_action_ms", "measure_action_spread"]
+           "measure_action_ms", "measure_action_spread", "measure_one_stage_action_ms"]
 
 MEASURED = SEARCHED
 """The (schedule, stages per rank) pairs measured: those ``schedule="auto"`` searches."""
@@ -53,6 +60,7 @@ LAYERS = 4
 ROWS = 32
 """Rows of one micro-batch of the measuring stages."""
 _CACHE: dict[str, dict[str, list[float]]] = {}
+_ONE_STAGE = "one stage"  # the one-stage runtime's fits, in _CACHE beside the schedules'
 
 
 def fit_action_ms(schedule: str, v: int, m: int, step_ms: float, p: int = 2,
@@ -170,6 +178,62 @@ def action_costs(backend: str = "gloo", timeout_s: float = 120.0,
     cost it has (:meth:`~autosplit.records.Profile.action_ms_of`)."""
     return {"action_ms": measure_action_ms(backend, timeout_s, schedules),
             "action_spread": measure_action_spread(backend, timeout_s, schedules)}
+
+
+def measure_one_stage_action_ms(backend: str = "gloo", timeout_s: float = 120.0
+                                ) -> tuple[float, float]:
+    """torch's runtime cost per action of a one-stage pipeline, as a plan's data-parallel
+    replicas run it (``ScheduleGPipe`` over one stage on each of 2 local ranks at once; ms):
+    ``(median, spread)`` of the rounds' fits, the spread half their interquartile range (ms).
+    Kept for the process's lifetime, as :func:`measure_action_ms`.
+
+    Raises:
+        InvalidInputError: a backend other than gloo.
+    """
+    checks.one_of("backend", backend, ("gloo",))
+    known = _CACHE.setdefault(backend, {})
+    if _ONE_STAGE not in known:
+        from autosplit.distributed import launch
+
+        rounds = launch(_one_stage_rank, 2, backend=backend, timeout_s=timeout_s)[0]
+        known[_ONE_STAGE] = [fit_action_ms("gpipe", 1, _MICROBATCHES, step, p=1, costs=costs)
+                             for step, costs in rounds]
+    fits = known[_ONE_STAGE]
+    return statistics.median(fits), half_iqr(fits)
+
+
+def _one_stage_rank(repeats: int = 9, warmup: int = 2
+                    ) -> list[tuple[float, StageCosts]] | None:
+    """Time a one-stage ``ScheduleGPipe`` of a measuring stage on each rank at once, each step
+    right after a plain run of the stage (both ranks at once); rank 0 returns every rank's
+    timed rounds: (its step, ms; its stage's costs in that round)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import pipelining
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    alone = [dist.new_group([r]) for r in range(world)][rank]  # every rank makes every group
+    torch.manual_seed(rank)
+    module = _stage_module()
+    stage = pipelining.PipelineStage(module, 0, 1, torch.device("cpu"), group=alone)
+    runner = pipelining.ScheduleGPipe(stage, n_microbatches=_MICROBATCHES, loss_fn=_loss)
+    x = torch.randn(_MICROBATCHES * ROWS, WIDTH)
+    target = torch.randn(_MICROBATCHES * ROWS, WIDTH)
+    mine: list[tuple[float, StageCosts]] = []
+    for i in range(warmup + repeats):
+        dist.barrier()
+        (fwd, bwd, _), = _plain_times({0: module}, 0, False).values()
+        dist.barrier()
+        start = time.perf_counter()
+        runner.step(x, target=target)
+        step = (time.perf_counter() - start) * 1000.0
+        for q in module.parameters():
+            q.grad = None
+        if i >= warmup:
+            mine.append((step, StageCosts((fwd,), (bwd,))))
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, mine)
+    return [r for ranks in gathered for r in ranks] if rank == 0 else None
 
 
 def _stage_module() -> Any:

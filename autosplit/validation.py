@@ -312,6 +312,10 @@ def check_profile(p: Any, *, block_type: type, cut_type: type, device_type: type
     check_text(p.backward_split, "backward_split", empty=True)
     _check_per_schedule(p.action_ms, "action_ms", "ms", "times")
     _check_per_schedule(p.action_spread, "action_spread", "ms", "spreads")
+    check_ms(p.allreduce_latency_ms, "allreduce_latency_ms")
+    for field in ("one_stage_action_ms", "one_stage_action_spread"):
+        if getattr(p, field) is not None:
+            check_ms(getattr(p, field), field)
     split = [b.input_grad_ms is None for b in p.blocks] + [
         b.weight_grad_ms is None for b in p.blocks]
     if len(set(split)) > 1:

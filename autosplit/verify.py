@@ -313,8 +313,9 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
         stage_times, how = _stage_times(
             plan, [timed.times[r].per_step(plan.microbatches)
                    for r in _timed_runs(plan, timed.beside)], split, share)
-        runtime = len(plan.stages) > 1  # stages on torch's runtime: its cost per action
-        action_spread = profile.action_spread_of(plan.schedule) if runtime else 0.0
+        action_spread = (  # the spread of the cost per action the plan carries
+            profile.action_spread_of(plan.schedule) if len(plan.stages) > 1
+            else profile.one_stage_action()[1] if plan.replicas > 1 else 0.0)
         mid, low, high = (_scaled(plan, stage_times, f, split, action_spread)
                           for f in (0, -1, 1))
         step = simulate_plan(mid).step_ms + plan.sync_after_ms  # all-reduces: not timed
@@ -342,7 +343,7 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
                 + (f"{timed.set_aside} timing(s) set aside, the hypervisor taking over "
                    f"{steal.MAX_SHARE:.0%} of the CPUs meanwhile; " if timed.set_aside else "")
                 + (f"torch's runtime {plan.action_ms:.2f} ± {action_spread:.2f} ms per "
-                   "action; " if runtime and plan.action_ms + action_spread > 0 else "")
+                   "action; " if plan.action_ms + action_spread > 0 else "")
                 + f"block sums gave {format_ms(plan.predicted_step_ms)}"
             ),
         )

@@ -309,3 +309,40 @@ def test_no_layout_fits_names_the_smallest_need() -> None:
     assert info.value.finding.startswith("no layout of 2 devices fits: the smallest needs ")
     assert str(info.value).startswith(info.value.finding + "; try more devices")
     plan_layouts(prof, 2, memory_per_gpu=need, bandwidth_bytes_per_s=BANDWIDTH)  # it fits
+
+
+def test_the_measured_latency_and_the_one_stage_runtime_enter_data_parallel() -> None:
+    measured = dataclasses.replace(_dp_wins_profile(), allreduce_bytes_per_s=BANDWIDTH,
+                                   allreduce_latency_ms=2.0, one_stage_action_ms=0.25,
+                                   one_stage_action_spread=0.05)
+    dp = plan_replicated(measured, 1, 2, bandwidth_bytes_per_s=BANDWIDTH)
+    # the all-reduce of 4e5 bytes at 1 GB/s (0.4 ms) after its 2 ms latency; the one stage's
+    # forwards and backwards each cost the runtime 0.25 ms more, one after the other
+    assert dp.replica_sync_ms == pytest.approx(0.4 + 2.0)
+    assert dp.action_ms == 0.25
+    assert dp.predicted_step_ms == pytest.approx(16.0 + 2 * dp.microbatches * 0.25 + 2.4)
+    # a bandwidth given by hand comes without the measured latency
+    given = plan_replicated(measured, 1, 2, bandwidth_bytes_per_s=BANDWIDTH,
+                            allreduce_bandwidth_bytes_per_s=BANDWIDTH)
+    assert given.replica_sync_ms == pytest.approx(0.4)
+    # a profile that measured the pipelines' runtime but not one stage's: GPipe's cost
+    older = dataclasses.replace(measured, one_stage_action_ms=None, one_stage_action_spread=None,
+                                action_ms=(("gpipe", 0.7), ("1f1b", 0.2)))
+    assert older.one_stage_action() == (0.7, 0.0)
+    assert plan_replicated(older, 1, 2, bandwidth_bytes_per_s=BANDWIDTH).action_ms == 0.7
+    # nothing measured: nothing added, as before
+    assert _dp_wins_profile().one_stage_action() == (0.0, 0.0)
+    # a synchronisation slow enough whatever its bytes makes the pipeline win
+    assert plan_layouts(measured, 2, bandwidth_bytes_per_s=BANDWIDTH).best.replicas == 2
+    slow = dataclasses.replace(measured, allreduce_latency_ms=100.0)
+    assert plan_layouts(slow, 2, bandwidth_bytes_per_s=BANDWIDTH).best.replicas == 1
+
+
+def test_replica_sync_adds_the_latency_once_per_step() -> None:
+    assert replica_sync_ms(10**6, 2, 1e9, latency_ms=0.5) == pytest.approx(1.0 + 0.5)
+    assert replica_sync_ms(10**6, 4, 1e9, overlap=0.5, latency_ms=1.0) == pytest.approx(
+        0.5 * (1.5 + 1.0))
+    assert replica_sync_ms(10**6, 1, 1e9, latency_ms=5.0) == 0.0  # one replica: no sync
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(InvalidInputError, match="latency_ms"):
+            replica_sync_ms(10**6, 2, 1e9, latency_ms=bad)

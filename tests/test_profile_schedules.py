@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,22 @@ def test_bad_figures_in_a_file_are_named(tmp_path: Path, measured: Profile, fiel
 def test_block_profile_checks_the_new_rows() -> None:
     with pytest.raises(InvalidInputError, match=r"recompute_ms has 1 values for 2 values"):
         BlockProfile("a", 0, 0, (1.0, 2.0), (1.0, 2.0), (0, 0), (0, 0), recompute_ms=(1.0,))
+
+
+def test_the_synchronisation_figures_round_trip_and_older_files_load(
+        tmp_path: Path, measured: Profile) -> None:
+    old = Profile.load(FIXTURES / "resnet50_profile.json")
+    assert (old.allreduce_latency_ms, old.one_stage_action_ms,
+            old.one_stage_action_spread) == (0.0, None, None)
+    timed = dataclasses.replace(measured, allreduce_latency_ms=0.4, one_stage_action_ms=0.25,
+                                one_stage_action_spread=0.05)
+    timed.save(tmp_path / "profile.json")
+    again = Profile.load(tmp_path / "profile.json")
+    assert again == timed and again.one_stage_action() == (0.25, 0.05)
+    data = json.loads((tmp_path / "profile.json").read_text())
+    for field, value in (("allreduce_latency_ms", -0.4), ("one_stage_action_ms", "x"),
+                         ("one_stage_action_spread", math.inf)):
+        bad = {**data, field: value}
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        with pytest.raises(PlanFileError, match=field):
+            Profile.load(tmp_path / "bad.json")

@@ -23,6 +23,7 @@ from autosplit.runtime_cost import (
     fit_action_ms,
     measure_action_ms,
     measure_action_spread,
+    measure_one_stage_action_ms,
 )
 from autosplit.schedules import SPLIT_BACKWARD, StageCosts, simulate_schedule, torch_order
 from autosplit.solve.joint import JointProblem, brute_force_joint, solve_joint
@@ -129,7 +130,8 @@ def test_the_fixed_schedules_search_and_a_given_split_carry_the_cost(schedule: s
         comm = [s.send_ms / 2 for s in plan.stages[:-1]]
         want = simulator.simulate(f, b, plan.microbatches, schedule, comm, comm).step_ms
         assert plan.predicted_step_ms == pytest.approx(want, rel=1e-12)
-    # one stage runs without the pipeline runtime: no cost per action
+    # one stage alone trains without the pipeline runtime: no cost per action (a replica of
+    # one stage runs on it: tests/test_layouts.py)
     assert autosplit.plan(costly, 1, schedule=schedule).action_ms == 0.0
 
 
@@ -187,3 +189,29 @@ def test_only_the_schedules_asked_for_are_measured(monkeypatch) -> None:
 def test_an_unknown_schedule_is_named(bad) -> None:
     with pytest.raises(InvalidInputError, match=f"unknown schedules '{bad[-1]}'"):
         measure_action_ms(schedules=bad)
+
+
+def test_the_one_stage_runtime_is_measured_on_two_ranks_at_once() -> None:
+    # a plan's replicas run one stage each on torch's runtime, side by side
+    ms, spread = measure_one_stage_action_ms()
+    assert 0.0 <= ms < 1000.0 and 0.0 <= spread < math.inf
+    assert measure_one_stage_action_ms() == (ms, spread)  # kept for the process
+
+
+def test_the_one_stage_fit_takes_every_rank_s_rounds(monkeypatch) -> None:
+    # the ranks faked: each round's one-stage step of m·(f + b) + 2·m·o with f = 1, b = 2 and
+    # o = 0.5 ms fits o again; the median over both ranks' rounds, their spread half the IQR
+    from autosplit import distributed, runtime_cost
+
+    monkeypatch.setattr(runtime_cost, "_CACHE", {})
+    costs = StageCosts((1.0,), (2.0,))
+    steps = [8 * 3.0 + 16 * o for o in (0.4, 0.5, 0.5, 0.6)]
+
+    def fake(fn, nprocs, **kwargs):
+        assert fn is runtime_cost._one_stage_rank and nprocs == 2
+        return {0: [(step, costs) for step in steps], 1: None}
+
+    monkeypatch.setattr(distributed, "launch", fake)
+    ms, spread = measure_one_stage_action_ms()
+    assert ms == pytest.approx(0.5, abs=1e-5)
+    assert spread == pytest.approx((0.525 - 0.475) / 2, abs=1e-5)  # quartiles 0.475, 0.525

@@ -16,7 +16,14 @@ from test_layouts import _brute_force, _random_profile
 
 import autosplit
 from autosplit.cli import main
-from autosplit.collectives import bus_bandwidth, measure_allreduce_bandwidth, measure_link_bandwidth
+from autosplit.collectives import (
+    LATENCY_BYTES,
+    bus_bandwidth,
+    measure_allreduce,
+    measure_allreduce_bandwidth,
+    measure_link_bandwidth,
+)
+from autosplit.cost import replica_sync_ms
 from autosplit.errors import ArgumentTypeError, InfeasiblePlanError, InvalidInputError
 from autosplit.planner import plan_layouts
 from autosplit.records import Plan, Profile
@@ -252,3 +259,22 @@ def test_a_rank_aborting_after_the_figure_keeps_the_figure(monkeypatch) -> None:
     monkeypatch.setattr(mp, "start_processes", dying(False))
     with pytest.raises(mp.ProcessExitedException):
         collectives._measure(None, 2, 8, 1, "gloo")
+
+
+def test_measured_all_reduce_latency_and_bandwidth_give_back_the_time_measured() -> None:
+    cost = measure_allreduce(2, nbytes=2**18, repeats=1, backend="gloo")
+    assert math.isfinite(cost.latency_ms) and cost.latency_ms > 0
+    assert math.isfinite(cost.bus_bytes_per_s) and cost.bus_bytes_per_s > 0
+    # α at LATENCY_BYTES is the small model's whole synchronisation
+    small = measure_allreduce_bandwidth(2, nbytes=LATENCY_BYTES, repeats=3, backend="gloo")
+    assert cost.latency_ms == pytest.approx(bus_bandwidth(LATENCY_BYTES, 2, 1.0) / small * 1e3)
+    # α + 2 (k − 1)/k · n / W is the time measured at n bytes (unless α was above half of it)
+    whole = bus_bandwidth(2**18, 2, 1.0) / measure_allreduce_bandwidth(
+        2, nbytes=2**18, repeats=1, backend="gloo") * 1e3
+    rebuilt = cost.latency_ms + replica_sync_ms(2**18, 2, cost.bus_bytes_per_s)
+    if cost.latency_ms <= whole / 2:
+        assert rebuilt == pytest.approx(whole)
+    else:
+        assert replica_sync_ms(2**18, 2, cost.bus_bytes_per_s) == pytest.approx(whole / 2)
+    with pytest.raises(InvalidInputError, match="nbytes"):
+        measure_allreduce(2, nbytes=LATENCY_BYTES, backend="gloo")

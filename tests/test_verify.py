@@ -511,3 +511,27 @@ def test_the_runtime_cost_per_action_widens_the_step_by_its_spread(small, fake_c
     assert free.predicted_step_ms == pytest.approx((m + 1) * 2000.0, rel=1e-6)
     assert free.step_spread == pytest.approx(100.0 / 2000.0, rel=1e-3)
     assert "torch's runtime 0.00 ± 100.00 ms per action" in free.verification
+
+
+def test_a_replica_of_one_stage_carries_the_one_stage_runtime_cost(small, fake_clock) -> None:
+    # every forward and backward lasts 1 s (fake clock); the one-stage runtime costs 100 ± 50
+    # ms per action, DDP's synchronisation 7 ms whatever its bytes: both in the verified step
+    from autosplit.planner import plan_replicated
+
+    model, x, prof = small
+    costly = dataclasses.replace(prof, one_stage_action_ms=100.0, one_stage_action_spread=50.0,
+                                 allreduce_bytes_per_s=1e15, allreduce_latency_ms=7.0,
+                                 action_ms=(("gpipe", 900.0),))
+    dp = plan_replicated(costly, 1, 2, split_size=4, schedule="gpipe")
+    assert (dp.replicas, dp.action_ms) == (2, 100.0)
+    assert dp.replica_sync_ms == pytest.approx(7.0, abs=1e-6)
+    verified = verify_plans(trace(model), x, costly, {"dp": dp}, one_device=False, rounds=2,
+                            max_rounds=2)["dp"]
+    m = dp.microbatches  # one stage: m · (f + b + 2 o) one after the other, then the sync
+    assert verified.predicted_step_ms == pytest.approx(m * 2200.0 + dp.replica_sync_ms,
+                                                       rel=1e-6)
+    assert verified.step_spread == pytest.approx(m * 100.0 / verified.predicted_step_ms,
+                                                 rel=1e-3)
+    assert "torch's runtime 100.00 ± 50.00 ms per action" in verified.verification
+    # one stage alone (one device) trains without the runtime
+    assert autosplit.plan(costly, 1, split_size=4).action_ms == 0.0

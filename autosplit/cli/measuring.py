@@ -12,6 +12,7 @@ from rich.console import Console
 from autosplit.cli.common import device_spec
 from autosplit.errors import InvalidInputError
 from autosplit.records import Plan, Profile
+from autosplit.units import format_ms
 
 PIPELINE_AGAIN = "pipeline candidate "
 """Names of pipeline candidates given again among the other plans (timed once, not listed)."""
@@ -121,28 +122,34 @@ def _with_allreduce(prof: Profile, stages: int, console: Console,
 
     import torch
 
-    from autosplit.collectives import measure_allreduce_bandwidth, measure_link_bandwidth
+    from autosplit.collectives import measure_allreduce, measure_link_bandwidth
 
     if stages < 2 or (prof.device.kind == "cuda" and torch.cuda.device_count() < 2):
         return prof
-    width = measure_allreduce_bandwidth(2)
+    allreduce = measure_allreduce(2)
     link = measure_link_bandwidth()
     backend = "gloo between 2 CPU workers" if prof.device.kind == "cpu" else "NCCL, 2 GPUs"
     console.print(f"measured ({backend}) DDP's gradient all-reduce, 32 MiB: "
-                  f"{width / 1e9:.2f} GB/s bus bandwidth; a stage's send to the next, 16 MiB: "
-                  f"{link / 1e9:.2f} GB/s")
-    prof = dataclasses.replace(prof, allreduce_bytes_per_s=width, link_bytes_per_s=link)
+                  f"{allreduce.bus_bytes_per_s / 1e9:.2f} GB/s bus bandwidth after "
+                  f"{format_ms(allreduce.latency_ms)} whatever its size; a stage's send to the "
+                  f"next, 16 MiB: {link / 1e9:.2f} GB/s")
+    prof = dataclasses.replace(prof, allreduce_bytes_per_s=allreduce.bus_bytes_per_s,
+                               allreduce_latency_ms=allreduce.latency_ms,
+                               link_bytes_per_s=link)
     if prof.device.kind != "cpu":  # measured between CPU workers (gloo) only, so far
         return prof
-    from autosplit.runtime_cost import action_costs
+    from autosplit.runtime_cost import action_costs, measure_one_stage_action_ms
 
     costs = action_costs(schedules=schedules)
     spreads = dict(costs["action_spread"])
+    one, one_spread = measure_one_stage_action_ms()
     console.print("measured torch's pipeline runtime per action (gloo, 2 CPU workers; ± half "
                   "the interquartile range over the rounds): "
                   + ", ".join(f"{name} {ms:.2f} ± {spreads[name]:.2f} ms"
-                              for name, ms in costs["action_ms"]))
-    return dataclasses.replace(prof, **costs)
+                              for name, ms in costs["action_ms"])
+                  + f"; one stage per replica {one:.2f} ± {one_spread:.2f} ms")
+    return dataclasses.replace(prof, **costs, one_stage_action_ms=one,
+                               one_stage_action_spread=one_spread)
 
 
 def profile_for(args: argparse.Namespace, source: Any, model: Any, inputs: Any,

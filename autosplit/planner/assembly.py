@@ -68,9 +68,12 @@ def assemble(
     k: int,
     solver: str,
     candidates: tuple[int, ...],
+    replicas: int = 1,
 ) -> Plan:
     """The Plan for ``balance`` at size index ``k``: stages with their predicted times and
-    memory, and the shared weights. The predicted step is the schedule's simulation plus the
+    memory, and the shared weights; ``replicas``: of each stage, for the runtime's cost per
+    action (:func:`~autosplit.planner.problems.runtime_action_ms`; the caller adds their
+    all-reduce). The predicted step is the schedule's simulation plus the
     all-reduce of every weight shared across stages (``SharedWeight.sync_ms``, ms): it runs
     after the last backward, so nothing hides it. The search itself does not weigh it."""
     b = profile.microbatch_sizes[k]
@@ -120,7 +123,7 @@ def assemble(
         memory_limit_bytes=None if capacity is None else int(min(capacity)),
         optimizer=settings.optimizer,
         shared=shared,
-        action_ms=runtime_action_ms(settings, profile),
+        action_ms=runtime_action_ms(settings, profile, replicas),
     )
     # the shared weights' all-reduce runs after the pipeline's last backward: it adds up
     simulated = simulate_plan(plan).step_ms + plan.sync_after_ms

@@ -7,15 +7,19 @@ stage s, W the all-reduce bandwidth (bytes/s), o the overlapped share of the all
 Each replica of a stage runs B / d samples in micro-batches of b; afterwards each stage's d
 replicas all-reduce that stage's gradients, every stage at once over its own group of devices:
 
-    step(p, d) = pipeline_step(B / d; cuts, b) + (1 − o) · 2 (d − 1)/d · max_s G_s / W
+    step(p, d) = pipeline_step(B / d; cuts, b) + (1 − o) · (α + 2 (d − 1)/d · max_s G_s / W)
 
-(:func:`autosplit.cost.replica_sync_ms`; o = 0 by default: not overlapped. Measured on 2 gloo
+(:func:`autosplit.cost.replica_sync_ms`; α the synchronisation's latency, measured with W,
+``Profile.allreduce_latency_ms``; o = 0 by default: not overlapped. Measured on 2 gloo
 ranks of one CPU thread each, DistributedDataParallel's step took longer than the backward and
 the all-reduce one after the other (o from −0.2 to −2.5 over three sizes:
 ``benchmarks/results/allreduce_overlap.md``): on CPU workers nothing hides the all-reduce, so
 o = 0 holds there; NCCL on GPUs overlaps in practice, which ``allreduce_overlap`` can say).
 W defaults to the all-reduce bandwidth measured on the real backend (``Profile.
-allreduce_bytes_per_s``, :mod:`autosplit.collectives`), else to the link bandwidth.
+allreduce_bytes_per_s``, :mod:`autosplit.collectives`), with its latency α, else to the link
+bandwidth (α = 0: a bandwidth given by hand comes without one).
+A pipeline of one stage runs on torch's runtime too, each replica its own: its cost per action
+is ``Profile.one_stage_action`` (:mod:`autosplit.runtime_cost`).
 Pure data parallelism is p = 1, d = N: one device's step on B / N samples in
 micro-batches of b (gradient accumulation when b < B / N) plus the all-reduce of every gradient.
 Memory per device is its stage's weights, gradients and optimizer state plus the activations
@@ -191,14 +195,16 @@ def plan_replicated(
     share = batch // replicas
     settings = PlanSettings.check(profile, stages, batch_size=share, **options)  # type: ignore
     check_search(split_size, solver, time_limit_s)
+    latency = 0.0  # the measured latency goes with the measured bandwidth only
     if allreduce_bandwidth_bytes_per_s is None:
         allreduce_bandwidth_bytes_per_s = profile.allreduce_bytes_per_s
+        latency = profile.allreduce_latency_ms
     width = settings.bandwidth_bytes_per_s if allreduce_bandwidth_bytes_per_s is None else (
         checks.positive_finite("allreduce_bandwidth_bytes_per_s",
                                allreduce_bandwidth_bytes_per_s, "bytes/s"))
 
     def sync(grad: float) -> float:
-        return replica_sync_ms(grad, replicas, width, overlap)
+        return replica_sync_ms(grad, replicas, width, overlap, latency)
 
     sizes = candidate_sizes(profile, split_size, share,
                             f"the share {share} of each of {replicas} replicas")
@@ -215,7 +221,7 @@ def plan_replicated(
         except InfeasiblePlanError:
             failures.append(explain_infeasible(settings, profile, k, m))
             continue
-        base = step_problem(settings, profile, k, m, problem)
+        base = step_problem(settings, profile, k, m, problem, replicas)
         limit: float | None = None
         while True:  # lower the gradient limit below each optimum until nothing beats the best
             found = solve_step(dataclasses.replace(base, grad_bytes=grads, grad_limit=limit),
@@ -229,7 +235,7 @@ def plan_replicated(
             total = found.step_ms + sync(g)
             if best is None or total < best[0] * (1 - TIE_RTOL):
                 best = (total, k, found.balance, label)
-            if sync(g) == 0.0 or not found.proven:
+            if g == 0.0 or not found.proven:  # no gradient bytes to lower
                 break
             limit, seed = g - 0.5, None  # gradient bytes are whole numbers
     if best is None:
@@ -240,7 +246,7 @@ def plan_replicated(
                   f"{', '.join(map(str, sorted(set(unproven))))}: best found, not proven "
                   "optimal")
     candidates = tuple(profile.microbatch_sizes[c] for c in sizes)
-    piped = assemble(settings, profile, balance, k, label, candidates)
+    piped = assemble(settings, profile, balance, k, label, candidates, replicas)
     synced = sync(_max_stage(grads, balance))
     single, single_split = single_device_ms(profile, batch)
     return dataclasses.replace(

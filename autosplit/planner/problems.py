@@ -122,10 +122,11 @@ def partition_problem(settings: PlanSettings, profile: Profile, k: int, m: int) 
 
 
 def step_problem(settings: PlanSettings, profile: Profile, k: int, m: int,
-                  problem: PartitionProblem) -> StepProblem:
+                 problem: PartitionProblem, replicas: int = 1) -> StepProblem:
     """The simulated-step problem at size index k: each device's block times from its own
     profile and speed, each cut's transfer split evenly between forward and backward (as
-    :func:`autosplit.simulator.simulate_plan` does), and the min-max problem's memory."""
+    :func:`autosplit.simulator.simulate_plan` does), the min-max problem's memory, and the
+    runtime's cost per action for ``replicas`` of each stage (:func:`runtime_action_ms`)."""
     b = profile.microbatch_sizes[k]
     fwd, bwd = [], []
     for s in range(settings.gpus):
@@ -136,11 +137,16 @@ def step_problem(settings: PlanSettings, profile: Profile, k: int, m: int,
     half = tuple(c / 2 for c in problem.comm)
     return StepProblem(tuple(fwd), tuple(bwd), half, half, m, settings.schedule,
                        problem.memory, problem.memory_first, problem.capacity,
-                       problem.memory_last, action_ms=runtime_action_ms(settings, profile))
+                       problem.memory_last,
+                       action_ms=runtime_action_ms(settings, profile, replicas))
 
 
-def runtime_action_ms(settings: PlanSettings, profile: Profile) -> float:
+def runtime_action_ms(settings: PlanSettings, profile: Profile, replicas: int = 1) -> float:
     """What torch's pipeline runtime costs per forward or backward of a stage beyond its
-    compute (ms, :attr:`Profile.action_ms` of the schedule; 0 when not measured), for a
-    pipeline of more than one stage (one stage runs without the runtime)."""
-    return profile.action_ms_of(settings.schedule) if settings.gpus > 1 else 0.0
+    compute (ms; 0 when not measured): :attr:`Profile.action_ms` of the schedule for a
+    pipeline of several stages, :meth:`Profile.one_stage_action` for one stage with
+    ``replicas`` > 1 (``autosplit run`` runs each replica on the same runtime); 0 for one stage
+    alone (one device trains without it)."""
+    if settings.gpus > 1:
+        return profile.action_ms_of(settings.schedule)
+    return profile.one_stage_action()[0] if replicas > 1 else 0.0
