@@ -257,9 +257,11 @@ def _timed(step: Any, steps: int, device: torch.device) -> Any:
 
 
 def _trainer(plan: Plan, model: nn.Module, device: torch.device) -> Any:
-    """This rank's ``Trainer`` of ``plan``: the tutorial's loss, SGD at its learning rate."""
+    """This rank's ``Trainer`` of ``plan``: the tutorial's loss, SGD at its learning rate; the
+    replicas' losses not averaged every step, as ``autosplit run`` trains."""
     return distributed.Trainer(model, plan, distributed.tutorial_loss,
-                               lambda params: torch.optim.SGD(params, lr=LR), device=device)
+                               lambda params: torch.optim.SGD(params, lr=LR), device=device,
+                               reduce_loss=False)
 
 
 def start_marks() -> dict[str, Any]:

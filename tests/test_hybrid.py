@@ -26,6 +26,7 @@ from test_distributed import (
     assert_same_training,
     batch,
     build,
+    loss_fn,
     make_plan,
     one_rank_group,  # noqa: F401 - a fixture
     reference,
@@ -117,6 +118,32 @@ def test_pure_data_parallel_trains_like_one_process() -> None:
     (got,) = check([("toy", hybrid_plan("toy", (2,), 2, m=3), 0.1)], 2)
     assert got["stages_per_rank"] == [[0], [0]]
     assert got["copies"] == {"net1.weight", "net1.bias", "net2.weight", "net2.bias"}
+
+
+def _loss_worker(plan: Plan, steps: int) -> Any:
+    """Each rank's step losses with the replicas' losses averaged every step and without."""
+    found = {}
+    for reduce in (True, False):
+        inputs, targets = batch("toy", plan.batch_size)
+        trainer = distributed.Trainer(build("toy"), plan, loss_fn,
+                                      lambda ps: torch.optim.SGD(ps, lr=0.1), reduce_loss=reduce)
+        found[reduce] = [float(trainer.step(inputs, targets)) for _ in range(steps)]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, found)
+    return gathered if dist.get_rank() == 0 else None
+
+
+def test_the_replicas_losses_are_averaged_by_the_caller_when_asked() -> None:
+    # reduce_loss=False spares a synchronisation per step: each replica returns its own mean,
+    # and their mean is the loss every replica returns by default (the same training)
+    plan = hybrid_plan("toy", (2,), 2, m=3)
+    ranks = distributed.launch(_loss_worker, 2, plan, 3, timeout_s=TIMEOUT_S)[0]
+    reduced = [r[True] for r in ranks]
+    own = [r[False] for r in ranks]
+    assert reduced[0] == reduced[1]
+    assert own[0] != own[1]  # replica 0's rows are not replica 1's
+    for step, (a, b) in enumerate(zip(*own)):
+        assert (a + b) / 2 == pytest.approx(reduced[0][step], rel=1e-6)
 
 
 def test_dead_rank_ends_a_hybrid_run() -> None:

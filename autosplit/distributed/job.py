@@ -99,7 +99,8 @@ class RunResult:
         world_size: number of ranks.
         step_s: wall time of each step (s): the slowest rank's, all ranks starting together.
         rank_step_s: ``rank_step_s[r][i]`` is rank r's time for step i (s).
-        losses: the loss of each step (mean over micro-batches), from the last stage's rank.
+        losses: the loss of each step (mean over micro-batches and replicas), from the last
+            stage's ranks.
         device: the devices, e.g. ``"cpu"`` or ``"cuda:0, cuda:1"``.
         threads: intra-op threads per rank.
     """
@@ -138,13 +139,13 @@ def train_model_file(spec: RunSpec) -> RunResult:
                                       trainer.holds_last, torch.get_num_threads()))
     gathered.sort(key=lambda g: g[0])
     per_rank = tuple(tuple(g[2]) for g in gathered)
-    last = next(g for g in gathered if g[4])
+    lasts = [g[3] for g in gathered if g[4]]  # each replica's last stage: its mean losses
     devices = sorted({g[1] for g in gathered})
     return RunResult(
         world_size=trainer.world_size,
         step_s=tuple(max(col) for col in zip(*per_rank)),
         rank_step_s=per_rank,
-        losses=tuple(last[3]),
+        losses=tuple(statistics.fmean(step) for step in zip(*lasts)),
         device=", ".join(devices),
         threads=int(gathered[0][5]),
     )
@@ -175,7 +176,8 @@ def _trainer(
     spec: RunSpec, model: nn.Module, inputs: tuple[Any, ...], plan: Plan
 ) -> tuple[Trainer, Any]:
     lr = spec.lr
-    trainer = Trainer(model, plan, tutorial_loss, lambda params: torch.optim.SGD(params, lr=lr))
+    trainer = Trainer(model, plan, tutorial_loss, lambda params: torch.optim.SGD(params, lr=lr),
+                      reduce_loss=False)  # the replicas' losses averaged once, after the steps
     targets = tutorial_targets(model, inputs, spec.seed + 2) if trainer.holds_last else None
     return trainer, targets
 

@@ -105,6 +105,10 @@ class Trainer:
             one over the world, d × world / d).
         scale_grads: divide gradients by m (the loss is the mean over micro-batches); ``False``
             sums them.
+        reduce_loss: with replicas, :meth:`step` returns the mean loss over every replica (an
+            all-reduce of the loss per step, a synchronisation as long as a small gradient
+            all-reduce's latency); ``False`` returns this replica's own, and the caller averages
+            them when it needs to (``autosplit run`` does so once, after its steps).
         granularity, leaf_modules: how the plan's model was traced (default: found from the
             plan's fingerprint).
 
@@ -127,6 +131,7 @@ class Trainer:
         group: Any = None,
         mesh: Any = None,
         scale_grads: bool = True,
+        reduce_loss: bool = True,
         granularity: Granularity | None = None,
         leaf_modules: Sequence[type[nn.Module] | str] = (),
     ) -> None:
@@ -145,6 +150,7 @@ class Trainer:
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self.scale_grads = scale_grads
+        self.reduce_loss = reduce_loss
         self.device = torch.device(device) if device is not None else _default_device(group)
         graph = graph_for_plan(model, plan, granularity=granularity, leaf_modules=leaf_modules)
         self._check_agreement(plan, graph.fingerprint, group)
@@ -261,9 +267,9 @@ class Trainer:
                 stage's ranks); each micro-batch's slice goes to ``loss_fn``.
 
         Returns:
-            On the last stage's ranks, the loss: the mean of the m·d micro-batch losses (the
-            sum over this replica's m with ``scale_grads=False``), detached; ``None`` on other
-            ranks.
+            On the last stage's ranks, the loss: the mean of the m·d micro-batch losses (this
+            replica's m with ``reduce_loss=False``; their sum with ``scale_grads=False``),
+            detached; ``None`` on other ranks.
         """
         arg_mbs = None
         if self.holds_first:
@@ -300,7 +306,7 @@ class Trainer:
         if not self.scale_grads:
             return total
         mean = total / len(losses)
-        if self.place.replica_group is not None:  # the mean over every replica's losses
+        if self.reduce_loss and self.place.replica_group is not None:  # every replica's mean
             dist.all_reduce(mean, group=self.place.replica_group)
             mean /= self.place.replicas
         return mean
