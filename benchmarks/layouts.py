@@ -2,8 +2,8 @@
 pipeline and the hand split, predicted and measured.
 
 For each model: one profile (``autosplit.profile``, one CPU worker of one thread, the training
-loss timed with the last block) and the gloo all-reduce bandwidth measured once as DDP
-synchronises a backward (``autosplit.collectives``); then, as ``autosplit plan --gpus 2`` does,
+loss timed with the last block) and the gloo all-reduce's bandwidth and latency measured once as
+DDP synchronises a backward (``autosplit.collectives.measure_allreduce``); then, as ``autosplit plan --gpus 2`` does,
 the best plan of every layout (``plan_layouts``: 2 ranks × 1, 1 stage × 2 replicas) and the
 best pipelines by block sums (``plan_candidates``), both with the schedule searched as the
 command searches it (``schedule="auto"``: GPipe, 1F1B and the schedules of 2 stages per rank,
@@ -44,11 +44,11 @@ from run_options import benchmark_parser, chosen_cases, write_and_show
 
 import autosplit
 from autosplit.allocator import restart_keeping_freed_memory
-from autosplit.collectives import measure_allreduce_bandwidth, measure_link_bandwidth
+from autosplit.collectives import AllReduceCost, measure_allreduce, measure_link_bandwidth
 from autosplit.comparison import manual_plan
 from autosplit.planner import plan_candidates, plan_layouts
 from autosplit.records import Plan
-from autosplit.runtime_cost import action_costs
+from autosplit.runtime_cost import action_costs, measure_one_stage_action_ms
 from autosplit.verified_choice import verify_and_choose
 
 AUTO, DP, PIPE, HAND = "autosplit", "data parallel", "best pipeline", "hand split"
@@ -82,7 +82,7 @@ def key(plan: Plan) -> tuple[tuple[int, ...], int, int, str, tuple[bool, ...]]:
             tuple(bool(s.checkpoint) for s in plan.stages))
 
 
-def plans_of(case: Case, args: argparse.Namespace, width: float) -> dict[str, Any]:
+def plans_of(case: Case, args: argparse.Namespace, allreduce: AllReduceCost) -> dict[str, Any]:
     """Profile ``case``, plan it as ``autosplit plan --gpus 2`` does, verify; the plans by name."""
     model, inputs = case.spec.build(), case.spec.make_inputs()
     graph = autosplit.trace(model, example_inputs=inputs)
@@ -90,11 +90,15 @@ def plans_of(case: Case, args: argparse.Namespace, width: float) -> dict[str, An
     include = [case.hand[1]] if case.hand is not None else []
     profile = autosplit.profile(model, inputs, include=include, microbatch_sizes=args.sizes,
                                 budget_s=args.profile_budget)
+    profile = dataclasses.replace(profile, allreduce_bytes_per_s=allreduce.bus_bytes_per_s,
+                                  allreduce_latency_ms=allreduce.latency_ms)
     if not args.smoke:  # the runtime's cost per action and the link, as `autosplit plan` does
+        one, one_spread = measure_one_stage_action_ms()
         profile = dataclasses.replace(profile, **action_costs(),
-                                      link_bytes_per_s=measure_link_bandwidth())
+                                      link_bytes_per_s=measure_link_bandwidth(),
+                                      one_stage_action_ms=one, one_stage_action_spread=one_spread)
     profile_s = time.perf_counter() - start
-    layouts = plan_layouts(profile, 2, allreduce_bandwidth_bytes_per_s=width, schedule="auto")
+    layouts = plan_layouts(profile, 2, schedule="auto")  # the profile's all-reduce, α included
     dp = layouts.option(1, 2)
     if dp is None or dp.plan is None:
         raise SystemExit(f"{case.label}: no data-parallel plan ({layouts.note})")
@@ -128,15 +132,15 @@ def plan_row(plan: Plan, names: Sequence[str]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
     started = time.perf_counter()
-    width = measure_allreduce_bandwidth(2)
-    print(f"DDP's gradient all-reduce on 2 gloo ranks: {width / 1e9:.2f} GB/s (bus bandwidth)",
-          flush=True)
+    allreduce = measure_allreduce(2)
+    print(f"DDP's gradient all-reduce on 2 gloo ranks: {allreduce.bus_bytes_per_s / 1e9:.2f} "
+          f"GB/s (bus bandwidth) after {allreduce.latency_ms:.2f} ms", flush=True)
     models: list[dict[str, Any]] = []
     results: dict[str, Any] = {}
     measure_s = 0.0
     for case in cases:
         print(f"{case.label} ({case.spec.describe}): profile, plan, verify …", flush=True)
-        found = plans_of(case, args, width)
+        found = plans_of(case, args, allreduce)
         labels: dict[Any, str] = {}
         rows = {}
         for name, plan in found["plans"].items():
@@ -170,7 +174,8 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
         "settings": {
             "machine": machine(), "command": args.command, "smoke": args.smoke,
             "devices": "2 CPU workers of 1 thread each (gloo): one process per stage and replica",
-            "allreduce_bytes_per_s": width, "rounds": args.rounds, "warmup_rounds": 1,
+            "allreduce_bytes_per_s": allreduce.bus_bytes_per_s,
+            "allreduce_latency_ms": allreduce.latency_ms, "rounds": args.rounds, "warmup_rounds": 1,
             "lead_in_s": args.lead_in, "settle_rounds": args.settle_rounds,
             "profile_budget_s": args.profile_budget, "verify_budget_s": args.verify_budget,
             "max_others": args.max_others, "retries": args.retries,
@@ -192,7 +197,10 @@ def markdown(data: dict[str, Any]) -> str:
         "# Stages × replicas on 2 CPU workers: predicted and measured", "",
         f"Machine: {describe(s['machine'])}.  ", f"Command: `{s['command']}`.  ",
         (f"{s['devices']}; DDP's gradient all-reduce measured at "
-         f"{s['allreduce_bytes_per_s'] / 1e9:.2f} GB/s (bus bandwidth); every plan measured "
+         f"{s['allreduce_bytes_per_s'] / 1e9:.2f} GB/s (bus bandwidth)"
+         + (f" after {s['allreduce_latency_ms']:.2f} ms whatever its size"
+            if "allreduce_latency_ms" in s else "")
+         + "; every plan measured "
          f"{s['rounds']} times after a warm-up round{lead_in_words(s)}, interleaved; "
          f"{s['loss']}. Total {data['seconds']['total']:.0f} s."), "",
         "## Goals", "", "| goal | value | target | |", "|---|---|---|---|",
