@@ -89,6 +89,22 @@ def test_heavy_gradients_keep_the_all_reduce_inside_a_node() -> None:
     assert best.allreduce_bytes_per_s == W_IN and best.devices_per_node == 2
 
 
+def test_the_measured_latency_is_paid_on_a_topology_too() -> None:
+    # as above, with the profile's measured all-reduce (W_in inside a node) and its latency of
+    # 3 ms: paid by every placement's all-reduce; a bandwidth given by hand comes without it
+    import dataclasses
+
+    measured = dataclasses.replace(_two_blocks(10**6, 0), allreduce_bytes_per_s=W_IN,
+                                   allreduce_latency_ms=3.0)
+    best = plan_layouts(measured, topology=Topology(2, 2, W_IN, W_OUT), replicas=2).best
+    assert best.placement == "dp-inner"
+    assert best.replica_sync_ms == pytest.approx(1.0 + 3.0)
+    assert best.predicted_step_ms == pytest.approx(4.0 + 1.0 + 3.0)
+    given = plan_layouts(measured, topology=Topology(2, 2, W_IN, W_OUT), replicas=2,
+                         allreduce_bandwidth_bytes_per_s=W_IN).best
+    assert given.replica_sync_ms == pytest.approx(1.0)
+
+
 def test_heavy_activations_keep_the_pipeline_inside_a_node() -> None:
     # 100 kB per sample cross the cut, 200 kB at b = 2, forward and back: 0.4 ms at W_in,
     # 4 ms at W_out; 100 kB of gradients per stage: 1 ms at W_out, 0.1 ms at W_in.

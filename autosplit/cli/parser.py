@@ -180,7 +180,8 @@ def _add_plan_command(sub: Any) -> None:
                    help="plan N/D stages × D data-parallel replicas (D divides N and the "
                         "batch); autosplit run trains it on N ranks (DDP along the replicas)")
     p.add_argument("--allreduce-bandwidth", type=_byte_size("bandwidth"), metavar="BYTES_PER_S",
-                   help="bandwidth of the replicas' gradient all-reduce (default: the link "
+                   help="bandwidth of the replicas' gradient all-reduce, without the "
+                        "measured latency (default: measured with it, else the link "
                         "bandwidth)")
     p.add_argument("-o", "--output", default="plan.json",
                    help="where to write the plan (default plan.json)")

@@ -141,6 +141,7 @@ def plan_replicated(
     allreduce_overlap: float = 0.0,
     solver: str = "dp",
     time_limit_s: float | None = None,
+    allreduce_latency_ms: float | None = None,
 ) -> Plan:
     """The plan with the smallest predicted step for ``stages`` × ``replicas`` devices.
 
@@ -148,7 +149,9 @@ def plan_replicated(
     :func:`autosplit.planner.plan` itself. ``allreduce_bandwidth_bytes_per_s`` defaults to the
     profile's measured all-reduce bandwidth (``Profile.allreduce_bytes_per_s``), else to the
     link bandwidth (``bandwidth_bytes_per_s``, itself defaulting per device kind:
-    :data:`autosplit.cost.DEFAULT_LINK_BYTES_PER_S`); ``allreduce_overlap`` is o in [0, 1].
+    :data:`autosplit.cost.DEFAULT_LINK_BYTES_PER_S`); ``allreduce_latency_ms`` (α, ms) to the
+    profile's measured latency with its measured bandwidth, else 0; ``allreduce_overlap`` is o
+    in [0, 1].
     With replicas, ``schedule`` is ``"gpipe"``, ``"1f1b"`` or ``"auto"`` (the faster of the
     two; the joint search of other schedules covers pipelines without replicas only).
 
@@ -183,7 +186,7 @@ def plan_replicated(
                     bandwidth_bytes_per_s=bandwidth_bytes_per_s,
                     allreduce_bandwidth_bytes_per_s=allreduce_bandwidth_bytes_per_s,
                     allreduce_overlap=allreduce_overlap, solver=solver,
-                    time_limit_s=time_limit_s))
+                    time_limit_s=time_limit_s, allreduce_latency_ms=allreduce_latency_ms))
             except InfeasiblePlanError as exc:
                 failures.append(exc)
         if not found:
@@ -199,6 +202,8 @@ def plan_replicated(
     if allreduce_bandwidth_bytes_per_s is None:
         allreduce_bandwidth_bytes_per_s = profile.allreduce_bytes_per_s
         latency = profile.allreduce_latency_ms
+    if allreduce_latency_ms is not None:
+        latency = checks.non_negative_finite("allreduce_latency_ms", allreduce_latency_ms, "ms")
     width = settings.bandwidth_bytes_per_s if allreduce_bandwidth_bytes_per_s is None else (
         checks.positive_finite("allreduce_bandwidth_bytes_per_s",
                                allreduce_bandwidth_bytes_per_s, "bytes/s"))
@@ -235,7 +240,7 @@ def plan_replicated(
             total = found.step_ms + sync(g)
             if best is None or total < best[0] * (1 - TIE_RTOL):
                 best = (total, k, found.balance, label)
-            if g == 0.0 or not found.proven:  # no gradient bytes to lower
+            if sync(g) == sync(0.0) or not found.proven:  # fewer bytes would cost no less
                 break
             limit, seed = g - 0.5, None  # gradient bytes are whole numbers
     if best is None:
@@ -383,6 +388,8 @@ def _plan_placed(profile: Profile, p: int, d: int, batch: int, topology: Topolog
     rest = {k: v for k, v in options.items()
             if k not in ("bandwidth_bytes_per_s", "allreduce_bandwidth_bytes_per_s")}
     measured = options.get("allreduce_bandwidth_bytes_per_s") or profile.allreduce_bytes_per_s
+    latency = (profile.allreduce_latency_ms  # measured with the profile's bandwidth
+               if options.get("allreduce_bandwidth_bytes_per_s") is None else 0.0)
     best: Plan | None = None
     failure: InfeasiblePlanError | None = None
     for place in placements(topology, p, d, measured):  # type: ignore[arg-type]
@@ -390,7 +397,7 @@ def _plan_placed(profile: Profile, p: int, d: int, batch: int, topology: Topolog
             one = plan_replicated(profile, p, d, batch_size=batch,
                                   bandwidth_bytes_per_s=place.link_bytes_per_s,
                                   allreduce_bandwidth_bytes_per_s=place.allreduce_bytes_per_s,
-                                  **rest)  # type: ignore[arg-type]
+                                  allreduce_latency_ms=latency, **rest)  # type: ignore[arg-type]
         except InfeasiblePlanError as exc:
             failure = exc
             continue
