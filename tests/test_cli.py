@@ -285,3 +285,26 @@ def test_size_at_least_reads_back_as_at_least_the_size() -> None:
     assert size_at_least(5130) == "5.1KiB" and size_at_least(512) == "512B"
     for n in (1, 1023.5, 1024, 5130, 3.3 * 2**20, 40 * 2**30 + 1):
         assert parse_bytes(size_at_least(n)) >= n
+
+
+def test_run_shows_the_steps_range_and_the_prediction_with_its_spread() -> None:
+    import dataclasses
+
+    from synthetic import make_profile
+
+    import autosplit
+    from autosplit.cli.run import _against_plan
+    from autosplit.distributed.job import RunResult
+
+    plan = autosplit.plan(make_profile([2], [[1.0], [1.0]], batch_size=4), 2)
+    steps = (0.030, 0.012, 0.010, 0.011)  # the first: the warm-up
+    result = RunResult(2, steps, (steps, steps), (1.0,) * 4, "cpu", 1)
+    sure = dataclasses.replace(plan, predicted_step_ms=10.0, step_spread=0.05)
+    assert _against_plan(result, sure, "2 ranks") == (
+        "median step 11.0 ms (10.0 ms–12.0 ms, 3 steps after the first) on 2 ranks (cpu) · the "
+        "plan predicted 10.0 ms ± 5% · measured +10%")
+    unverified = dataclasses.replace(sure, step_spread=None)
+    one = RunResult(2, (0.009,), ((0.009,), (0.009,)), (1.0,), "cpu", 1)
+    assert _against_plan(one, unverified, "2 ranks") == (
+        "median step 9.0 ms (9.0 ms–9.0 ms, 1 step) on 2 ranks (cpu) · the plan predicted "
+        "10.0 ms · measured -10%")

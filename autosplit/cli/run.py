@@ -7,12 +7,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autosplit.cli.common import make_console, model_args
 from autosplit.errors import InvalidInputError
 from autosplit.records import Plan
 from autosplit.units import format_ms
+
+if TYPE_CHECKING:
+    from autosplit.distributed.job import RunResult
 
 __all__ = ["run_command"]
 
@@ -125,6 +128,21 @@ def run_command(args: argparse.Namespace) -> int:
     for i, (seconds, loss) in enumerate(zip(result.step_s, result.losses), start=1):
         note = "  (first step: warm-up)" if i == 1 and len(result.step_s) > 1 else ""
         console.print(f"step {i}  {format_ms(seconds * 1000):>9}  loss {loss:.6g}{note}")
-    console.print(f"median step {format_ms(result.steady_step_s * 1000)} on {where} "
-                  f"({result.device}) · the plan predicted {format_ms(plan.predicted_step_ms)}")
+    console.print(_against_plan(result, plan, where))
     return 0
+
+
+def _against_plan(result: RunResult, plan: Plan, where: str) -> str:
+    """The median step with the range of the steps it is taken from, against the plan's
+    prediction with its spread, and the difference in percent."""
+    steady = result.step_s[1:] or result.step_s
+    median = result.steady_step_s * 1000
+    span = (f" ({format_ms(min(steady) * 1000)}–{format_ms(max(steady) * 1000)}, "
+            f"{len(steady)} step{'s' if len(steady) != 1 else ''}"
+            f"{' after the first' if len(result.step_s) > 1 else ''})")
+    spread = f" ± {plan.step_spread:.0%}" if plan.step_spread else ""
+    line = (f"median step {format_ms(median)}{span} on {where} ({result.device}) · the plan "
+            f"predicted {format_ms(plan.predicted_step_ms)}{spread}")
+    if plan.predicted_step_ms > 0:
+        line += f" · measured {(median - plan.predicted_step_ms) / plan.predicted_step_ms:+.0%}"
+    return line
