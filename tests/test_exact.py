@@ -52,11 +52,16 @@ def random_pipeline(rng: random.Random, schedule: str):
 
 
 def test_gpipe_step_has_a_closed_form() -> None:
-    """step = Σ (f + b) + Σ transfers + (m − 1) · (max f + max b), 1,000 random pipelines."""
+    """step = Σ (f + b) + Σ transfers + (m − 1) · (max f' + max b'), 1,000 random pipelines:
+    each receive is posted when its device gets to the op, so a stage's forward pays its
+    incoming transfer (f'_s = f_s + cf_{s-1}) and its backward the gradient's (b'_s = b_s +
+    cb_s)."""
     rng = random.Random(0)
     for _ in range(1000):
         f, b, m, cf, cb = random_pipeline(rng, "gpipe")
-        closed = sum(f) + sum(b) + sum(cf) + sum(cb) + (m - 1) * (max(f) + max(b))
+        f2 = [x + (cf[s - 1] if s else 0.0) for s, x in enumerate(f)]
+        b2 = [x + (cb[s] if s < len(b) - 1 else 0.0) for s, x in enumerate(b)]
+        closed = sum(f) + sum(b) + sum(cf) + sum(cb) + (m - 1) * (max(f2) + max(b2))
         assert simulate(f, b, m, "gpipe", cf, cb).step_ms == pytest.approx(closed, rel=1e-12)
 
 

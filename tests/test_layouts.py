@@ -333,8 +333,11 @@ def test_the_measured_latency_and_the_one_stage_runtime_enter_data_parallel() ->
     # nothing measured: nothing added, as before
     assert _dp_wins_profile().one_stage_action() == (0.0, 0.0)
     # a synchronisation slow enough whatever its bytes makes the pipeline win
-    assert plan_layouts(measured, 2, bandwidth_bytes_per_s=BANDWIDTH).best.replicas == 2
-    slow = dataclasses.replace(measured, allreduce_latency_ms=100.0)
+    layouts = plan_layouts(measured, 2, bandwidth_bytes_per_s=BANDWIDTH)
+    pipeline = layouts.option(2, 1).plan
+    assert layouts.best.replicas == 2 and pipeline is not None
+    slow = dataclasses.replace(
+        measured, allreduce_latency_ms=pipeline.predicted_step_ms - dp.predicted_step_ms + 2.5)
     assert plan_layouts(slow, 2, bandwidth_bytes_per_s=BANDWIDTH).best.replicas == 1
 
 

@@ -132,70 +132,77 @@ def test_unbalanced_1f1b_timeline() -> None:
 def test_heterogeneous_gpipe_with_transfers() -> None:
     """p = 3, m = 2, fwd = [2, 1, 3], bwd = [4, 2, 5], comm_fwd = [1, 0.5], comm_bwd = [2, 1].
 
-    F(s, i) may start at F(s−1, i).end + comm_fwd[s−1]; B(s, i) at B(s+1, i).end + comm_bwd[s]:
+    A receive is posted when its stage gets to the op (the device free), and the transfer
+    starts once both its send and its receive are posted: F(s, i) starts at
+    max(free, F(s−1, i).end) + comm_fwd[s−1]; B(s, i) at max(free, B(s+1, i).end) + comm_bwd[s]:
 
     ========  ====================================================
-    stage 0   F0 0–2, F1 2–4, B1 20.5–24.5, B0 25.5–29.5
-    stage 1   F0 3–4, F1 5–6, B1 16.5–18.5, B0 21.5–23.5
-    stage 2   F0 4.5–7.5, F1 7.5–10.5, B1 10.5–15.5, B0 15.5–20.5
+    stage 0   F0 0–2, F1 2–4, B1 21–25, B0 27–31
+    stage 1   F0 3–4, F1 5–6, B1 17–19, B0 22–24
+    stage 2   F0 4.5–7.5, F1 8–11, B1 11–16, B0 16–21
     ========  ====================================================
 
-    e.g. stage 1's F0 starts at 2 + 1, stage 2's at 4 + 0.5, stage 1's B1 at 15.5 + 1 and
-    stage 0's B1 at 18.5 + 2. Step 29.5 ms; busy 12, 6, 16 ms.
+    e.g. stage 2's F1: its input was sent at 6, but stage 2 posts the receive only when its F0
+    ends at 7.5, so it starts at 7.5 + 0.5; stage 0's B0 waits for its receive, posted at 25.
+    Step 31 ms = Σ (f + b) + Σ transfers + (m − 1) · (max f' + max b') = 17 + 4.5 + 3.5 + 6
+    (f' = [2, 2, 3.5], b' = [6, 3, 5]); busy 12, 6, 16 ms.
     """
     result = simulate([2, 1, 3], [4, 2, 5], 2, "gpipe", [1, 0.5], [2, 1])
     assert timeline(result) == table(
-        "F0 0–2, F1 2–4, B1 20.5–24.5, B0 25.5–29.5",
-        "F0 3–4, F1 5–6, B1 16.5–18.5, B0 21.5–23.5",
-        "F0 4.5–7.5, F1 7.5–10.5, B1 10.5–15.5, B0 15.5–20.5",
+        "F0 0–2, F1 2–4, B1 21–25, B0 27–31",
+        "F0 3–4, F1 5–6, B1 17–19, B0 22–24",
+        "F0 4.5–7.5, F1 8–11, B1 11–16, B0 16–21",
     )
-    assert result.step_ms == 29.5
+    assert result.step_ms == 31.0
     assert result.busy_ms == (12.0, 6.0, 16.0)
-    assert math.isclose(result.bubble_fraction, 1 - 34 / (3 * 29.5))
+    assert math.isclose(result.bubble_fraction, 1 - 34 / (3 * 31.0))
 
 
 def test_heterogeneous_1f1b_with_transfers() -> None:
     """The same pipeline, m = 3, 1F1B (warm-up 3, 2, 1 forwards):
 
     ========  ==========================================================================
-    stage 0   F0 0–2, F1 2–4, F2 4–6, B0 17.5–21.5, B1 25.5–29.5, B2 33.5–37.5
-    stage 1   F0 3–4, F1 5–6, B0 13.5–15.5, F2 15.5–16.5, B1 21.5–23.5, B2 29.5–31.5
-    stage 2   F0 4.5–7.5, B0 7.5–12.5, F1 12.5–15.5, B1 15.5–20.5, F2 20.5–23.5, B2 23.5–28.5
+    stage 0   F0 0–2, F1 2–4, F2 4–6, B0 17.5–21.5, B1 26–30, B2 34.5–38.5
+    stage 1   F0 3–4, F1 5–6, B0 13.5–15.5, F2 16.5–17.5, B1 22–24, B2 30.5–32.5
+    stage 2   F0 4.5–7.5, B0 7.5–12.5, F1 13–16, B1 16–21, F2 21.5–24.5, B2 24.5–29.5
     ========  ==========================================================================
 
-    Stage 2's F1 input arrives at 6.5 but the device is busy with B0 until 12.5; stage 1's F2
-    input arrives at 7 but it runs B0 (13.5–15.5, waiting for 12.5 + 1) first.
+    Stage 2's F1 input was sent at 6 but the device posts its receive when B0 ends, at 12.5,
+    and starts at 12.5 + 0.5; stage 1's F2 input was sent at 6, its receive posted at 15.5.
     """
     result = simulate([2, 1, 3], [4, 2, 5], 3, "1f1b", [1, 0.5], [2, 1])
     assert timeline(result) == table(
-        "F0 0–2, F1 2–4, F2 4–6, B0 17.5–21.5, B1 25.5–29.5, B2 33.5–37.5",
-        "F0 3–4, F1 5–6, B0 13.5–15.5, F2 15.5–16.5, B1 21.5–23.5, B2 29.5–31.5",
-        "F0 4.5–7.5, B0 7.5–12.5, F1 12.5–15.5, B1 15.5–20.5, F2 20.5–23.5, B2 23.5–28.5",
+        "F0 0–2, F1 2–4, F2 4–6, B0 17.5–21.5, B1 26–30, B2 34.5–38.5",
+        "F0 3–4, F1 5–6, B0 13.5–15.5, F2 16.5–17.5, B1 22–24, B2 30.5–32.5",
+        "F0 4.5–7.5, B0 7.5–12.5, F1 13–16, B1 16–21, F2 21.5–24.5, B2 24.5–29.5",
     )
-    assert result.step_ms == 37.5
+    assert result.step_ms == 38.5
     assert result.peak_in_flight == (3, 2, 1)
     assert result.busy_ms == (18.0, 9.0, 24.0)
 
 
-def test_transfers_delay_the_receiver_but_overlap_with_compute() -> None:
+def test_transfers_start_when_the_receive_is_posted() -> None:
     """p = 2, m = 2, f = b = 1 ms, comm_fwd = [3], comm_bwd = [2], GPipe:
 
-    ========  ==================================
-    stage 0   F0 0–1, F1 1–2, B1 9–10, B0 10–11
-    stage 1   F0 4–5, F1 5–6, B1 6–7, B0 7–8
-    ========  ==================================
+    ========  ====================================
+    stage 0   F0 0–1, F1 1–2, B1 12–13, B0 15–16
+    stage 1   F0 4–5, F1 8–9, B1 9–10, B0 10–11
+    ========  ====================================
 
-    Each transfer is on the critical path once: 6 (no transfers) + 3 + 2 = 11 ms; the second
-    micro-batch's transfers overlap with compute, and the devices' busy time is unchanged.
+    A transfer starts once its receive is posted, when the receiving stage gets to the op: the
+    second micro-batch's input, sent at 2, moves only after stage 1's F0 ends at 5. Every
+    transfer is on the critical path: 6 (no transfers) + 2 · 3 + 2 · 2 = 16 ms (gloo measured
+    so: a receive posted 50 ms after its send still took the whole transfer); the devices'
+    busy time is unchanged.
     """
     plain = simulate([1, 1], [1, 1], 2, "gpipe")
     result = simulate([1, 1], [1, 1], 2, "gpipe", comm_fwd_ms=[3], comm_bwd_ms=[2])
     assert plain.step_ms == 6.0
     assert timeline(result) == table(
-        "F0 0–1, F1 1–2, B1 9–10, B0 10–11",
-        "F0 4–5, F1 5–6, B1 6–7, B0 7–8",
+        "F0 0–1, F1 1–2, B1 12–13, B0 15–16",
+        "F0 4–5, F1 8–9, B1 9–10, B0 10–11",
     )
-    assert result.step_ms == 11.0
+    assert result.step_ms == 16.0
     assert result.busy_ms == plain.busy_ms == (4.0, 4.0)
     # one micro-batch: the whole critical path 1 + 3 + 1 + 1 + 2 + 1
     assert simulate([1, 1], [1, 1], 1, "1f1b", [3], [2]).step_ms == 9.0

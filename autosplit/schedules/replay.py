@@ -18,7 +18,12 @@ per rank and a split backward):
   (``comm_bwd_ms[s]``). The loss is part of the last stage's forward.
 * ``W(s, i)`` needs ``I(s, i)``.
 * A transfer between stages on the same rank (ZB-V's turn of the V) costs nothing; any other
-  delays the receiver but occupies neither rank (asynchronous sends).
+  starts once the sender's action has ended (the send is posted right after it) and the
+  receiver has posted its receive, where torch's order posts it (:attr:`ScheduleOrder.posts`:
+  when the rank has finished the actions before the post), and takes its time; it occupies
+  neither rank's compute. gloo and NCCL match a send with its receive before moving the
+  bytes: measured between 2 gloo CPU workers, a receive of 6 MiB posted 50 ms after its send
+  still took the whole transfer (2.2–3.0 ms).
 
 Memory in flight (bytes), per rank, summed over its stages: micro-batch i holds stage s's saved
 activations ``activation_bytes[s]`` from the end of ``F(s, i)`` until the end of its last
@@ -252,12 +257,27 @@ def replay(order: ScheduleOrder, costs: StageCosts) -> Timeline:
     n, place = order.n, order.stage_rank
     hop_f = [0.0 if place[c] == place[c + 1] else costs.comm_fwd_ms[c] for c in range(n - 1)]
     hop_b = [0.0 if place[c] == place[c + 1] else costs.comm_bwd_ms[c] for c in range(n - 1)]
+    # where each rank posts its receives: ("F", s, i) stage s's input, ("G", s, i) the gradient
+    # of its output, after `before` of the rank's actions (not given: right before the action)
+    posted = [{(what, s, i): before for what, s, i, before in row} for row in order.posts]
     # end times: ("F", s, i); ("G", s, i), the input gradient (B or I); ("W", s, i)
     end: dict[tuple[str, int, int], float] = {}
     timed: list[list[TimedAction]] = [[] for _ in order.actions]
     free = [0.0] * order.p
     cursor = [0] * order.p
     remaining = sum(len(row) for row in order.actions)
+
+    def arrival(r: int, key: tuple[str, int, int], hop: float, receive: tuple[str, int, int]
+                ) -> float:
+        """When rank r has ``key``'s output: a transfer between ranks starts once the sender
+        has finished and rank r has posted the receive (when it finished the actions before
+        the post)."""
+        if place[key[1]] == r:
+            return end[key] + hop  # the same rank: nothing moves
+        before = min(posted[r].get(receive, cursor[r]) if posted else cursor[r], cursor[r])
+        post = timed[r][before - 1].end_ms if before else 0.0
+        return max(end[key], post) + hop
+
     while remaining:
         progressed = False
         for r, row in enumerate(order.actions):
@@ -265,16 +285,17 @@ def replay(order: ScheduleOrder, costs: StageCosts) -> Timeline:
                 a = row[cursor[r]]
                 s, i = a.stage, a.microbatch
                 if a.kind == "F":
-                    needs = [] if s == 0 else [(("F", s - 1, i), hop_f[s - 1])]
+                    needs = [] if s == 0 else [(("F", s - 1, i), hop_f[s - 1], ("F", s, i))]
                 elif a.kind == "W":
-                    needs = [(("G", s, i), 0.0)]
+                    needs = [(("G", s, i), 0.0, ("", s, i))]
                 else:
-                    needs = [(("F", s, i), 0.0)]
+                    needs = [(("F", s, i), 0.0, ("", s, i))]
                     if s < n - 1:
-                        needs.append((("G", s + 1, i), hop_b[s]))
-                if any(key not in end for key, _ in needs):
+                        needs.append((("G", s + 1, i), hop_b[s], ("G", s, i)))
+                if any(key not in end for key, _, _ in needs):
                     break
-                ready = max((end[key] + delay for key, delay in needs), default=0.0)
+                ready = max((arrival(r, key, delay, receive) for key, delay, receive in needs),
+                            default=0.0)
                 begin = max(free[r], ready)
                 finish = begin + costs.duration_ms(a.kind, s)
                 mark = "G" if a.kind in ("B", "I") else a.kind

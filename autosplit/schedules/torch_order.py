@@ -14,11 +14,14 @@ How the order is obtained, without a process group:
   ``pipeline_order_with_comms[r]`` for the ``_PipelineScheduleRuntime`` classes (looped BFS,
   interleaved 1F1B, interleaved zero-bubble, ZB-V, DualPipeV), keeping its compute actions.
   ``OVERLAP_F_B`` (DualPipeV) runs its sub-actions one after the other, so it is flattened.
+  Its ``RECV_F`` and ``RECV_B`` actions say where each receive is posted (:attr:`ScheduleOrder.
+  posts`): torch places them as early as its lowering allows, often one action ahead.
 * ``ScheduleGPipe`` and ``Schedule1F1B`` run hand-written loops, not an action list (their
   ``pipeline_order`` is documentation only, and for 1F1B's last rank it lists micro-batches
   1 … m instead of 0 … m-1 in torch 2.14). For them we run the loop itself,
   ``_step_microbatches``, once per rank with a stand-in stage that records each
-  ``forward_one_chunk`` and ``backward_one_chunk`` call and has nothing to send or receive.
+  ``forward_one_chunk`` and ``backward_one_chunk`` call and has nothing to send or receive,
+  and records where the loop posts each receive (right before the action that needs it).
 
 When torch refuses (p, v, m) (e.g. 1F1B with m < p, ZB-V with v ≠ 2), its message becomes a
 :class:`~autosplit.errors.ScheduleUnavailableError`.
@@ -86,6 +89,12 @@ class ScheduleOrder:
         p: ranks; v: stages per rank; m: micro-batches.
         stage_rank: ``stage_rank[s]`` is the rank holding stage s (n = p·v entries).
         actions: ``actions[r]`` is rank r's actions in execution order.
+        posts: ``posts[r]``, the receives rank r posts: ``(what, stage, microbatch, before)``,
+            ``what`` ``"F"`` for stage ``stage``'s forward input (from stage − 1) or ``"G"``
+            for the gradient of its output (from stage + 1), posted after ``before`` of the
+            rank's actions. A transfer starts once its receive is posted (gloo and NCCL match
+            a send with its receive before moving the bytes). Empty (an order built by hand):
+            every receive is posted right before the action that needs it.
     """
 
     schedule: str
@@ -95,6 +104,7 @@ class ScheduleOrder:
     m: int
     stage_rank: tuple[int, ...]
     actions: tuple[tuple[Action, ...], ...]
+    posts: tuple[tuple[tuple[str, int, int, int], ...], ...] = ()
 
     @property
     def n(self) -> int:
@@ -157,11 +167,15 @@ def _torch_order(schedule: str, p: int, v: int, m: int) -> ScheduleOrder:
     cls = getattr(torch_schedules, name)
     try:
         if name in _SINGLE.values():
-            actions = [_record_single(cls, p, r, m) for r in range(p)]
+            recorded = [_record_single(cls, p, r, m) for r in range(p)]
+            actions = [done for done, _ in recorded]
+            posts = [posted for _, posted in recorded]
             stage_rank = tuple(range(p))
         else:
             built = cls([_stand_in(p, v, k) for k in range(v)], m)
-            actions = [_compute_actions(built.pipeline_order_with_comms[r]) for r in range(p)]
+            rows = [built.pipeline_order_with_comms[r] for r in range(p)]
+            actions = [_compute_actions(row) for row in rows]
+            posts = [_posts(row) for row in rows]
             stage_rank = tuple(built.stage_index_to_group_rank[s] for s in range(p * v))
     except (ValueError, AssertionError, RuntimeError) as exc:
         reason = " ".join(str(exc).split("\n\n")[0].split())
@@ -170,7 +184,8 @@ def _torch_order(schedule: str, p: int, v: int, m: int) -> ScheduleOrder:
             f"with m={m} micro-batches: {reason}",
             schedule=schedule, p=p, v=v, m=m, reason=reason,
         ) from None
-    return ScheduleOrder(schedule, name, p, v, m, stage_rank, tuple(actions))
+    return ScheduleOrder(schedule, name, p, v, m, stage_rank, tuple(actions),
+                         tuple(tuple(row) for row in posts))
 
 
 def _stand_in(p: int, v: int, k: int, rank: int = 0) -> SimpleNamespace:
@@ -192,16 +207,39 @@ def _compute_actions(row: list[Any]) -> tuple[Action, ...]:
     return tuple(out)
 
 
-def _record_single(cls: type, p: int, rank: int, m: int) -> tuple[Action, ...]:
-    """Rank ``rank``'s actions, recorded by running the class's own loop on a stand-in."""
+def _posts(row: list[Any]) -> tuple[tuple[str, int, int, int], ...]:
+    """The receives of one rank's lowered actions (:attr:`ScheduleOrder.posts`)."""
+    out, before = [], 0
+    for a in row:
+        kind = a.computation_type.value
+        if kind in ("RECV_F", "RECV_B"):
+            out.append(("F" if kind == "RECV_F" else "G", a.stage_index, a.microbatch_index,
+                        before))
+        for sub in a.sub_actions if a.sub_actions is not None else (a,):
+            before += sub.computation_type.value in ("F", "B", "I", "W")
+    return tuple(out)
+
+
+def _record_single(cls: type, p: int, rank: int, m: int
+                   ) -> tuple[tuple[Action, ...], tuple[tuple[str, int, int, int], ...]]:
+    """Rank ``rank``'s actions and the receives it posts (:attr:`ScheduleOrder.posts`),
+    recorded by running the class's own loop on a stand-in."""
     done: list[Action] = []
+    posts: list[tuple[str, int, int, int]] = []
     stage = _stand_in(p, 1, 0, rank)
-    stage.get_fwd_recv_ops = stage.get_fwd_send_ops = lambda i: []
-    stage.get_bwd_recv_ops = stage.get_bwd_send_ops = lambda i: []
+
+    def receive(what: str, i: int, crosses: bool) -> list[Any]:
+        if crosses:
+            posts.append((what, rank, i, len(done)))
+        return []
+
+    stage.get_fwd_recv_ops = lambda i: receive("F", i, rank > 0)
+    stage.get_bwd_recv_ops = lambda i: receive("G", i, rank < p - 1)
+    stage.get_fwd_send_ops = stage.get_bwd_send_ops = lambda i: []
     stage.forward_one_chunk = lambda i, *args, **kwargs: done.append(Action("F", rank, i))
     stage.backward_one_chunk = lambda i, **kwargs: done.append(Action("B", rank, i))
     stage.perform_reduce_grad = lambda *args: None
     schedule = cls(stage, m)
     schedule._initialize_stage = lambda *args, **kwargs: None  # no shapes to infer: no tensors
     schedule._step_microbatches(None, None, None, None, return_outputs=False)
-    return tuple(done)
+    return tuple(done), tuple(posts)

@@ -10,10 +10,12 @@ once with the simulator's own arithmetic (same operations in the same order).
 Why not the min-max DP alone: the DP minimises t_max, but the simulated step is a longest path
 through the schedule's dependency graph. For GPipe the path has a closed form (proved by
 ``tests/test_exact.py`` against the simulator on random instances): each device runs all its
-forwards, then all its backwards, so the longest path fills the pipeline once forward and once
+forwards, then all its backwards, each receive posted when the device gets to the op (so a
+transfer adds to the receiving op: f'_s = f_s + cf_{s−1}, b'_s = b_s + cb_s, see
+:mod:`autosplit.simulator`), so the longest path fills the pipeline once forward and once
 backward and spends its m − 1 remaining forward and backward ticks on the slowest stages,
 
-    step_gpipe = Σ_s t_s + Σ_c (cf_c + cb_c) + (m − 1) · (max_s f_s + max_s b_s),
+    step_gpipe = Σ_s t_s + Σ_c (cf_c + cb_c) + (m − 1) · (max_s f'_s + max_s b'_s),
 
 which is not a function of t_max alone (the slowest forward and backward may sit on different
 stages, and Σ_s t_s depends on the cut when devices differ). For 1F1B the longest path zigzags
@@ -23,7 +25,9 @@ between stages and has no such form. So the search is a branch and bound over th
   increasing block count: the search visits balances in lexicographic order;
 * a child is pruned when its stage exceeds the device's memory, when no split of the remaining
   blocks fits, or when a lower bound on every completion's simulated step is not below the best
-  step found (ties: see below). The bounds, all ≤ the simulation for every completion:
+  step found (ties: see below). The bounds, all ≤ the simulation for every completion (derived
+  for transfers that overlap the receiver's earlier ops, ready at the sender's end plus their
+  time: the simulation, whose receives wait to be posted, is never shorter):
   - GPipe: the closed form with Σ_s t_s + Σ_c (cf_c + cb_c) of the unfixed stages replaced by
     their smallest possible value (a min-sum DP over the remaining blocks, ``rest_sum``) and
     max f + max b by max(fixed max f + fixed max b, the remaining blocks' smallest possible
@@ -114,15 +118,15 @@ def _simulate_many(fwd: np.ndarray, bwd: np.ndarray, cf: np.ndarray, cb: np.ndar
     free = np.zeros((p, count))
     end_f: dict[tuple[int, int], np.ndarray] = {}
     end_b: dict[tuple[int, int], np.ndarray] = {}
-    for kind, s, i in _op_order(schedule, m, p):
+    for kind, s, i in _op_order(schedule, m, p):  # a receive posted when the device is free
         if kind == "F":
-            start = free[s] if s == 0 else np.maximum(free[s], end_f[s - 1, i] + cf[s - 1])
+            start = free[s] if s == 0 else np.maximum(free[s], end_f[s - 1, i]) + cf[s - 1]
             end_f[s, i] = free[s] = start + fwd[s]
         else:
-            ready = end_f[s, i]
+            start = np.maximum(free[s], end_f[s, i])
             if s < p - 1:
-                ready = np.maximum(ready, end_b[s + 1, i] + cb[s])
-            end_b[s, i] = free[s] = np.maximum(free[s], ready) + bwd[s]
+                start = np.maximum(start, end_b[s + 1, i]) + cb[s]
+            end_b[s, i] = free[s] = start + bwd[s]
     return free.max(axis=0)
 
 

@@ -214,21 +214,36 @@ def _sequence(order: ScheduleOrder) -> list[tuple[int, str, int, int]]:
 def _steps(order: ScheduleOrder, sequence: list[tuple[int, str, int, int]],
            dur: dict[str, np.ndarray], hop_f: np.ndarray, hop_b: np.ndarray) -> np.ndarray:
     """:func:`replay`'s step for C candidates at once: ``dur[kind]`` C × S durations,
-    ``hop_f``/``hop_b`` C × (S − 1) transfers (0 between stages of one rank)."""
-    n = order.n
+    ``hop_f``/``hop_b`` C × (S − 1) transfers (0 between stages of one rank). A transfer
+    between ranks starts once the sender has finished and the receiver has posted its receive
+    (:attr:`ScheduleOrder.posts`; none given: right before the action that needs it)."""
+    n, place = order.n, order.stage_rank
+    posted = [{(what, s, i): before for what, s, i, before in row} for row in order.posts]
     free = [np.zeros(len(hop_f)) for _ in range(order.p)]
+    ends: list[list[np.ndarray]] = [[] for _ in range(order.p)]  # each rank's actions' ends
     end: dict[tuple[str, int, int], np.ndarray] = {}
+
+    def arrival(r: int, key: tuple[str, int, int], hop: np.ndarray,
+                receive: tuple[str, int, int]) -> np.ndarray:
+        if place[key[1]] == r:
+            return end[key]  # the same rank: nothing moves
+        done = len(ends[r])
+        before = min(posted[r].get(receive, done), done) if posted else done
+        post = ends[r][before - 1] if before else 0.0
+        return np.maximum(end[key], post) + hop
+
     for r, kind, s, i in sequence:
         if kind == "F":
-            ready = end["F", s - 1, i] + hop_f[:, s - 1] if s else None
+            ready = arrival(r, ("F", s - 1, i), hop_f[:, s - 1], ("F", s, i)) if s else None
         elif kind == "W":
             ready = end["G", s, i]
         else:
             ready = end["F", s, i]
             if s < n - 1:
-                ready = np.maximum(ready, end["G", s + 1, i] + hop_b[:, s])
+                ready = np.maximum(ready, arrival(r, ("G", s + 1, i), hop_b[:, s], ("G", s, i)))
         begin = free[r] if ready is None else np.maximum(free[r], ready)
         free[r] = begin + dur[kind][:, s]
+        ends[r].append(free[r])
         end["G" if kind in ("B", "I") else kind, s, i] = free[r]
     return np.max(np.stack(free), axis=0)
 
