@@ -343,12 +343,15 @@ def versions() -> dict[str, Any]:
                             "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
                             "tf32_cudnn": torch.backends.cudnn.allow_tf32}
     if torch.cuda.is_available():
-        info["cudnn"] = torch.backends.cudnn.version()
-        info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        info["gpus"] = [f"{p.name} ({p.total_memory / 2**30:.0f} GiB, sm {p.major}.{p.minor}, "
-                        f"{p.multi_processor_count} SMs)"
-                        for p in map(torch.cuda.get_device_properties,
-                                     range(torch.cuda.device_count()))]
+        try:  # a version that cannot be read is recorded as such; the checks still run
+            info["cudnn"] = torch.backends.cudnn.version()
+            info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+            info["gpus"] = [f"{p.name} ({p.total_memory / 2**30:.0f} GiB, sm {p.major}.{p.minor}"
+                            f", {p.multi_processor_count} SMs)"
+                            for p in map(torch.cuda.get_device_properties,
+                                         range(torch.cuda.device_count()))]
+        except Exception as exc:  # noqa: BLE001
+            info["unreadable"] = f"{type(exc).__name__}: {exc}"
     return info
 
 

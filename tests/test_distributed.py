@@ -71,13 +71,21 @@ class SizeLate(nn.Module):
         return self.b(self.a(x)).view(n, -1)
 
 
-def build(name: str) -> nn.Module:
-    """A fresh model, the same on every rank and in the reference (seeded)."""
+def build(name: str, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A fresh model, the same on every rank and in the reference (seeded), in ``dtype``."""
     torch.manual_seed(0)
     if name == "resnet18":
-        return torchvision.models.resnet18(num_classes=10)
+        return torchvision.models.resnet18(num_classes=10).to(dtype)
     return {"toy": ToyModel, "skip": LongSkip, "twoinout": TwoInOut, "ids": LateIds,
-            "tokens": TokenModel, "tied": TiedLM, "reused": ReusedLayer, "dropnorm": DropNorm}[name]()
+            "tokens": TokenModel, "tied": TiedLM, "reused": ReusedLayer,
+            "dropnorm": DropNorm}[name]().to(dtype)
+
+
+def in_dtype(value: Any, dtype: torch.dtype) -> Any:
+    """``value``'s floating tensors in ``dtype`` (any structure)."""
+    return pytree.tree_map(
+        lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+        value)
 
 
 def batch(name: str, rows: int) -> tuple[tuple[torch.Tensor, ...], Any]:
@@ -139,11 +147,12 @@ def _gather_to_rank0(value: Any) -> list[Any] | None:
     return gathered
 
 
-def train_and_gather(name: str, plan: Plan, steps: int, lr: float = 0.1) -> list[Any] | None:
+def train_and_gather(name: str, plan: Plan, steps: int, lr: float = 0.1,
+                     dtype: torch.dtype = torch.float32) -> list[Any] | None:
     """Train ``steps`` SGD steps of ``plan`` on this rank; rank 0 gets every rank's
     ``(losses, snapshots, stage indices)``, the other ranks ``None``."""
-    model = build(name)
-    inputs, targets = batch(name, plan.batch_size)  # d·m·b rows: every replica's
+    model = build(name, dtype)
+    inputs, targets = in_dtype(batch(name, plan.batch_size), dtype)  # d·m·b rows: every replica's
     trainer = distributed.Trainer(model, plan, loss_fn, lambda ps: torch.optim.SGD(ps, lr=lr))
     losses, snaps = [], []
     for _ in range(steps):
@@ -154,11 +163,12 @@ def train_and_gather(name: str, plan: Plan, steps: int, lr: float = 0.1) -> list
     return _gather_to_rank0((losses, snaps, [m.index for m in trainer.modules]))
 
 
-def _equivalence_worker(name: str, plans: list[Plan], steps: int) -> Any:
+def _equivalence_worker(name: str, plans: list[Plan], steps: int,
+                        dtype: torch.dtype = torch.float32) -> Any:
     """Train ``steps`` SGD steps per plan; rank 0 returns every rank's results merged."""
     merged = []
     for plan in plans:
-        gathered = train_and_gather(name, plan, steps)
+        gathered = train_and_gather(name, plan, steps, dtype=dtype)
         if gathered is not None:
             last = len(plan.stages) - 1
             loss_rows = [ls for ls, _, idx in gathered if last in idx]
@@ -177,7 +187,8 @@ def _equivalence_worker(name: str, plans: list[Plan], steps: int) -> Any:
     return merged if dist.get_rank() == 0 else None
 
 
-def reference(name: str, plan: Plan, steps: int, lr: float = 0.1) -> dict[str, Any]:
+def reference(name: str, plan: Plan, steps: int, lr: float = 0.1,
+              dtype: torch.dtype = torch.float32) -> dict[str, Any]:
     """The same training in this process: one model, the same micro-batches and loss.
 
     One intra-op thread, like every launched rank: kernels then sum in the same order (with
@@ -187,14 +198,15 @@ def reference(name: str, plan: Plan, steps: int, lr: float = 0.1) -> dict[str, A
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _reference(name, plan, steps, lr)
+        return _reference(name, plan, steps, lr, dtype)
     finally:
         torch.set_num_threads(threads)
 
 
-def _reference(name: str, plan: Plan, steps: int, lr: float) -> dict[str, Any]:
-    model = build(name)
-    inputs, targets = batch(name, plan.batch_size)
+def _reference(name: str, plan: Plan, steps: int, lr: float, dtype: torch.dtype
+               ) -> dict[str, Any]:
+    model = build(name, dtype)
+    inputs, targets = in_dtype(batch(name, plan.batch_size), dtype)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     b = plan.split_size
     count = plan.batch_size // b  # m·d: every replica's micro-batches, in order
@@ -270,19 +282,38 @@ def test_interleaved_stages_equal_single_process() -> None:
         assert_same_training(got, reference("skip", plan, 2))
 
 
+def test_one_gloo_rank_trains_four_float64_stages_like_one_process() -> None:
+    """The CPU twin of the NCCL test below: one rank, four stages, float64, tight tolerances."""
+    model = build("skip")
+    plans = [make_plan(model, (2, 2, 2, 1), 2, 4, schedule) for schedule in ("gpipe", "1f1b")]
+    results = distributed.launch(_equivalence_worker, 1, "skip", plans, 2, torch.float64,
+                                 timeout_s=TIMEOUT_S)
+    for plan, got in zip(plans, results[0], strict=True):
+        assert got["stages_per_rank"] == [[0, 1, 2, 3]]
+        assert {v.dtype for step in got["steps"] for v in step["params"].values()} == {
+            torch.float64}
+        assert_same_training(got, reference("skip", plan, 2, dtype=torch.float64), rtol=1e-9,
+                             atol=1e-12)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("ranks", [
     1, pytest.param(2, marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")),
 ])
 def test_nccl_ranks_train_like_one_process(ranks: int) -> None:
     """NCCL, rank r on cuda:r. NCCL refuses two ranks on one GPU, so with one GPU a single rank
-    holds all four stages (the plan checks and gathers still go through NCCL)."""
+    holds all four stages (the plan checks and gathers still go through NCCL). In float64:
+    the GPU's and the CPU's kernels then agree to ~1e-15, so tight tolerances test the
+    pipeline, not the kernels (in float32, BatchNorm over micro-batches of 2 amplified their
+    rounding to 4e-5 on an H200)."""
     model = build("skip")
     plans = [make_plan(model, (2, 2, 2, 1), 2, 4, schedule) for schedule in ("gpipe", "1f1b")]
-    results = distributed.launch(_equivalence_worker, ranks, "skip", plans, 2, backend="nccl", timeout_s=TIMEOUT_S)
+    results = distributed.launch(_equivalence_worker, ranks, "skip", plans, 2, torch.float64,
+                                 backend="nccl", timeout_s=TIMEOUT_S)
     for plan, got in zip(plans, results[0], strict=True):
         assert got["stages_per_rank"] == ([[0, 1, 2, 3]] if ranks == 1 else [[0, 2], [1, 3]])
-        assert_same_training(got, reference("skip", plan, 2), rtol=1e-4, atol=1e-5)
+        assert_same_training(got, reference("skip", plan, 2, dtype=torch.float64), rtol=1e-9,
+                             atol=1e-12)
 
 
 # ------------------------------------------------------------------------------ failures

@@ -7,6 +7,7 @@ What a stage receives, sends and passes through is :mod:`autosplit.stages`'s
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -304,6 +305,25 @@ def build_schedule(
             f"{cls.__name__} cannot run {m} micro-batches on {stages[0].group_size} processes "
             f"({_one_line(str(exc))}): use one process per stage, or another split size"
         ) from None
+
+
+def run_schedule(schedule: Any, arg_mbs: list[tuple[Any, ...]] | None,
+                 target_mbs: list[torch.Tensor] | None, losses: list[torch.Tensor]) -> None:
+    """One training step of ``schedule`` on micro-batches already split (no outputs kept).
+
+    torch ≥ 2.12 takes them through ``step(arg_mbs=…, target_mbs=…)``; earlier releases
+    (torch 2.11's ``step`` would split ``arg_mbs`` as a keyword input) take them through
+    ``_step_microbatches`` after the per-step preparation their ``step`` makes.
+    """
+    if "arg_mbs" in inspect.signature(schedule.step).parameters:
+        schedule.step(arg_mbs=arg_mbs, target_mbs=target_mbs, losses=losses,
+                      return_outputs=False)
+        return
+    stages = getattr(schedule, "_stages", None) or [schedule._stage]
+    for stage in stages:
+        stage.has_backward = schedule._has_backward
+        stage.clear_runtime_states()
+    schedule._step_microbatches(arg_mbs, None, target_mbs, losses, False)
 
 
 def check_schedule(plan: Plan, ranks: int, *, replicas: int = 1) -> int:

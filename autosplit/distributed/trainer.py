@@ -33,6 +33,7 @@ from autosplit.distributed.stage_module import (
     _stage_modules_of,
     build_schedule,
     check_schedule,
+    run_schedule,
     stage_indices,
     stage_ranks,
 )
@@ -291,9 +292,7 @@ class Trainer:
             p.grad = None
         losses: list[torch.Tensor] = []
         try:
-            self.schedule.step(
-                arg_mbs=arg_mbs, target_mbs=target_mbs, losses=losses, return_outputs=False
-            )
+            run_schedule(self.schedule, arg_mbs, target_mbs, losses)
         finally:
             self._loss.targets = []
         self._finish_gradients()
