@@ -44,7 +44,9 @@ from torch.utils import _pytree as pytree
 import autosplit
 from autosplit.allocator import restart_keeping_freed_memory
 from autosplit.analytic import count_costs, profile_from_costs
+from autosplit.graph import trace
 from autosplit.specs import KNOWN_DEVICES, calibrate, get_spec
+from autosplit.verify import verify_plans
 
 STEPS = [("tests", 150), ("resnet50", 75), ("memory", 20), ("analytic", 40), ("gpt", 50),
          ("bf16", 45)]
@@ -63,6 +65,14 @@ def log(text: str) -> None:
     """A progress line with the wall clock and the seconds since the start."""
     stamp = time.strftime("%H:%M:%S")
     print(f"[{stamp} +{time.perf_counter() - _START:6.1f} s] {text}", flush=True)
+
+
+class StepFailed(RuntimeError):
+    """A step failed with results worth keeping (:attr:`result`)."""
+
+    def __init__(self, message: str, result: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 class StepTimeout(BaseException):
@@ -174,6 +184,7 @@ def plan_and_measure(ctx: dict[str, Any], which: str, dtype: torch.dtype | None 
                      sizes: list[int] | None = None) -> dict[str, Any]:
     """Profile on devices[0], plan 2 stages, time ``partition()`` and the emitted module."""
     s, devs = ctx["sizes"], ctx["devices"]
+    foreign = allocated(devs)  # bytes on the GPUs that this model's objects do not hold
     model, inputs, model_ref = build(ctx, which)
     if dtype is not None:
         model = model.to(dtype)
@@ -187,6 +198,7 @@ def plan_and_measure(ctx: dict[str, Any], which: str, dtype: torch.dtype | None 
     shared = len(set(devs)) < len(devs)
     log(f"{which}: plan {plan.balance} blocks, {plan.microbatches} × {plan.split_size}; "
         f"predicted {plan.predicted_step_ms:.1f} ms on 2 devices, {serial:.1f} ms serially")
+    verified = verify(model, inputs, prof, plan, devs[0])
     pm = autosplit.partition(model, plan=plan, devices=devs)
     on_dev = tuple(x.to(devs[0]) for x in inputs)
     label = s["resnet"][0] if which == "resnet" else f"GPT {s['gpt'][0]}"
@@ -200,6 +212,7 @@ def plan_and_measure(ctx: dict[str, Any], which: str, dtype: torch.dtype | None 
         "expected_ms": serial if shared else plan.predicted_step_ms,
         "expected_is": "serial (stages share a device)" if shared else "predicted_step_ms",
         "stage_compute_ms": [st.compute_ms for st in plan.stages],
+        "foreign_bytes": foreign, **verified,
     }
     log(f"{which}: timing partition() ({s['step_repeats']} steps)")
     result["partition"] = time_ms(lambda: train_step(pm, on_dev), devs, s["step_warmup"],
@@ -220,11 +233,50 @@ def plan_and_measure(ctx: dict[str, Any], which: str, dtype: torch.dtype | None 
                                 s["step_repeats"])
     for key in ("partition", "emitted"):
         result[f"{key}_error"] = result[key]["median"] / result["expected_ms"] - 1
+        if result.get("verified_expected_ms"):
+            result[f"{key}_verified_error"] = (result[key]["median"]
+                                               / result["verified_expected_ms"] - 1)
     log(f"{which}: measured {result['partition']['median']:.1f} ms (partition), "
         f"{result['emitted']['median']:.1f} ms (emitted), expected {result['expected_ms']:.1f} ms")
     ctx[which] = {"model": model, "inputs": on_dev, "plan": plan, "profile": prof, "pm": pm,
-                  "em": em}
+                  "em": em, "foreign": foreign}
     return result
+
+
+def allocated(devs: list[torch.device]) -> dict[str, int]:
+    """Bytes the caching allocator has handed out on each GPU now (none on a CPU)."""
+    sync(devs)
+    return {str(d): torch.cuda.memory_allocated(d) for d in dict.fromkeys(devs)
+            if d.type == "cuda"}
+
+
+def release(ctx: dict[str, Any], which: str) -> None:
+    """Drop a finished model's tensors (its plan and profile stay), so that the next model's
+    peak memory is its own."""
+    if which in ctx:
+        for key in ("model", "inputs", "pm", "em"):
+            ctx[which].pop(key, None)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def verify(model: torch.nn.Module, inputs: tuple[Any, ...], prof: autosplit.Profile,
+           plan: autosplit.Plan, device: torch.device) -> dict[str, Any]:
+    """The plan's stages timed as they run (autosplit's verification, :mod:`autosplit.verify`):
+    the step to expect with both stages on one device, m · Σ verified stage compute, and the
+    verified prediction on 2 devices; a failure is recorded, not raised."""
+    try:
+        graph = trace(model, example_inputs=inputs)
+        checked = verify_plans(graph, inputs, prof, {"plan": plan}, device=device)["plan"]
+    except Exception as exc:  # noqa: BLE001 - the block-sum figures still stand
+        return {"verified_error_text": f"{type(exc).__name__}: {exc}"[:500]}
+    return {"verified_expected_ms": checked.microbatches
+            * math.fsum(st.compute_ms for st in checked.stages),
+            "verified_predicted_step_ms": checked.predicted_step_ms,
+            "verified_stage_compute_ms": [st.compute_ms for st in checked.stages],
+            "verified_single_device_ms": checked.single_device_ms,
+            "verification": checked.verification}
 
 
 def memory(ctx: dict[str, Any], which: str) -> dict[str, Any]:
@@ -254,10 +306,10 @@ def memory(ctx: dict[str, Any], which: str) -> dict[str, Any]:
         sync(devs)
         for row, dev in zip(rows, dict.fromkeys(devs)):
             name = "partition" if key == "pm" else "emitted"
-            if dev.type == "cuda":
-                peak = torch.cuda.max_memory_allocated(dev)
+            if dev.type == "cuda":  # the peak less what other models' objects held
+                peak = torch.cuda.max_memory_allocated(dev) - run["foreign"].get(str(dev), 0)
                 row[f"{name}_peak_bytes"] = peak
-                row[f"{name}_before_step_bytes"] = base[dev]
+                row[f"{name}_before_step_bytes"] = base[dev] - run["foreign"].get(str(dev), 0)
                 row[f"{name}_error"] = row["predicted_bytes"] / peak - 1
             else:
                 row[f"{name}_peak_bytes"] = None  # the CPU allocator keeps no peak
@@ -322,10 +374,16 @@ def tests(ctx: dict[str, Any], limit_s: float) -> dict[str, Any]:
     words = r"(\d+) (passed|failed|skipped|errors?|deselected)"
     counts = {k: int(n) for n, k in re.findall(words, last)}
     lines = [ln for ln in output.splitlines() if ln.startswith(("FAILED", "ERROR", "SKIPPED"))]
+    result = {"command": " ".join(cmd[1:]), "counts": counts, "lines": lines,
+              "output_tail": output[-TESTS_TAIL:]}
     if proc.returncode != 0:
-        raise RuntimeError(f"pytest exit code {proc.returncode}, {counts}: "
-                           f"{'; '.join(lines)[:2000]}")
-    return {"command": " ".join(cmd[1:]), "counts": counts, "lines": lines}
+        raise StepFailed(f"pytest exit code {proc.returncode}, {counts}: "
+                         f"{'; '.join(lines)[:2000]}", result)
+    return result
+
+
+TESTS_TAIL = 30000
+"""The characters of pytest's output kept in the results (its failures' tracebacks)."""
 
 
 def bf16(ctx: dict[str, Any]) -> dict[str, Any]:
@@ -386,14 +444,23 @@ def markdown(data: dict[str, Any]) -> str:
     if runs:
         lines += ["", "## Plan against measured step (forward + backward of the batch)", "",
                   "Expected here: the plan's prediction on 2 devices, or m · Σ stage compute "
-                  "when the stages share one device (they then run one after the other)."]
+                  "when the stages share one device (they then run one after the other): from "
+                  "the blocks timed one by one (the search's figures), and from the stages "
+                  "timed as they run (autosplit's verification). Error: measured / expected "
+                  "− 1."]
         lines += _table(
             ["model", "dtype", "devices", "cut before", "m × b", "predicted (2 devices)",
-             "expected here", "partition()", "error", "emitted", "error", "max |Δ| outputs"],
+             "expected: block sums", "expected: verified stages", "partition()",
+             "error (sums, verified)", "emitted", "error (sums, verified)", "max |Δ| outputs"],
             [[r["model"], r["dtype"].replace("torch.", ""), ", ".join(r["devices"]),
               ", ".join(r["cut_before"]), f"{r['microbatches']} × {r['split_size']}",
-              f"{r['predicted_step_ms']:.1f}", f"{r['expected_ms']:.1f}", _ms(r["partition"]),
-              _pct(r["partition_error"]), _ms(r["emitted"]), _pct(r["emitted_error"]),
+              f"{r['predicted_step_ms']:.1f}", f"{r['expected_ms']:.1f}",
+              "–" if r.get("verified_expected_ms") is None
+              else f"{r['verified_expected_ms']:.1f}",
+              _ms(r["partition"]),
+              f"{_pct(r['partition_error'])}, {_pct(r.get('partition_verified_error'))}",
+              _ms(r["emitted"]),
+              f"{_pct(r['emitted_error'])}, {_pct(r.get('emitted_verified_error'))}",
               f"{r['emitted_vs_partition_max_abs_diff']:.2g}"] for r in runs])
     mem = [(st["sizes"]["resnet"][0], res.get("memory")),
            (f"GPT {st['sizes']['gpt'][0]}", res.get("gpt", {}).get("memory"))]
@@ -464,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
         "resnet50": lambda limit: plan_and_measure(ctx, "resnet"),
         "memory": lambda limit: memory(ctx, "resnet"),
         "analytic": lambda limit: analytic(ctx),
-        "gpt": lambda limit: {**plan_and_measure(ctx, "gpt"), "memory": memory(ctx, "gpt")},
+        "gpt": lambda limit: (release(ctx, "resnet"),
+                              {**plan_and_measure(ctx, "gpt"), "memory": memory(ctx, "gpt")})[1],
         "bf16": lambda limit: bf16(ctx),
     }
     command = "python benchmarks/gpu_check.py" + (" --dry-run" if args.dry_run else "")
@@ -492,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
             except (Exception, StepTimeout) as exc:  # noqa: BLE001 - recorded; the other steps run
                 record["status"] = "timeout" if isinstance(exc, StepTimeout) else "failed"
                 record["error"] = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, StepFailed):
+                    record["result"] = exc.result
                 record["traceback"] = traceback.format_exc()[-4000:]
             record["seconds"] = time.perf_counter() - t0
             log(f"{name}: {record['status']} in {record['seconds']:.1f} s"

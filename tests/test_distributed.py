@@ -510,6 +510,27 @@ def test_one_rank_holding_every_stage(one_rank_group: None) -> None:
         trainer.step(inputs, None)
 
 
+def test_a_schedule_whose_step_takes_no_micro_batches_trains_the_same(one_rank_group: None
+                                                                       ) -> None:
+    """torch 2.11's ``step()`` has no ``arg_mbs``: the trainer then runs the schedule's own
+    micro-batch loop, and the training is the same as one process's."""
+    name = "skip"
+    model = build(name)
+    plan = make_plan(model, (2, 2, 3), 2, 3, "1f1b")
+    trainer = distributed.Trainer(model, plan, loss_fn, lambda ps: torch.optim.SGD(ps, lr=0.1))
+    inputs, targets = batch(name, 6)
+    losses, snaps = [trainer.step(inputs, targets)], [_snapshot(trainer)]
+
+    def old_step(*args: Any, target: Any = None, losses: Any = None, return_outputs: bool = True,
+                 **kwargs: Any) -> None:
+        raise AssertionError("step() would split the micro-batches given as keywords")
+
+    trainer.schedule.step = old_step
+    losses.append(trainer.step(inputs, targets))
+    snaps.append(_snapshot(trainer))
+    assert_same_training({"losses": losses, "steps": snaps}, reference(name, plan, 2))
+
+
 def test_1f1b_needs_as_many_micro_batches_as_stages(one_rank_group: None) -> None:
     model = build("skip")
     with pytest.raises(InvalidInputError, match=r"1f1b needs at least as many micro-batches as stages \(2 < 3\)"):
