@@ -1,6 +1,7 @@
 """One prepared check of every CUDA path of autosplit, in under 6 minutes on one H200.
 
     python benchmarks/gpu_check.py             # on a GPU machine: benchmarks/results/gpu.{json,md}
+                                               # and gpu_profile_{resnet,gpt}.json
     python benchmarks/gpu_check.py --dry-run   # the same steps on the CPU, tiny, to a temp dir
 
 Steps, most valuable first, each with a time limit inside a global budget (a step that fails
@@ -199,6 +200,8 @@ def plan_and_measure(ctx: dict[str, Any], which: str, dtype: torch.dtype | None 
     log(f"{which}: plan {plan.balance} blocks, {plan.microbatches} × {plan.split_size}; "
         f"predicted {plan.predicted_step_ms:.1f} ms on 2 devices, {serial:.1f} ms serially")
     verified = verify(model, inputs, prof, plan, devs[0])
+    if dtype is None:  # the measured blocks, for fitting the analytic model without a GPU
+        prof.save(ctx["out"] / f"gpu_profile_{which}.json")
     pm = autosplit.partition(model, plan=plan, devices=devs)
     on_dev = tuple(x.to(devs[0]) for x in inputs)
     label = s["resnet"][0] if which == "resnet" else f"GPT {s['gpt'][0]}"
@@ -502,7 +505,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, argpa
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="the same steps on the CPU, tiny")
     parser.add_argument("--out", type=Path, default=None,
-                        help="where to write gpu.{json,md} (default: benchmarks/results, or a "
+                        help="where to write gpu.{json,md} and the profiles (default: benchmarks/results, or a "
                              "new temp dir with --dry-run)")
     parser.add_argument("--budget-s", type=float, default=330.0, help="global time budget (s)")
     parser.add_argument("--steps", nargs="+", choices=[n for n, _ in STEPS], default=None,

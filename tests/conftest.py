@@ -76,10 +76,10 @@ def assert_equivalent(model: nn.Module, pm: nn.Module, ref: nn.Module, inputs: S
     got = dict(model.named_parameters())
     for name, p in ref.named_parameters():
         assert got[name].grad is not None, f"no gradient reached {name}"
-        torch.testing.assert_close(got[name].grad, p.grad, msg=f"gradient of {name}", **tol)
+        torch.testing.assert_close(got[name].grad, p.grad, msg=lambda m, n=name: f"gradient of {n}: {m}", **tol)
     bufs = dict(model.named_buffers())
     for name, b in ref.named_buffers():
-        torch.testing.assert_close(bufs[name], b, msg=f"buffer {name}", **tol)
+        torch.testing.assert_close(bufs[name], b, msg=lambda m, n=name: f"buffer {n}: {m}", **tol)
 
 
 def partition_and_check(model: nn.Module, inputs: Sequence[torch.Tensor], stages: int, split: int, **kw: Any) -> PipelinedModule:

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import autosplit
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = str(ROOT / "benchmarks" / "gpu_check.py")
 
@@ -39,6 +41,13 @@ def test_dry_run_takes_every_step_on_the_cpu(tmp_path: Path) -> None:
     analytic = steps["analytic"]["result"]
     assert analytic["spec"] == "cpu-core" and set(analytic["before"]["errors"]) == {"2", "4"}
     assert analytic["calibrated"]["efficiency"] != analytic["before"]["efficiency"]
+    for which in ("resnet", "gpt"):  # the measured blocks, kept for fitting without a GPU
+        saved = autosplit.Profile.load(tmp_path / f"gpu_profile_{which}.json")
+        assert saved.microbatch_sizes == (2, 4) and len(saved.blocks) == sum(
+            steps["resnet50" if which == "resnet" else "gpt"]["result"]["balance"])
+    for run in runs:
+        assert run["verified_expected_ms"] > 0 and "verified_error_text" not in run
+        assert len(run["verified_stage_compute_ms"]) == 2
     text = (tmp_path / "gpu.md").read_text()
     assert "## Plan against measured step" in text and "## Analytic cpu-core" in text
 

@@ -164,4 +164,4 @@ def test_cuda_equivalence(devices: list[str]) -> None:
         {d} for d in devices
     ]
     assert pm.plan is not None and pm.plan.split_size == 3
-    assert_equivalent(model, pm, ref, (x,), 3, rtol=1e-9, atol=1e-12, check_device=False)
+    assert_equivalent(model, pm, ref, (x,), 3, rtol=1e-6, atol=1e-8, check_device=False)
