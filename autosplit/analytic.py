@@ -16,8 +16,8 @@ per block, its inputs turned into fresh autograd leaves, a backward seeded with 
 
 :class:`ModelCosts` holds those counts; they do not depend on the device. A
 :class:`~autosplit.specs.DeviceSpec` turns them into times, operator by operator:
-t = max(flops / (peak · efficiency), bytes / (bandwidth · bandwidth efficiency)), summed per
-block (:func:`autosplit.specs.op_time_s`), and :func:`profile_from_costs` packs everything into
+t = max(flops / (peak · efficiency), bytes / (bandwidth · bandwidth efficiency), floor per
+operator), summed per block (:func:`autosplit.specs.op_time_s`), and :func:`profile_from_costs` packs everything into
 an ordinary :class:`~autosplit.records.Profile` with ``source="analytic"`` that the planner takes
 unchanged.
 
@@ -34,8 +34,9 @@ flash attention that keeps only the output and a log-sum-exp, so with ``attentio
 (the default) calls without a mask are routed to ``aten._scaled_dot_product_flash_attention``,
 whose meta kernel and FLOP formula mirror the fused kernel; calls with a mask keep the math path.
 
-What the counts leave out: kernel launch overheads (tiny operators are latency-bound on real
-devices), fusion (a fused kernel moves fewer bytes than the sum of its operators), and how a
+What the counts leave out: kernel launch overheads beyond the spec's floor per operator (tiny
+operators are latency-bound on real devices: :func:`autosplit.specs.calibrate` fits the floor),
+fusion (a fused kernel moves fewer bytes than the sum of its operators), and how a
 kernel's efficiency depends on its shapes (a skinny GEMM reaches less of the peak than a square
 one): one efficiency per device stands for all of them, which :func:`autosplit.specs.calibrate`
 fits to a measured profile.

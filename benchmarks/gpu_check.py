@@ -345,11 +345,14 @@ def analytic(ctx: dict[str, Any]) -> dict[str, Any]:
     spec, measured = get_spec(name), run["profile"]
     log(f"analytic: counting FLOPs and bytes on meta; spec {name}")
     costs = count_costs(run["model"], run["inputs"], microbatch_sizes=measured.microbatch_sizes)
+    floorless = calibrate(spec, measured, costs, fit_overhead=False)
     fitted = calibrate(spec, measured, costs)
     held = calibrate(spec, measured, costs, sizes=[run["plan"].split_size])
     result = {"spec": name, "device_name": device_name(dev)}
-    for label, s in (("before", spec), ("calibrated", fitted), ("calibrated_on_plan_size", held)):
+    for label, s in (("before", spec), ("calibrated_without_floor", floorless),
+                     ("calibrated", fitted), ("calibrated_on_plan_size", held)):
         result[label] = {"efficiency": s.efficiency, "bandwidth_efficiency": s.bandwidth_efficiency,
+                         "op_overhead_s": s.op_overhead_s,
                          "errors": block_errors(measured, profile_from_costs(costs, s))}
     result["calibrated_on"] = run["plan"].split_size
     return result
@@ -485,12 +488,15 @@ def markdown(data: dict[str, Any]) -> str:
                   f"Per size b: Σ analytic / Σ measured − 1, and a block's median |error|; "
                   f"`calibrated_on_plan_size` is fitted on b={a['calibrated_on']} only."]
         lines += _table(
-            ["spec", "efficiency", "bandwidth efficiency", *(f"b={b}" for b in sizes)],
+            ["spec", "efficiency", "bandwidth efficiency", "floor per operator (µs)",
+             *(f"b={b}" for b in sizes)],
             [[label, f"{e['efficiency']:.3f}", f"{e['bandwidth_efficiency']:.3f}",
+              f"{e.get('op_overhead_s', 0.0) * 1e6:.1f}",
               *(f"{_pct(v['total_error'])}, {v['median_abs_block_error']:.0%}"
                 for v in e["errors"].values())]
-             for label, e in ((k, a[k])
-                              for k in ("before", "calibrated", "calibrated_on_plan_size"))])
+             for label, e in ((k, a[k]) for k in ("before", "calibrated_without_floor",
+                                                  "calibrated", "calibrated_on_plan_size")
+                              if k in a)])
     return "\n".join(lines) + "\n"
 
 

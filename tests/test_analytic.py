@@ -32,6 +32,7 @@ from autosplit.errors import InvalidInputError, ModelMismatchError, RecordFileEr
 from autosplit.records import Profile
 from autosplit.specs import (
     KNOWN_DEVICES,
+    DeviceSpec,
     calibrate,
     get_spec,
     load_spec,
@@ -362,6 +363,50 @@ def test_calibrate_recovers_known_efficiencies() -> None:
     again = profile_from_costs(costs, one)
     for b, m in zip(again.blocks, measured_2x.blocks):
         assert b.fwd_ms[1] + b.bwd_ms[1] == pytest.approx(m.fwd_ms[1] + m.bwd_ms[1], rel=1e-9)
+
+
+def test_calibrate_recovers_a_floor_per_operator() -> None:
+    """A device that small operators leave idle: every operator takes at least 20 µs. The
+    efficiencies alone cannot follow it; fitted with the floor, the blocks come back."""
+    model = torchvision.models.resnet18()
+    costs = count_costs(model, torch.randn(16, 3, 32, 32), microbatch_sizes=[2, 8, 16])
+    nominal = get_spec("h200")
+    truth = dataclasses.replace(nominal, efficiency=0.3, bandwidth_efficiency=0.4,
+                                op_overhead_s=20e-6)
+    true_prof = profile_from_costs(costs, truth)
+    measured = _scaled(true_prof, [[b.fwd_ms[k] + b.bwd_ms[k] for k in range(3)]
+                                   for b in true_prof.blocks])
+
+    def worst(spec: DeviceSpec) -> float:
+        again = profile_from_costs(costs, spec)
+        return max(abs((a.fwd_ms[k] + a.bwd_ms[k]) / (m.fwd_ms[k] + m.bwd_ms[k]) - 1)
+                   for a, m in zip(again.blocks, measured.blocks) for k in range(3))
+
+    floorless = calibrate(nominal, measured, costs, fit_overhead=False)
+    assert floorless.op_overhead_s == 0.0 and worst(floorless) > 0.3
+    fitted = calibrate(nominal, measured, costs)
+    assert fitted.op_overhead_s == pytest.approx(20e-6, rel=0.05)
+    assert worst(fitted) < 0.05
+    assert "floor of 20" in fitted.source and "at least 20" in fitted.label()
+    # a spec's own floor is kept when the fit is told not to touch it
+    kept = calibrate(truth, measured, costs, fit_overhead=False)
+    assert kept.op_overhead_s == truth.op_overhead_s and worst(kept) < 0.05
+    # without a floor in the truth, none is fitted in (the efficiencies alone are exact)
+    plain = profile_from_costs(costs, dataclasses.replace(truth, op_overhead_s=0.0))
+    exact = calibrate(nominal, _scaled(plain, [[b.fwd_ms[k] + b.bwd_ms[k] for k in range(3)]
+                                               for b in plain.blocks]), costs)
+    assert exact.op_overhead_s == 0.0 and exact.efficiency == pytest.approx(0.3, rel=0.02)
+
+
+def test_the_floor_per_operator_is_a_minimum_and_views_cost_nothing() -> None:
+    spec = dataclasses.replace(get_spec("h200"), op_overhead_s=5e-6)
+    assert op_time_s(0, 0, spec, "fp32") == 0.0  # a view launches no kernel
+    assert op_time_s(1000, 1000, spec, "fp32") == 5e-6
+    big = 1e15
+    assert op_time_s(big, 0, spec, "fp32") == pytest.approx(
+        big / (spec.peak_flops_per_s("fp32") * spec.efficiency))
+    with pytest.raises(InvalidInputError, match="op_overhead_s"):
+        dataclasses.replace(spec, op_overhead_s=-1e-6)
 
 
 def test_calibrate_rejects_mismatches() -> None:

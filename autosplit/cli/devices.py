@@ -41,7 +41,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
     args.outputs.commit({"-o": fitted.save})
     console.print(f"{spec.name}: efficiency {spec.efficiency:.3f} → {fitted.efficiency:.3f}, "
                   f"bandwidth efficiency {spec.bandwidth_efficiency:.3f} → "
-                  f"{fitted.bandwidth_efficiency:.3f}")
+                  f"{fitted.bandwidth_efficiency:.3f}"
+                  + (f", at least {fitted.op_overhead_s * 1e6:.1f} µs per operator"
+                     if fitted.op_overhead_s > 0 else ""))
     console.print(f"calibrated on {measured.describe()}")
     console.print(fitted.source.rsplit("; ", 1)[-1])
     console.print(f"wrote {args.output} · plan with --device-spec {args.output}")

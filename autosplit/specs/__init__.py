@@ -6,9 +6,14 @@ size and bandwidth, and the bandwidth of the link between two such devices. With
 time with a roofline, applied operator by operator (see :mod:`autosplit.analytic`):
 
     t(op) = max(flops / (peak[dtype] · efficiency),
-                bytes / (memory_bandwidth · bandwidth_efficiency))
+                bytes / (memory_bandwidth · bandwidth_efficiency),
+                op_overhead_s)
 
-and a block's time is the sum over its operators (eager PyTorch runs one kernel per operator).
+and a block's time is the sum over its operators (eager PyTorch runs one kernel per operator;
+an operator that moves nothing, a view, costs nothing). The floor ``op_overhead_s`` stands for
+the host's time to launch an operator where the device would finish it sooner: 0 in the named
+specs (it depends on the model and the host as much as on the device), fitted by
+:func:`calibrate`.
 
 Units: FLOP/s (``_flops_per_s``), bytes (``_bytes``), bytes per second (``_bytes_per_s``), one
 direction for links. Every figure is the *dense* one (no 2:4 structured sparsity). Memory sizes

@@ -11,6 +11,8 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
+import numpy as np
+
 from autosplit import checks
 from autosplit.errors import ArgumentTypeError, InvalidInputError, ModelMismatchError
 from autosplit.records import Profile
@@ -43,6 +45,7 @@ def calibrate(
     *,
     sizes: Sequence[int] | None = None,
     fit_bandwidth: bool | None = None,
+    fit_overhead: bool | None = None,
 ) -> DeviceSpec:
     """A copy of ``spec`` whose efficiencies make the analytic block times match measured ones.
 
@@ -57,7 +60,12 @@ def calibrate(
     * ``analytic`` the counted costs (:func:`autosplit.analytic.count_costs`): the compute and
       the bandwidth efficiency are fitted separately (``fit_bandwidth=False`` keeps their
       ratio as with a profile). Where the data leave the balance between the two open (few
-      memory-bound operators), a weak pull towards the spec's own balance decides.
+      memory-bound operators), a weak pull towards the spec's own balance decides. With the
+      counted costs the floor under every operator, ``op_overhead_s``, is fitted with them
+      (``fit_overhead=False`` keeps the spec's): a device that small operators leave idle
+      between kernels takes about the same time whatever the micro-batch size, which no
+      efficiency can follow (:func:`_fit_floor`). The fit keeps the floor only where it
+      lowers the error by 5 % (:data:`FLOOR_GAIN`).
 
     ``sizes`` restricts the fit to those micro-batch sizes (default: every size both have). On
     CPUs the cost per sample jumps between sizes, so calibrate on the size you will plan with.
@@ -72,6 +80,7 @@ def calibrate(
     checks.instance_of("measured", measured, Profile, "a Profile")
     checks.optional(checks.sequence_of, "sizes", sizes, checks.positive_int)
     checks.optional(checks.instance_of, "fit_bandwidth", fit_bandwidth, bool, "True, False or None")
+    checks.optional(checks.instance_of, "fit_overhead", fit_overhead, bool, "True, False or None")
     if not isinstance(analytic, Profile) and not callable(getattr(analytic, "ops", None)):
         raise ArgumentTypeError(
             "analytic must be an analytic Profile or the counted costs "
@@ -144,16 +153,34 @@ def calibrate(
         bandwidth = spec.bandwidth_efficiency / scale
         error = _weighted_rms(pairs, scale)
         how = "one factor for both efficiencies"
+        overhead = spec.op_overhead_s
     else:
-        efficiency, bandwidth, error = _fit_two(spec, analytic, keys, targets, weights)
+        floorless = dataclasses.replace(spec, op_overhead_s=0.0)
+        efficiency, bandwidth, error = _fit_two(floorless, analytic, keys, targets, weights)
         how = "compute and bandwidth efficiency fitted separately"
+        overhead = 0.0
+        if fit_overhead is not False:
+            fitted = _fit_floor(floorless, analytic, keys, targets, weights, efficiency,
+                                bandwidth)
+            if fitted[3] < FLOOR_GAIN * error:
+                efficiency, bandwidth, overhead, error = fitted
+                how += f", with a floor of {overhead * 1e6:.1f} µs per operator"
+            else:
+                how += ", no floor per operator (none lowered the error by 5 %)"
+        elif spec.op_overhead_s > 0:
+            overhead = spec.op_overhead_s
+            efficiency, bandwidth, error = _fit_floor(
+                floorless, analytic, keys, targets, weights, efficiency, bandwidth,
+                overheads=(overhead,))[:3]  # the spec's floor, kept
+            how += f", the spec's floor of {overhead * 1e6:.1f} µs per operator kept"
     note = (
         f"; calibrated on {measured.model} ({measured.describe()}, micro-batch sizes "
         f"{', '.join(map(str, common))}): {how}, weighted RMS error of log block times "
         f"{error:.3f} (×{math.exp(error):.2f})"
     )
     return dataclasses.replace(
-        spec, efficiency=efficiency, bandwidth_efficiency=bandwidth, source=spec.source + note
+        spec, efficiency=efficiency, bandwidth_efficiency=bandwidth, op_overhead_s=overhead,
+        source=spec.source + note,
     )
 
 
@@ -161,6 +188,10 @@ def _weighted_rms(pairs: Sequence[tuple[float, float, float]], scale: float) -> 
     wsum = math.fsum(w for w, _, _ in pairs)
     return math.sqrt(math.fsum(w * math.log(t / (a * scale)) ** 2 for w, t, a in pairs) / wsum)
 
+
+FLOOR_GAIN = 0.95
+"""A fitted floor per operator is kept only where the error falls below this share of the
+floorless fit's (a floor of nanoseconds that shaves rounding off the fit says nothing)."""
 
 _BALANCE_PRIOR = 2e-4
 """Weight of the pull towards the spec's own compute/bandwidth balance in the two-factor fit."""
@@ -226,3 +257,71 @@ def _fit_two(
     efficiency = math.exp(log_e)
     bandwidth_eff = peak * efficiency / (bw * r)
     return efficiency, bandwidth_eff, math.sqrt(max(err, 0.0))
+
+
+def _fit_floor(
+    spec: DeviceSpec,
+    costs: OpCosts,
+    keys: Sequence[tuple[int, int]],
+    targets: Sequence[float],
+    weights: Sequence[float],
+    efficiency: float,
+    bandwidth_eff: float,
+    overheads: Sequence[float] | None = None,
+) -> tuple[float, float, float, float]:
+    """Fit (efficiency, bandwidth efficiency, floor per operator) together; return them with
+    the weighted RMS error of log block times.
+
+    A block's time is Σ_ops max(flops / (peak·e), bytes / (bandwidth·e_b), L) (ms·1000): no
+    closed form, so a grid in log e, log e_b and log L (``overheads``: only those floors) is
+    refined three times around its best point, starting from the floorless fit (e, e_b). The
+    same weak pull towards the spec's own balance as :func:`_fit_two` decides between equal
+    fits.
+    """
+    peak = spec.peak_flops_per_s(costs.dtype)
+    bw = spec.memory_bandwidth_bytes_per_s
+    flops, nbytes, owner = [], [], []
+    for k, (b, i) in enumerate(keys):
+        for f, n in costs.ops(b, i):
+            if f <= 0 and n <= 0:
+                continue  # a view: no kernel, no floor
+            flops.append(f)
+            nbytes.append(n)
+            owner.append(k)
+    f_arr, n_arr = np.asarray(flops, dtype=float), np.asarray(nbytes, dtype=float)
+    own = np.asarray(owner, dtype=np.intp)
+    log_t = np.log(np.asarray(targets, dtype=float))
+    w = np.asarray(weights, dtype=float) / math.fsum(weights)
+    r0 = peak * spec.efficiency / (bw * spec.bandwidth_efficiency)
+    per_op = float(np.exp(log_t).sum() / 1000.0 / max(len(f_arr), 1))  # s per op, measured
+
+    def error(log_e: float, log_eb: float, floor: float) -> float:
+        op = np.maximum(np.maximum(f_arr / (peak * math.exp(log_e)),
+                                   n_arr / (bw * math.exp(log_eb))), floor)
+        block = np.bincount(own, weights=op, minlength=len(log_t)) * 1000.0
+        with np.errstate(divide="ignore"):
+            d = np.log(block) - log_t
+        if not np.all(np.isfinite(d)):
+            return math.inf
+        r = peak * math.exp(log_e) / (bw * math.exp(log_eb))
+        return float(w @ (d * d)) + _BALANCE_PRIOR * math.log(r / r0) ** 2
+
+    centre = (math.log(efficiency), math.log(bandwidth_eff),
+              math.log(per_op) if overheads is None else math.log(overheads[0]))
+    spans = (math.log(30.0), math.log(30.0), math.log(1000.0))
+    best = (math.inf, *centre)
+    for _ in range(4):
+        axes = [np.linspace(c - s, c + s, 11) for c, s in zip(best[1:] if best[0] < math.inf
+                                                               else centre, spans)]
+        floors = np.exp(axes[2]) if overheads is None else np.asarray(overheads, dtype=float)
+        for le in axes[0]:
+            for leb in axes[1]:
+                for floor in floors:
+                    e = error(float(le), float(leb), float(floor))
+                    if e < best[0]:
+                        best = (e, float(le), float(leb), math.log(float(floor)))
+        spans = tuple(s / 4 for s in spans)
+    err, log_e, log_eb, log_floor = best
+    r = peak * math.exp(log_e) / (bw * math.exp(log_eb))
+    err -= _BALANCE_PRIOR * math.log(r / r0) ** 2
+    return math.exp(log_e), math.exp(log_eb), math.exp(log_floor), math.sqrt(max(err, 0.0))

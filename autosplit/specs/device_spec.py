@@ -75,6 +75,11 @@ class DeviceSpec:
         efficiency: share of the peak FLOP/s that compute-bound operators reach (0 < e; above
             1 only when a calibration found the peak figure too low).
         bandwidth_efficiency: share of the memory bandwidth that memory-bound operators reach.
+        op_overhead_s: the least time an operator takes, seconds: eager PyTorch launches one
+            kernel per operator, and a kernel shorter than the host's time to dispatch and
+            launch it leaves the device waiting for the next (0: no floor). Measured on one
+            H200 under torch 2.11, ResNet50's blocks took 31.8–33.0 ms summed at every
+            micro-batch size from 20 to 60 (benchmarks/results/gpu.md): a floor, not a roofline.
 
     Raises:
         ArgumentTypeError: a figure that is not a number (a string, a bool), or a name that is
@@ -94,15 +99,18 @@ class DeviceSpec:
     kind: str = "cuda"
     efficiency: float = DEFAULT_EFFICIENCY
     bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY
+    op_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         for label in ("name", "link", "source"):
             checks.text(f"device spec field {label!r}", getattr(self, label))
         checks.one_of(f"device spec {self.name!r}: kind", self.kind, ("cuda", "cpu"))
         for f in dataclasses.fields(self):
-            if f.name in ("name", "link", "source", "kind"):
+            if f.name in ("name", "link", "source", "kind", "op_overhead_s"):
                 continue
             checks.positive_finite(f"device spec {self.name!r}: {f.name}", getattr(self, f.name))
+        checks.non_negative_finite(f"device spec {self.name!r}: op_overhead_s",
+                                   self.op_overhead_s)
 
     def peak_flops_per_s(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype`` (``"bf16"``, ``"torch.float16"``, ``"fp32"`` …).
@@ -118,9 +126,11 @@ class DeviceSpec:
 
     def label(self) -> str:
         """``"h100-80gb (efficiency 0.50, bandwidth efficiency 0.80)"``: what a profile is on."""
+        floor = (f", at least {self.op_overhead_s * 1e6:.1f} µs per operator"
+                 if self.op_overhead_s > 0 else "")
         return (
             f"{self.name} (efficiency {self.efficiency:.2f}, bandwidth efficiency "
-            f"{self.bandwidth_efficiency:.2f})"
+            f"{self.bandwidth_efficiency:.2f}{floor})"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -145,7 +155,7 @@ def load_spec(path: str | Path) -> DeviceSpec:
     Required: ``name``, the three ``peak_*_flops_per_s``, ``memory_bytes``,
     ``memory_bandwidth_bytes_per_s``, ``link``, ``link_bandwidth_bytes_per_s``. Optional:
     ``kind`` (default ``"cuda"``), ``efficiency``, ``bandwidth_efficiency`` (the documented
-    defaults) and ``source`` (default: the file's path).
+    defaults), ``op_overhead_s`` (default 0) and ``source`` (default: the file's path).
 
     Raises:
         ArgumentTypeError: ``path`` is not a string or path.
@@ -189,10 +199,14 @@ def load_spec(path: str | Path) -> DeviceSpec:
 
 
 def op_time_s(flops: float, nbytes: float, spec: DeviceSpec, dtype: str) -> float:
-    """Roofline time of one operator on ``spec``: max(compute time, memory time), seconds."""
+    """Roofline time of one operator on ``spec``, with its floor: max(compute time, memory
+    time, ``spec.op_overhead_s``), seconds; 0 for an operator that neither computes nor moves
+    a byte (a view: no kernel)."""
+    if flops <= 0 and nbytes <= 0:
+        return 0.0
     compute = flops / (spec.peak_flops_per_s(dtype) * spec.efficiency)
     memory = nbytes / (spec.memory_bandwidth_bytes_per_s * spec.bandwidth_efficiency)
-    return max(compute, memory)
+    return max(compute, memory, spec.op_overhead_s)
 
 
 def spec_from_mapping(data: Mapping[str, Any]) -> DeviceSpec:
