@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import platform
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import autosplit
 from autosplit import allocator
 from autosplit.outputs import check_outputs
 
@@ -95,3 +98,18 @@ def command_line(script: str, argv: Sequence[str]) -> str:
         elif not word.startswith("--out="):
             words.append(word)
     return " ".join(["python", f"benchmarks/{script}", *words])
+
+
+def block_errors(measured: autosplit.Profile, analytic: autosplit.Profile) -> dict[str, Any]:
+    """Per micro-batch size: Σ analytic / Σ measured − 1, and the blocks' median |error|."""
+    out = {}
+    for b in measured.microbatch_sizes:
+        k, j = measured.size_index(b), analytic.size_index(b)
+        pairs = [(a.fwd_ms[j] + a.bwd_ms[j], m.fwd_ms[k] + m.bwd_ms[k])
+                 for a, m in zip(analytic.blocks, measured.blocks)]
+        pairs = [(a, m) for a, m in pairs if m > 0]
+        out[str(b)] = {
+            "total_error": math.fsum(a for a, _ in pairs) / math.fsum(m for _, m in pairs) - 1,
+            "median_abs_block_error": statistics.median(abs(a / m - 1) for a, m in pairs),
+        }
+    return out

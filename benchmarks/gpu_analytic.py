@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 import torchvision
-from common import EXAMPLES, RESULTS, write_results
+from common import EXAMPLES, RESULTS, block_errors, write_results
 
 import autosplit
 from autosplit.analytic import count_costs, profile_from_costs
@@ -52,21 +51,6 @@ def model_for(profile: autosplit.Profile) -> tuple[torch.nn.Module, tuple[torch.
     return model, inputs
 
 
-def errors(measured: autosplit.Profile, analytic: autosplit.Profile) -> dict[str, Any]:
-    """Per micro-batch size: Σ analytic / Σ measured − 1 and a block's median |error|."""
-    out = {}
-    for b in measured.microbatch_sizes:
-        k, j = measured.size_index(b), analytic.size_index(b)
-        pairs = [(a.fwd_ms[j] + a.bwd_ms[j], m.fwd_ms[k] + m.bwd_ms[k])
-                 for a, m in zip(analytic.blocks, measured.blocks)]
-        pairs = [(a, m) for a, m in pairs if m > 0]
-        out[str(b)] = {
-            "total_error": math.fsum(a for a, _ in pairs) / math.fsum(m for _, m in pairs) - 1,
-            "median_abs_block_error": statistics.median(abs(a / m - 1) for a, m in pairs),
-        }
-    return out
-
-
 def evaluate(path: Path) -> dict[str, Any]:
     """Every spec variant's errors on one kept profile."""
     measured = autosplit.Profile.load(path)
@@ -87,7 +71,7 @@ def evaluate(path: Path) -> dict[str, Any]:
         rows[label] = {"efficiency": spec.efficiency,
                        "bandwidth_efficiency": spec.bandwidth_efficiency,
                        "op_overhead_s": spec.op_overhead_s,
-                       "errors": errors(measured, profile_from_costs(costs, spec))}
+                       "errors": block_errors(measured, profile_from_costs(costs, spec))}
     return {"profile": str(path.relative_to(RESULTS.parent.parent)), "model": measured.model,
             "device": measured.device.name, "sizes": list(measured.microbatch_sizes),
             "block_sums_ms": {str(b): math.fsum(x.fwd_ms[measured.size_index(b)]

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # this checkout's autosplit, even uninstalled
 import torch
 import torchvision
-from common import RESULTS, describe, machine, write_results
+from common import RESULTS, block_errors, describe, machine, write_results
 from torch.utils import _pytree as pytree
 
 import autosplit
@@ -317,21 +317,6 @@ def memory(ctx: dict[str, Any], which: str) -> dict[str, Any]:
             else:
                 row[f"{name}_peak_bytes"] = None  # the CPU allocator keeps no peak
     return {"stage_predicted_bytes": [st.memory_bytes for st in plan.stages], "devices": rows}
-
-
-def block_errors(measured: autosplit.Profile, analytic: autosplit.Profile) -> dict[str, Any]:
-    """Per micro-batch size: Σ analytic / Σ measured − 1, and the blocks' median |error|."""
-    out = {}
-    for b in measured.microbatch_sizes:
-        k, j = measured.size_index(b), analytic.size_index(b)
-        pairs = [(a.fwd_ms[j] + a.bwd_ms[j], m.fwd_ms[k] + m.bwd_ms[k])
-                 for a, m in zip(analytic.blocks, measured.blocks)]
-        pairs = [(a, m) for a, m in pairs if m > 0]
-        out[str(b)] = {
-            "total_error": math.fsum(a for a, _ in pairs) / math.fsum(m for _, m in pairs) - 1,
-            "median_abs_block_error": statistics.median(abs(a / m - 1) for a, m in pairs),
-        }
-    return out
 
 
 def analytic(ctx: dict[str, Any]) -> dict[str, Any]:
