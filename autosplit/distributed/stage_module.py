@@ -311,9 +311,10 @@ def run_schedule(schedule: Any, arg_mbs: list[tuple[Any, ...]] | None,
                  target_mbs: list[torch.Tensor] | None, losses: list[torch.Tensor]) -> None:
     """One training step of ``schedule`` on micro-batches already split (no outputs kept).
 
-    torch ≥ 2.12 takes them through ``step(arg_mbs=…, target_mbs=…)``; earlier releases
-    (torch 2.11's ``step`` would split ``arg_mbs`` as a keyword input) take them through
-    ``_step_microbatches`` after the per-step preparation their ``step`` makes.
+    A release whose ``step`` takes ``arg_mbs`` (torch 2.14.1) gets them through
+    ``step(arg_mbs=…, target_mbs=…)``; an earlier one (torch 2.11's ``step`` would split
+    ``arg_mbs`` as a keyword input) through ``_step_microbatches``, after the per-step
+    preparation its ``step`` makes.
     """
     if "arg_mbs" in inspect.signature(schedule.step).parameters:
         schedule.step(arg_mbs=arg_mbs, target_mbs=target_mbs, losses=losses,
