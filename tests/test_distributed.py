@@ -640,6 +640,21 @@ def test_cli_run_trains_and_prints_step_times(tmp_path: Path, capsys: pytest.Cap
     assert re.search(r"median step \d+\.\d+ m?s .* the plan predicted \d+\.\d+ m?s", out), out
 
 
+def test_cli_run_says_when_the_ranks_share_cores(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from autosplit.cli import run
+
+    plan = _toy_plan_file(tmp_path)
+    for cores, said in ((1, True), (2, False)):
+        monkeypatch.setattr(run, "_cores", lambda cores=cores: cores)
+        assert main(["run", str(ROOT / "examples" / "toy.py"), "--plan", str(plan), "--steps",
+                     "1"]) == 0
+        out = capsys.readouterr().out
+        assert ("note: 2 ranks × 1 thread on 1 core: the ranks take turns on the cores"
+                in out) == said
+        assert ("take turns" in out) == said
+
+
 def test_cli_run_refuses_bad_input_before_launching(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan = _toy_plan_file(tmp_path)
     code = main(["run", str(ROOT / "tests" / "models.py"), "--entry", "LongSkip", "--plan", str(plan)])

@@ -349,3 +349,28 @@ def test_replica_sync_adds_the_latency_once_per_step() -> None:
     for bad in (-1.0, math.inf, math.nan):
         with pytest.raises(InvalidInputError, match="latency_ms"):
             replica_sync_ms(10**6, 2, 1e9, latency_ms=bad)
+
+
+def test_1f1b_is_planned_only_with_as_many_micro_batches_as_stages() -> None:
+    """torch's Schedule1F1B refuses fewer micro-batches than stages, so the planner does not
+    choose them, with replicas or without; where no size leaves enough, it says so. (A plan of
+    2 stages × 2 replicas for examples/toy.py chose 1F1B with one micro-batch, which
+    ``autosplit run`` then refused.)"""
+    from autosplit.distributed.stage_module import check_schedule
+    from autosplit.errors import ScheduleUnavailableError
+
+    # b = 10 is half the cost per sample of b = 5: one micro-batch would be predicted fastest
+    prof = make_profile([5, 10], [[2.0, 1.0], [2.0, 1.0]], batch_size=20)
+    for found in (plan_replicated(prof, 2, 2, schedule="1f1b"),
+                  plan(prof, 2, batch_size=10, schedule="1f1b")):
+        assert found.schedule == "1f1b" and found.split_size == 5 and found.microbatches == 2
+        check_schedule(found, 2, replicas=found.replicas)  # autosplit run takes it
+    best = plan_replicated(prof, 2, 2)  # auto: GPipe's one micro-batch or 1F1B's two
+    assert best.schedule == "gpipe" or best.microbatches >= 2
+    check_schedule(best, 2, replicas=2)
+    only_large = make_profile([10], [[1.0], [1.0]], batch_size=20)
+    with pytest.raises(ScheduleUnavailableError, match="at least as many micro-batches as stages"):
+        plan_replicated(only_large, 2, 2, schedule="1f1b")
+    with pytest.raises(ScheduleUnavailableError, match="at most 1 of the profiled sizes"):
+        plan(only_large, 2, batch_size=10, schedule="1f1b")
+    assert plan_replicated(only_large, 2, 2).schedule == "gpipe"

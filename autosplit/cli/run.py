@@ -115,6 +115,12 @@ def run_command(args: argparse.Namespace) -> int:
         console.print(f"starting {nproc} rank{'s' if nproc != 1 else ''} on 127.0.0.1 · {backend}"
                       + (f" · {threads} thread{'s' if threads != 1 else ''} each"
                          if threads else ""))
+        cores = _cores()
+        if threads and nproc * threads > cores:
+            console.print(f"note: {nproc} ranks × {threads} thread{'s' if threads != 1 else ''}"
+                          f" on {cores} core{'s' if cores != 1 else ''}: the ranks take turns on "
+                          "the cores, and the plan gives each worker a core of its own, so the "
+                          "steps will be slower than predicted")
         try:
             results = launch(train_model_file, nproc, spec, backend=backend,
                              timeout_s=args.timeout, threads=threads)
@@ -130,6 +136,14 @@ def run_command(args: argparse.Namespace) -> int:
         console.print(f"step {i}  {format_ms(seconds * 1000):>9}  loss {loss:.6g}{note}")
     console.print(_against_plan(result, plan, where))
     return 0
+
+
+def _cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _against_plan(result: RunResult, plan: Plan, where: str) -> str:

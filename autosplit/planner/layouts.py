@@ -43,10 +43,16 @@ from dataclasses import dataclass
 
 from autosplit import checks
 from autosplit.cost import replica_sync_ms, single_device_ms
-from autosplit.errors import InfeasiblePlanError, InvalidInputError
+from autosplit.errors import InfeasiblePlanError, InvalidInputError, ScheduleUnavailableError
 from autosplit.planner.assembly import assemble, explain_infeasible
 from autosplit.planner.problems import _copy_bytes, partition_problem, step_problem
-from autosplit.planner.search import SEARCH_LIMIT_S, _solve, candidate_sizes, plan
+from autosplit.planner.search import (
+    SEARCH_LIMIT_S,
+    _solve,
+    candidate_sizes,
+    plan,
+    runnable_sizes,
+)
 from autosplit.planner.settings import PlanSettings, check_search
 from autosplit.records import Plan, Profile
 from autosplit.solve.exact import TIE_RTOL, solve_step
@@ -187,10 +193,10 @@ def plan_replicated(
                     allreduce_bandwidth_bytes_per_s=allreduce_bandwidth_bytes_per_s,
                     allreduce_overlap=allreduce_overlap, solver=solver,
                     time_limit_s=time_limit_s, allreduce_latency_ms=allreduce_latency_ms))
-            except InfeasiblePlanError as exc:
+            except (InfeasiblePlanError, ScheduleUnavailableError) as exc:
                 failures.append(exc)
-        if not found:
-            raise failures[-1]
+        if not found:  # what does not fit the memory says more than what torch refuses
+            raise next((f for f in failures if isinstance(f, InfeasiblePlanError)), failures[-1])
         return min(found, key=lambda q: q.predicted_step_ms * (1 - TIE_RTOL))
     if schedule not in ("gpipe", "1f1b"):
         raise InvalidInputError(f"schedule={schedule!r} with replicas={replicas}: layouts "
@@ -211,8 +217,9 @@ def plan_replicated(
     def sync(grad: float) -> float:
         return replica_sync_ms(grad, replicas, width, overlap, latency)
 
-    sizes = candidate_sizes(profile, split_size, share,
-                            f"the share {share} of each of {replicas} replicas")
+    sizes = runnable_sizes(profile, candidate_sizes(
+        profile, split_size, share, f"the share {share} of each of {replicas} replicas"),
+        share, stages, schedule)
     grads = stage_grad_bytes(profile)
     best: tuple[float, int, tuple[int, ...], str] | None = None
     failures: list[InfeasiblePlanError] = []

@@ -13,6 +13,7 @@ from autosplit import checks
 from autosplit.errors import (
     InfeasiblePlanError,
     InvalidInputError,
+    ScheduleUnavailableError,
 )
 from autosplit.planner.assembly import assemble, explain_infeasible
 from autosplit.planner.problems import partition_problem, step_problem
@@ -59,6 +60,28 @@ def candidate_sizes(profile: Profile, split_size: int | None, batch: int, what: 
         raise InvalidInputError(f"no profiled micro-batch size fits {what}: profiled sizes "
                                 f"are {list(profile.microbatch_sizes)}")
     return sizes
+
+
+def runnable_sizes(profile: Profile, candidates: list[int], batch: int, stages: int,
+                   schedule: str) -> list[int]:
+    """The candidate size indices whose m = ⌈batch / b⌉ micro-batches torch's class runs on
+    ``stages`` ranks: 1F1B needs m ≥ p (``Schedule1F1B`` refuses fewer); GPipe runs any m.
+
+    Raises:
+        ScheduleUnavailableError: no candidate size leaves 1F1B enough micro-batches.
+    """
+    if schedule != "1f1b":
+        return candidates
+    kept = [k for k in candidates if math.ceil(batch / profile.microbatch_sizes[k]) >= stages]
+    if not kept:
+        m = max(math.ceil(batch / profile.microbatch_sizes[k]) for k in candidates)
+        raise ScheduleUnavailableError(
+            f"schedule 1f1b needs at least as many micro-batches as stages, and the batch "
+            f"{batch} makes at most {m} of the profiled sizes for {stages} stages: use "
+            "schedule gpipe, or profile smaller micro-batch sizes",
+            schedule="1f1b", p=stages, v=1, m=m,
+            reason="fewer micro-batches than stages")
+    return kept
 
 
 def plan(
@@ -127,6 +150,7 @@ def plan(
     candidates = candidate_sizes(profile, split_size, batch, f"the batch {batch}")
     if settings.schedule not in ("gpipe", "1f1b"):
         return _joint(settings, profile, candidates, solver, time_limit_s)
+    candidates = runnable_sizes(profile, candidates, batch, settings.gpus, settings.schedule)
 
     best: tuple[float, int, tuple[int, ...], str] | None = None
     failures: list[InfeasiblePlanError] = []
@@ -167,7 +191,7 @@ def _joint(settings: PlanSettings, profile: Profile, candidates: list[int], solv
         for name in ("gpipe", "1f1b"):
             try:
                 plans.append(_fixed(settings, profile, candidates, name, solver, time_limit_s))
-            except InfeasiblePlanError as exc:
+            except (InfeasiblePlanError, ScheduleUnavailableError) as exc:
                 failure = exc
         if not plans:
             raise failure
