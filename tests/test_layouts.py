@@ -371,6 +371,7 @@ def test_1f1b_is_planned_only_with_as_many_micro_batches_as_stages() -> None:
     only_large = make_profile([10], [[1.0], [1.0]], batch_size=20)
     with pytest.raises(ScheduleUnavailableError, match="at least as many micro-batches as stages"):
         plan_replicated(only_large, 2, 2, schedule="1f1b")
-    with pytest.raises(ScheduleUnavailableError, match="at most 1 of the profiled sizes"):
+    with pytest.raises(ScheduleUnavailableError,
+                       match=r"stages \(2\), and the batch 10 in micro-batches of 10 makes at most 1"):
         plan(only_large, 2, batch_size=10, schedule="1f1b")
     assert plan_replicated(only_large, 2, 2).schedule == "gpipe"

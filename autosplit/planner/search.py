@@ -75,10 +75,11 @@ def runnable_sizes(profile: Profile, candidates: list[int], batch: int, stages: 
     kept = [k for k in candidates if math.ceil(batch / profile.microbatch_sizes[k]) >= stages]
     if not kept:
         m = max(math.ceil(batch / profile.microbatch_sizes[k]) for k in candidates)
+        sizes = ", ".join(str(profile.microbatch_sizes[k]) for k in candidates)
         raise ScheduleUnavailableError(
-            f"schedule 1f1b needs at least as many micro-batches as stages, and the batch "
-            f"{batch} makes at most {m} of the profiled sizes for {stages} stages: use "
-            "schedule gpipe, or profile smaller micro-batch sizes",
+            f"schedule 1f1b needs at least as many micro-batches as stages ({stages}), and "
+            f"the batch {batch} in micro-batches of {sizes} makes at most {m}: use schedule "
+            "gpipe, or a smaller micro-batch size",
             schedule="1f1b", p=stages, v=1, m=m,
             reason="fewer micro-batches than stages")
     return kept
