@@ -197,7 +197,7 @@ def layout_table(layouts: Layouts, chosen: Plan) -> Table:
         mine = (option.stages, option.replicas) == shape
         if option.plan is None:
             need = "" if option.need_bytes is None else f": needs {format_bytes(option.need_bytes)}"
-            table.add_row(option.label, "–", "–", "–", f"does not fit{need}")
+            table.add_row(option.label, "–", "–", "–", option.why or f"does not fit{need}")
             continue
         plan = option.plan
         notes = [_chosen_note(plan, chosen) if mine else ""]

@@ -15,7 +15,7 @@ from synthetic import make_profile
 import autosplit
 from autosplit.cli import main
 from autosplit.cost import in_flight, optimizer_factor, replica_sync_ms
-from autosplit.errors import InfeasiblePlanError, InvalidInputError
+from autosplit.errors import InfeasiblePlanError, InvalidInputError, ScheduleUnavailableError
 from autosplit.planner import plan, plan_layouts, plan_replicated
 from autosplit.records import Plan
 from autosplit.runnable import require_pipeline_only
@@ -55,6 +55,8 @@ def _brute_force(prof, devices: int, batch: int, capacity: float | None, schedul
         if b > share:
             continue
         m = math.ceil(share / b)
+        if schedule == "1f1b" and m < p:
+            continue  # torch's Schedule1F1B refuses fewer micro-batches than stages
         for balance in _compositions(n, p):
             ends = list(itertools.accumulate(balance))
             starts = [e - c for e, c in zip(ends, balance)]
@@ -103,8 +105,8 @@ def test_plan_layouts_equals_brute_force(seed: int) -> None:
         expected = _brute_force(prof, devices, batch, capacity, schedule, allreduce)
         kwargs = dict(memory_per_gpu=capacity, schedule=schedule, bandwidth_bytes_per_s=BANDWIDTH,
                       allreduce_bandwidth_bytes_per_s=allreduce)
-        if math.isinf(expected):
-            with pytest.raises(InfeasiblePlanError):
+        if math.isinf(expected):  # nothing fits, or torch runs none (1F1B with m < p)
+            with pytest.raises((InfeasiblePlanError, ScheduleUnavailableError)):
                 plan_layouts(prof, devices, **kwargs)
             continue
         got = plan_layouts(prof, devices, **kwargs).best
@@ -375,3 +377,26 @@ def test_1f1b_is_planned_only_with_as_many_micro_batches_as_stages() -> None:
                        match=r"stages \(2\), and the batch 10 in micro-batches of 10 makes at most 1"):
         plan(only_large, 2, batch_size=10, schedule="1f1b")
     assert plan_replicated(only_large, 2, 2).schedule == "gpipe"
+
+
+def test_a_layout_that_torch_cannot_run_says_why() -> None:
+    """4 devices, 1F1B, a batch of 12 in micro-batches of 4: a pipeline of 4 stages would have
+    3 micro-batches, fewer than its stages, which torch refuses; 2 stages × 2 replicas have 2
+    each and run. The layouts table names the refusal."""
+    import io
+
+    from rich.console import Console
+
+    from autosplit.report import layout_table
+
+    prof = make_profile([4], [[1.0]] * 4, batch_size=12)
+    layouts = plan_layouts(prof, 4, schedule="1f1b", bandwidth_bytes_per_s=BANDWIDTH)
+    options = {(o.stages, o.replicas): o for o in layouts.options}
+    assert options[(4, 1)].plan is None and options[(4, 1)].need_bytes is None
+    assert options[(4, 1)].why == "1f1b: fewer micro-batches than stages"
+    best = layouts.best
+    assert (len(best.stages), best.replicas, best.microbatches) == (2, 2, 2)
+    out = io.StringIO()
+    Console(file=out, width=200).print(layout_table(layouts, best))
+    assert "pipeline 4 stages" in out.getvalue()
+    assert "1f1b: fewer micro-batches than stages" in out.getvalue()

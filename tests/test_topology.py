@@ -24,7 +24,12 @@ from autosplit.collectives import (
     measure_link_bandwidth,
 )
 from autosplit.cost import replica_sync_ms
-from autosplit.errors import ArgumentTypeError, InfeasiblePlanError, InvalidInputError
+from autosplit.errors import (
+    ArgumentTypeError,
+    InfeasiblePlanError,
+    InvalidInputError,
+    ScheduleUnavailableError,
+)
 from autosplit.planner import plan_layouts
 from autosplit.records import Plan, Profile
 from autosplit.topology import PLACEMENTS, Topology, device_of, placement_text, placements
@@ -151,8 +156,8 @@ def test_planner_equals_brute_force_over_placements(seed: int) -> None:
                                 links=_links(topology, measured))
         kwargs = {"memory_per_gpu": capacity, "schedule": schedule,
                   "allreduce_bandwidth_bytes_per_s": measured}
-        if math.isinf(expected):
-            with pytest.raises(InfeasiblePlanError):
+        if math.isinf(expected):  # nothing fits, or torch runs none (1F1B with m < p)
+            with pytest.raises((InfeasiblePlanError, ScheduleUnavailableError)):
                 plan_layouts(prof, topology=topology, **kwargs)
             continue
         got = plan_layouts(prof, topology=topology, **kwargs).best

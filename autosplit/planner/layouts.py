@@ -70,14 +70,16 @@ class LayoutOption:
     Attributes:
         stages: p.
         replicas: d.
-        plan: the best plan of this layout, ``None`` when nothing fits.
+        plan: the best plan of this layout, ``None`` when nothing fits or torch cannot run it.
         need_bytes: when nothing fits, the memory per device the smallest plan needs (bytes).
+        why: when torch's schedule cannot run the layout, why (``""``: it is the memory).
     """
 
     stages: int
     replicas: int
     plan: Plan | None
     need_bytes: float | None = None
+    why: str = ""
 
     @property
     def label(self) -> str:
@@ -365,6 +367,7 @@ def plan_layouts(
                                            f"stages not searched (max_stages {blocks})")))
     found: list[LayoutOption] = []
     failures: list[InfeasiblePlanError] = []
+    refused: list[ScheduleUnavailableError] = []
     for p, d in pairs:
         try:
             one = _plan_placed(profile, p, d, batch, topology, options)
@@ -372,9 +375,15 @@ def plan_layouts(
             failures.append(exc)
             found.append(LayoutOption(p, d, None, exc.min_capacity_bytes))
             continue
+        except ScheduleUnavailableError as exc:  # e.g. 1F1B with fewer micro-batches than p
+            refused.append(exc)
+            found.append(LayoutOption(p, d, None, why=f"{exc.schedule}: {exc.reason}"))
+            continue
         found.append(LayoutOption(p, d, one))
     fits = [o for o in found if o.plan is not None]
     if not fits:
+        if not failures:
+            raise refused[0]
         if len(failures) == 1:
             raise failures[0]
         need = min(e.min_capacity_bytes or math.inf for e in failures)
