@@ -392,7 +392,8 @@ def corrupted(draw: st.DrawFn, data: dict[str, Any]) -> str:
         key, value = path[-1], parent[path[-1]]
         action = draw(st.sampled_from(["set", "delete", "duplicate", "reverse", "nest", "swap"]))
         if action == "set":
-            parent[key] = draw(VALUES)
+            parent[key] = copy.deepcopy(draw(VALUES))  # SPECIAL holds lists and dicts: a
+            # drawn one mutated later would change what the strategy draws next time
         elif action == "delete":
             del parent[key]
         elif action == "nest":
