@@ -400,3 +400,15 @@ def test_a_layout_that_torch_cannot_run_says_why() -> None:
     Console(file=out, width=200).print(layout_table(layouts, best))
     assert "pipeline 4 stages" in out.getvalue()
     assert "1f1b: fewer micro-batches than stages" in out.getvalue()
+
+
+def test_what_does_not_fit_is_said_before_what_torch_refuses() -> None:
+    """GPipe does not fit the memory and 1F1B cannot run (one micro-batch for 2 stages): the
+    error is the memory's, which says what would fit, with replicas or devices of two speeds."""
+    from autosplit.errors import InfeasiblePlanError as Infeasible
+
+    prof = make_profile([10], [[1.0], [1.0]], batch_size=20, saved_bytes_per_sample=[10**6] * 2)
+    with pytest.raises(Infeasible):
+        plan_replicated(prof, 2, 2, memory_per_gpu=1000)
+    with pytest.raises(Infeasible):
+        plan(prof, 2, batch_size=10, schedule="auto", speeds=[1.0, 2.0], memory_per_gpu=1000)

@@ -188,14 +188,14 @@ def _joint(settings: PlanSettings, profile: Profile, candidates: list[int], solv
 
     uniform = len(set(settings.speeds)) == 1 and all(q is profile for q in settings.profiles)
     if settings.schedule == "auto" and not uniform:  # GPipe and 1F1B, this module's search
-        plans = []
+        plans, failures = [], []
         for name in ("gpipe", "1f1b"):
             try:
                 plans.append(_fixed(settings, profile, candidates, name, solver, time_limit_s))
             except (InfeasiblePlanError, ScheduleUnavailableError) as exc:
-                failure = exc
-        if not plans:
-            raise failure
+                failures.append(exc)
+        if not plans:  # what does not fit the memory says more than what torch refuses
+            raise next((f for f in failures if isinstance(f, InfeasiblePlanError)), failures[-1])
         return min(plans, key=lambda q: q.predicted_step_ms * (1 - 1e-9))
     searched = SEARCHED if settings.schedule == "auto" else tuple(
         (name, v) for name, v in SEARCHED if name == settings.schedule)

@@ -56,7 +56,8 @@ def calibrate(
 
     * ``analytic`` a :class:`~autosplit.records.Profile` made with ``spec``: the analytic times
       scale as 1/efficiency, so one factor is fitted and both efficiencies are divided by it
-      (their ratio is kept).
+      (their ratio is kept). Operators held at the spec's floor (``op_overhead_s``) do not
+      scale, so with a floor this fit is approximate: pass the counted costs instead.
     * ``analytic`` the counted costs (:func:`autosplit.analytic.count_costs`): the compute and
       the bandwidth efficiency are fitted separately (``fit_bandwidth=False`` keeps their
       ratio as with a profile). Where the data leave the balance between the two open (few

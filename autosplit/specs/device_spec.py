@@ -78,8 +78,9 @@ class DeviceSpec:
         op_overhead_s: the least time an operator takes, seconds: eager PyTorch launches one
             kernel per operator, and a kernel shorter than the host's time to dispatch and
             launch it leaves the device waiting for the next (0: no floor). Measured on one
-            H200 under torch 2.11, ResNet50's blocks took 31.8–33.0 ms summed at every
-            micro-batch size from 20 to 60 (benchmarks/results/gpu.md): a floor, not a roofline.
+            H200 under torch 2.11, ResNet50's blocks took about the same time summed at every
+            micro-batch size from 20 to 60 (41.0–42.3 ms; benchmarks/results/gpu_analytic.md):
+            a floor, not a roofline.
 
     Raises:
         ArgumentTypeError: a figure that is not a number (a string, a bool), or a name that is
