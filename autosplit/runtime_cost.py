@@ -11,10 +11,12 @@ stage times alone does not see.
 of one schedule needs that one's cost only) on 2 local ranks with
 stages that compute (:data:`LAYERS` linear layers of width :data:`WIDTH` and a tanh, micro-batches
 of :data:`ROWS` rows: some 3 ms forward and 5 ms backward on one CPU thread, the size of a small
-model's actions), times each rank's stages in a plain loop in the rank, both ranks at once,
-interleaved with the steps, and fits, per schedule, the cost ``o`` that one action must have
-for the replay of torch's own order (:mod:`autosplit.schedules`) with those stage times to last
-the measured step (:func:`fit_action_ms`). The planner adds ``o`` to every action of that
+model's actions), times each rank's stages in a plain loop in the rank (:data:`PLAIN_RUNS`
+runs, the medians; each rank's alone, the other waiting, then both ranks at once), interleaved
+with the steps, and fits, per schedule, the cost ``o`` that one action must have for the replay
+of torch's own order (:mod:`autosplit.schedules`) with those stage times, weighed between alone
+and together as a verified prediction weighs them, to last the measured step
+(:func:`fit_weighed_action_ms`). The planner adds ``o`` to every action of that
 schedule (``Profile.action_ms``, ``Plan.action_ms``), the median over the rounds; the fits'
 spread over the rounds (``Profile.action_spread``) widens a verified plan's predicted step
 (:func:`autosplit.verify.predict_verified`).
@@ -31,6 +33,18 @@ stages of one 16 × 16 layer gave GPipe 0.36–0.60 ms per action and stages tha
 1024 wide) 0.5–1.5 ms, median about 1.1; 1F1B 0.16–0.33 against 0.17–0.67 ms; ZB-V and
 DualPipeV less (0.5–0.6 against 0.2–0.7 ms): the runtime's per-action work costs more while the
 ranks compute, and its sum is no longer what a replay of empty stages sees.
+
+Steady stage times, not one run's: a verified prediction times its stages as medians over
+rounds (:mod:`autosplit.stage_timing`), so ``o`` is fitted on the same kind of figure. Fitted
+on one plain run per round, right after a step (the first run after other work is the slowest),
+``o`` came out 30–100 % lower (Intel Xeon, two runs of each taken in turns: GPipe 1.05–1.15
+against 1.37–1.70 ms, ZB-V 0.42–0.45 against 0.66–0.70), and the accuracy benchmark measured
+every pipeline of GPT small 4–12 % slower than predicted while one device was within 3 %. Inside
+torch's runtime on GPT small (``benchmarks/runtime_gap.py``, the same machine and day) the time
+outside the actions was 1.5 ms per action for GPipe, 1.0 for 1F1B and 0.7 for ZB-V: what the
+medians give. On the measuring stages the ranks barely slow each other down (a forward of
+1.6–2.0 ms alone or together), so the weighing changes ``o`` by a few percent; it keeps the
+fit the planner's own way of predicting where they would not.
 """
 
 from __future__ import annotations
@@ -43,11 +57,14 @@ from typing import Any
 
 from autosplit import checks
 from autosplit.claims import half_iqr
+from autosplit.errors import InvalidInputError
 from autosplit.planner.schedules import SEARCHED
 from autosplit.schedules import StageCosts, simulate_schedule, torch_class_name
+from autosplit.simulator import overlap_shares
 
-__all__ = ["LAYERS", "MEASURED", "ROWS", "WIDTH", "action_costs", "fit_action_ms",
-           "measure_action_ms", "measure_action_spread", "measure_one_stage_action_ms"]
+__all__ = ["LAYERS", "MEASURED", "PLAIN_RUNS", "ROWS", "WIDTH", "action_costs",
+           "fit_action_ms", "fit_weighed_action_ms", "measure_action_ms",
+           "measure_action_spread", "measure_one_stage_action_ms"]
 
 MEASURED = SEARCHED
 """The (schedule, stages per rank) pairs measured: those ``schedule="auto"`` searches."""
@@ -59,6 +76,11 @@ LAYERS = 4
 """Linear layers (each followed by a tanh) in one measuring stage."""
 ROWS = 32
 """Rows of one micro-batch of the measuring stages."""
+PLAIN_RUNS = 3
+"""Plain runs of the measuring stages per round, alone and together: each figure's median."""
+BLEND_ROUNDS = 2
+"""How often the overlaps are replayed again from the costs they weighed (as
+:data:`autosplit.verify.BLEND_ROUNDS`)."""
 _CACHE: dict[str, dict[str, list[float]]] = {}
 _ONE_STAGE = "one stage"  # the one-stage runtime's fits, in _CACHE beside the schedules'
 
@@ -106,6 +128,49 @@ def fit_action_ms(schedule: str, v: int, m: int, step_ms: float, p: int = 2,
     return high
 
 
+def fit_weighed_action_ms(schedule: str, v: int, m: int, step_ms: float,
+                          alone: StageCosts, together: StageCosts, p: int = 2) -> float:
+    """The cost of one action (ms) for which the replay of ``schedule``'s order lasts
+    ``step_ms``, with each stage's costs weighed as a verified prediction weighs its stage
+    times (:mod:`autosplit.verify`): its costs ``alone`` (the other ranks idle) plus, for the
+    share of its rank's work that overlaps another rank's in the replay
+    (:func:`~autosplit.simulator.overlap_shares`, with the cost per action in it), the
+    difference to its costs ``together`` (every rank computing at once); the shares are
+    replayed again from the costs they weighed (:data:`BLEND_ROUNDS`).
+
+    So the cost is what a prediction made the planner's way misses on the measuring stages.
+
+    Raises:
+        ArgumentTypeError, InvalidInputError: as :func:`fit_action_ms`; ``alone`` and
+            ``together`` not StageCosts of one length.
+    """
+    checks.instance_of("alone", alone, StageCosts, "a StageCosts")
+    checks.instance_of("together", together, StageCosts, "a StageCosts")
+    if alone.n != together.n:
+        raise InvalidInputError(f"alone has {alone.n} stages but together has {together.n}: "
+                                "give both for the same stages")
+    costs = alone
+    o = fit_action_ms(schedule, v, m, step_ms, p, costs=costs)
+    for _ in range(BLEND_ROUNDS):
+        timeline = simulate_schedule(schedule, p, v, m, dataclasses.replace(costs, action_ms=o))
+        shares = overlap_shares(timeline.actions)
+        share = [shares[r] for r in timeline.order.stage_rank]
+        costs = _weighed(alone, together, share)
+        o = fit_action_ms(schedule, v, m, step_ms, p, costs=costs)
+    return o
+
+
+def _weighed(alone: StageCosts, together: StageCosts, share: Sequence[float]) -> StageCosts:
+    """Per stage s, ``alone + share[s] · (together − alone)`` for every time (ms)."""
+    def mix(a: Sequence[float] | None, t: Sequence[float] | None) -> tuple[float, ...]:
+        a, t = a or (0.0,) * len(share), t or (0.0,) * len(share)
+        return tuple(x + w * (y - x) for x, y, w in zip(a, t, share))
+
+    return StageCosts(mix(alone.fwd_ms, together.fwd_ms),
+                      mix(alone.bwd_input_ms, together.bwd_input_ms),
+                      mix(alone.bwd_weight_ms, together.bwd_weight_ms))
+
+
 def _pairs(schedules: Sequence[str] | None) -> tuple[tuple[str, int], ...]:
     """The (schedule, v) pairs of :data:`MEASURED` for ``schedules`` (``None``: all of them).
 
@@ -136,8 +201,8 @@ def _fits(backend: str, timeout_s: float, schedules: Sequence[str] | None
 
         rounds = launch(_rank, 2, missing, backend=backend, timeout_s=timeout_s)[0]
         known.update({
-            schedule: [fit_action_ms(schedule, v, _MICROBATCHES, step, costs=costs)
-                       for step, costs in rounds[schedule]]
+            schedule: [fit_weighed_action_ms(schedule, v, _MICROBATCHES, step, alone, together)
+                       for step, alone, together in rounds[schedule]]
             for schedule, v in missing})
     return {name: known[name] for name, _ in pairs}
 
@@ -250,48 +315,51 @@ def _loss(y: Any, target: Any) -> Any:
     return ((y - target) ** 2).mean()
 
 
-def _plain_times(modules: dict[int, Any], last: int, split: bool
+def _plain_times(modules: dict[int, Any], last: int, split: bool, runs: int = PLAIN_RUNS
                  ) -> dict[int, tuple[float, float, float]]:
-    """Each of this rank's stages run once in a plain loop, as the runtime runs it: (forward,
-    input pass, weight pass) ms; a backward not split is all input pass. The last stage's
-    forward includes the loss; the first stage's input needs no gradient (its backward is all
-    weight work when split, as torch runs it)."""
+    """This rank's stages run ``runs`` times in a plain loop, as the runtime runs them: per
+    stage, the medians of (forward, input pass, weight pass) ms; a backward not split is all
+    input pass. The last stage's forward includes the loss; the first stage's input needs no
+    gradient (its backward is all weight work when split, as torch runs it)."""
     import torch
     from torch.distributed.pipelining._backward import (
         stage_backward_input,
         stage_backward_weight,
     )
 
-    out = {}
-    for s, module in modules.items():
-        x = torch.randn(ROWS, WIDTH, requires_grad=s > 0)
-        t0 = time.perf_counter()
-        y = module(x)
-        if s == last:
-            y = _loss(y, torch.zeros_like(y))
-        t1 = time.perf_counter()
-        grad = torch.ones_like(y)
-        if split and s > 0:  # torch's two passes
-            _, groups = stage_backward_input([y], [grad], [x], module.parameters())
-            t2 = time.perf_counter()
-            stage_backward_weight(module.parameters(), groups)
-            input_ms, weight_ms = t2 - t1, time.perf_counter() - t2
-        else:  # whole: as the input pass, or, split on the first stage, as the weight pass
-            y.backward(grad)
-            whole = time.perf_counter() - t1
-            input_ms, weight_ms = (0.0, whole) if split else (whole, 0.0)
-        for q in module.parameters():
-            q.grad = None
-        out[s] = ((t1 - t0) * 1000.0, input_ms * 1000.0, weight_ms * 1000.0)
-    return out
+    timed: dict[int, list[tuple[float, float, float]]] = {s: [] for s in modules}
+    for _ in range(runs):
+        for s, module in modules.items():
+            x = torch.randn(ROWS, WIDTH, requires_grad=s > 0)
+            t0 = time.perf_counter()
+            y = module(x)
+            if s == last:
+                y = _loss(y, torch.zeros_like(y))
+            t1 = time.perf_counter()
+            grad = torch.ones_like(y)
+            if split and s > 0:  # torch's two passes
+                _, groups = stage_backward_input([y], [grad], [x], module.parameters())
+                t2 = time.perf_counter()
+                stage_backward_weight(module.parameters(), groups)
+                input_ms, weight_ms = t2 - t1, time.perf_counter() - t2
+            else:  # whole: as the input pass, or, split on the first stage, as the weight pass
+                y.backward(grad)
+                whole = time.perf_counter() - t1
+                input_ms, weight_ms = (0.0, whole) if split else (whole, 0.0)
+            for q in module.parameters():
+                q.grad = None
+            timed[s].append(((t1 - t0) * 1000.0, input_ms * 1000.0, weight_ms * 1000.0))
+    return {s: tuple(statistics.median(x) for x in zip(*rows))  # type: ignore[misc]
+            for s, rows in timed.items()}
 
 
 def _rank(pairs: Sequence[tuple[str, int]] = MEASURED, repeats: int = 9, warmup: int = 2
           ) -> dict[str, list[tuple[float, StageCosts]]] | None:
-    """Time every (schedule, v) of ``pairs`` on the measuring stages, each step right after a
-    plain run of every stage (both ranks at once); rank 0 returns, per schedule and timed
-    round, the step (ms, the slower rank's) and the stages' costs in that round (a cost
-    fitted per round and the median taken: the machine's drift between rounds cancels)."""
+    """Time every (schedule, v) of ``pairs`` on the measuring stages, each step right after
+    plain runs of every stage, each rank's alone (the other ranks waiting), then every rank's
+    at once; rank 0 returns, per schedule and timed round, the step (ms, the slower rank's)
+    and the stages' costs in that round alone and together (a cost fitted per round and the
+    median taken: the machine's drift between rounds cancels)."""
     import torch
     import torch.distributed as dist
     from torch.distributed import pipelining
@@ -315,32 +383,42 @@ def _rank(pairs: Sequence[tuple[str, int]] = MEASURED, repeats: int = 9, warmup:
         x = torch.randn(_MICROBATCHES * ROWS, WIDTH)
         target = torch.randn(_MICROBATCHES * ROWS, WIDTH)
         holds_last = (n - 1) in mine
-        timed: list[tuple[float, dict[int, tuple[float, float, float]]]] = []
+        Runs = dict[int, tuple[float, float, float]]
+        timed: list[tuple[float, Runs, Runs]] = []
         for i in range(warmup + repeats):
+            alone: Runs = {}
+            for turn in range(dist.get_world_size()):  # each rank's stages, the others idle
+                dist.barrier()
+                if rank == turn:
+                    alone = _plain_times(modules, n - 1, split)
             dist.barrier()
-            runs = _plain_times(modules, n - 1, split)
+            together = _plain_times(modules, n - 1, split)
             dist.barrier()
             start = time.perf_counter()
             args = (x,) if 0 in mine else ()
             runner.step(*args, **({"target": target} if holds_last else {}))
             if i >= warmup:
-                timed.append(((time.perf_counter() - start) * 1000.0, runs))
-        out[schedule] = [_round(n, step, runs) for step, runs in timed]
+                timed.append(((time.perf_counter() - start) * 1000.0, alone, together))
+        out[schedule] = [_round(n, step, alone, together) for step, alone, together in timed]
     return out if rank == 0 else None
 
 
-def _round(n: int, step: float, runs: dict[int, tuple[float, float, float]]
-           ) -> tuple[float, StageCosts]:
+def _round(n: int, step: float, alone: dict[int, tuple[float, float, float]],
+           together: dict[int, tuple[float, float, float]]
+           ) -> tuple[float, StageCosts, StageCosts]:
     """One timed round of every rank (collective): the slowest rank's step and the n stages'
-    (forward, input pass, weight pass) ms as a StageCosts."""
+    (forward, input pass, weight pass) ms as StageCosts, alone and together."""
     import torch.distributed as dist
 
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (step, runs))
-    every: dict[int, tuple[float, float, float]] = {}
-    for _, r in gathered:
-        every.update(r)
-    per = [every[s] for s in range(n)]
-    return (max(float(t) for t, _ in gathered),
-            StageCosts(tuple(c[0] for c in per), tuple(c[1] for c in per),
-                       tuple(c[2] for c in per)))
+    dist.all_gather_object(gathered, (step, alone, together))
+
+    def costs(k: int) -> StageCosts:
+        every: dict[int, tuple[float, float, float]] = {}
+        for ranks in gathered:
+            every.update(ranks[k])
+        per = [every[s] for s in range(n)]
+        return StageCosts(tuple(c[0] for c in per), tuple(c[1] for c in per),
+                          tuple(c[2] for c in per))
+
+    return max(float(t) for t, _, _ in gathered), costs(1), costs(2)

@@ -43,7 +43,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from autosplit import checks
 from autosplit.errors import InvalidInputError
@@ -51,9 +51,19 @@ from autosplit.records import Plan
 from autosplit.validation import KNOWN_SCHEDULES
 
 __all__ = [
-    "SCHEDULES", "Event", "SimResult", "overlap_fractions", "schedule_order", "simulate",
-    "simulate_plan",
+    "SCHEDULES", "Event", "Interval", "SimResult", "overlap_fractions", "overlap_shares",
+    "schedule_order", "simulate", "simulate_plan",
 ]
+
+
+class Interval(Protocol):
+    """Something that runs from ``start_ms`` to ``end_ms`` (ms)."""
+
+    @property
+    def start_ms(self) -> float: ...
+
+    @property
+    def end_ms(self) -> float: ...
 
 SCHEDULES = KNOWN_SCHEDULES
 """Schedule names a plan may name: :func:`simulate_plan` replays the others (and any plan with
@@ -313,7 +323,15 @@ def overlap_fractions(result: SimResult) -> tuple[float, ...]:
 
     On a CPU the workers slow each other down while both compute (:mod:`autosplit.neighbour`);
     this is how much of each one's work is exposed to that."""
-    rows = [sorted(row, key=lambda e: e.start_ms) for row in result.events]  # one op at a time
+    return overlap_shares(result.events)
+
+
+def overlap_shares(rows: Sequence[Sequence[Interval]]) -> tuple[float, ...]:
+    """Per row of intervals (anything with ``start_ms`` and ``end_ms``: a simulation's events,
+    a replayed :class:`~autosplit.schedules.Timeline`'s actions; one at a time in each row),
+    the share of the row's busy time during which another row is busy too (0 … 1; 0 for a
+    row that does nothing)."""
+    rows = [sorted(row, key=lambda e: e.start_ms) for row in rows]  # one op at a time
     edges = sorted({t for row in rows for e in row for t in (e.start_ms, e.end_ms)})
     busy = [0.0] * len(rows)
     shared = [0.0] * len(rows)

@@ -21,6 +21,7 @@ from autosplit.runtime_cost import (
     MEASURED,
     action_costs,
     fit_action_ms,
+    fit_weighed_action_ms,
     measure_action_ms,
     measure_action_spread,
     measure_one_stage_action_ms,
@@ -68,6 +69,35 @@ def test_the_fitted_cost_with_stages_that_compute_replays_the_measured_step(
     # a step no longer than the stages' compute alone: no cost per action
     assert fit_action_ms(schedule, v, 8, bare.step_ms, costs=costs) == 0.0
     assert fit_action_ms(schedule, v, 8, bare.step_ms * 0.9, costs=costs) == 0.0
+
+
+@pytest.mark.parametrize(("schedule", "v"), MEASURED)
+def test_the_weighed_fit_lies_between_the_fits_alone_and_together(schedule: str, v: int) -> None:
+    rng = random.Random(11)
+    n = 2 * v
+    alone = StageCosts(tuple(rng.uniform(1, 3) for _ in range(n)),
+                       tuple(rng.uniform(1, 3) for _ in range(n)),
+                       tuple(rng.uniform(0.5, 2) for _ in range(n)))
+    together = StageCosts(*(tuple(1.25 * x for x in row)  # the ranks slow each other down
+                            for row in (alone.fwd_ms, alone.bwd_input_ms, alone.bwd_weight_ms)))
+    step = simulate_schedule(schedule, 2, v, 8, together).step_ms + 20.0
+    on_alone = fit_action_ms(schedule, v, 8, step, costs=alone)
+    on_together = fit_action_ms(schedule, v, 8, step, costs=together)
+    weighed = fit_weighed_action_ms(schedule, v, 8, step, alone, together)
+    # each stage's costs lie between alone and together, so the cost per action left does too,
+    # strictly: the ranks overlap for part of the step, not all of it or none
+    assert on_together < weighed < on_alone
+    # the same costs alone and together: the weighing changes nothing
+    assert fit_weighed_action_ms(schedule, v, 8, step, alone, alone) == pytest.approx(on_alone)
+
+
+def test_a_weighed_fit_refuses_costs_of_other_stages() -> None:
+    with pytest.raises(InvalidInputError, match="together"):
+        fit_weighed_action_ms("gpipe", 1, 8, 30.0, StageCosts((1.0, 1.0), (1.0, 1.0)),
+                              StageCosts((1.0,), (1.0,)))
+    with pytest.raises(ArgumentTypeError, match="alone"):
+        fit_weighed_action_ms("gpipe", 1, 8, 30.0, [1.0, 1.0],  # type: ignore[arg-type]
+                              StageCosts((1.0, 1.0), (1.0, 1.0)))
 
 
 def test_a_fit_refuses_costs_of_the_wrong_kind() -> None:
@@ -165,7 +195,8 @@ def test_only_the_schedules_asked_for_are_measured(monkeypatch) -> None:
         assert fn is runtime_cost._rank and nprocs == 2
         launched.append(tuple(pairs))
         zero = StageCosts((0.0,) * 2, (0.0,) * 2, (0.0,) * 2)
-        return {0: {name: [(100.0, zero), (100.0, zero), (120.0, zero)] for name, v in pairs}}
+        return {0: {name: [(100.0, zero, zero), (100.0, zero, zero), (120.0, zero, zero)]
+                    for name, v in pairs}}  # (step, stages alone, together) per round
 
     monkeypatch.setattr(distributed, "launch", fake)
     costs = action_costs(schedules=("1f1b",))

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autosplit import simulator
 from autosplit.errors import InvalidInputError
 from autosplit.simulator import Event, SimResult, schedule_order, simulate
 
@@ -332,3 +333,16 @@ def test_balanced_schedules_agree_for_any_sizes(p: int, m: int, f: float, b: flo
     one = simulate([f] * p, [b] * p, m, "1f1b")
     assert math.isclose(gpipe.step_ms, (m + p - 1) * (f + b), rel_tol=1e-9, abs_tol=1e-9)
     assert math.isclose(one.step_ms, gpipe.step_ms, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def test_overlap_shares_count_the_time_another_row_is_busy_too() -> None:
+    class Span:
+        def __init__(self, start_ms: float, end_ms: float) -> None:
+            self.start_ms, self.end_ms = start_ms, end_ms
+
+    # row 0 busy 0–4, row 1 busy 2–3 and 5–6, row 2 idle
+    shares = simulator.overlap_shares([[Span(0, 4)], [Span(5, 6), Span(2, 3)], []])
+    assert shares == pytest.approx((0.25, 0.5, 0.0))
+    # the simulation's rows give what overlap_fractions gives
+    result = simulator.simulate([1.0, 2.0], [2.0, 3.0], 4, "gpipe")
+    assert simulator.overlap_shares(result.events) == simulator.overlap_fractions(result)
