@@ -82,6 +82,8 @@ BLEND_ROUNDS = 2
 """How often the overlaps are replayed again from the costs they weighed (as
 :data:`autosplit.verify.BLEND_ROUNDS`)."""
 _CACHE: dict[str, dict[str, list[float]]] = {}
+_Runs = dict[int, tuple[float, float, float]]
+"""Per stage of a rank: (forward, input pass, weight pass) ms of its plain runs."""
 _ONE_STAGE = "one stage"  # the one-stage runtime's fits, in _CACHE beside the schedules'
 
 
@@ -162,13 +164,12 @@ def fit_weighed_action_ms(schedule: str, v: int, m: int, step_ms: float,
 
 def _weighed(alone: StageCosts, together: StageCosts, share: Sequence[float]) -> StageCosts:
     """Per stage s, ``alone + share[s] · (together − alone)`` for every time (ms)."""
-    def mix(a: Sequence[float] | None, t: Sequence[float] | None) -> tuple[float, ...]:
-        a, t = a or (0.0,) * len(share), t or (0.0,) * len(share)
+    def mix(a: Sequence[float], t: Sequence[float]) -> tuple[float, ...]:
         return tuple(x + w * (y - x) for x, y, w in zip(a, t, share))
 
     return StageCosts(mix(alone.fwd_ms, together.fwd_ms),
                       mix(alone.bwd_input_ms, together.bwd_input_ms),
-                      mix(alone.bwd_weight_ms, together.bwd_weight_ms))
+                      mix(alone.bwd_weight_ms, together.bwd_weight_ms))  # type: ignore[arg-type]
 
 
 def _pairs(schedules: Sequence[str] | None) -> tuple[tuple[str, int], ...]:
@@ -316,7 +317,7 @@ def _loss(y: Any, target: Any) -> Any:
 
 
 def _plain_times(modules: dict[int, Any], last: int, split: bool, runs: int = PLAIN_RUNS
-                 ) -> dict[int, tuple[float, float, float]]:
+                 ) -> _Runs:
     """This rank's stages run ``runs`` times in a plain loop, as the runtime runs them: per
     stage, the medians of (forward, input pass, weight pass) ms; a backward not split is all
     input pass. The last stage's forward includes the loss; the first stage's input needs no
@@ -354,7 +355,7 @@ def _plain_times(modules: dict[int, Any], last: int, split: bool, runs: int = PL
 
 
 def _rank(pairs: Sequence[tuple[str, int]] = MEASURED, repeats: int = 9, warmup: int = 2
-          ) -> dict[str, list[tuple[float, StageCosts]]] | None:
+          ) -> dict[str, list[tuple[float, StageCosts, StageCosts]]] | None:
     """Time every (schedule, v) of ``pairs`` on the measuring stages, each step right after
     plain runs of every stage, each rank's alone (the other ranks waiting), then every rank's
     at once; rank 0 returns, per schedule and timed round, the step (ms, the slower rank's)
@@ -383,10 +384,9 @@ def _rank(pairs: Sequence[tuple[str, int]] = MEASURED, repeats: int = 9, warmup:
         x = torch.randn(_MICROBATCHES * ROWS, WIDTH)
         target = torch.randn(_MICROBATCHES * ROWS, WIDTH)
         holds_last = (n - 1) in mine
-        Runs = dict[int, tuple[float, float, float]]
-        timed: list[tuple[float, Runs, Runs]] = []
+        timed: list[tuple[float, _Runs, _Runs]] = []
         for i in range(warmup + repeats):
-            alone: Runs = {}
+            alone: _Runs = {}
             for turn in range(dist.get_world_size()):  # each rank's stages, the others idle
                 dist.barrier()
                 if rank == turn:
@@ -403,8 +403,7 @@ def _rank(pairs: Sequence[tuple[str, int]] = MEASURED, repeats: int = 9, warmup:
     return out if rank == 0 else None
 
 
-def _round(n: int, step: float, alone: dict[int, tuple[float, float, float]],
-           together: dict[int, tuple[float, float, float]]
+def _round(n: int, step: float, alone: _Runs, together: _Runs
            ) -> tuple[float, StageCosts, StageCosts]:
     """One timed round of every rank (collective): the slowest rank's step and the n stages'
     (forward, input pass, weight pass) ms as StageCosts, alone and together."""
@@ -414,7 +413,7 @@ def _round(n: int, step: float, alone: dict[int, tuple[float, float, float]],
     dist.all_gather_object(gathered, (step, alone, together))
 
     def costs(k: int) -> StageCosts:
-        every: dict[int, tuple[float, float, float]] = {}
+        every: _Runs = {}
         for ranks in gathered:
             every.update(ranks[k])
         per = [every[s] for s in range(n)]

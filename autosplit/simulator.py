@@ -65,6 +65,7 @@ class Interval(Protocol):
     @property
     def end_ms(self) -> float: ...
 
+
 SCHEDULES = KNOWN_SCHEDULES
 """Schedule names a plan may name: :func:`simulate_plan` replays the others (and any plan with
 several stages per rank or a checkpointed stage) with :mod:`autosplit.schedules`."""
