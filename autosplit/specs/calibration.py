@@ -275,9 +275,10 @@ def _fit_floor(
 
     A block's time is Σ_ops max(flops / (peak·e), bytes / (bandwidth·e_b), L) (ms·1000): no
     closed form, so a grid in log e, log e_b and log L (``overheads``: only those floors) is
-    refined three times around its best point, starting from the floorless fit (e, e_b). The
-    same weak pull towards the spec's own balance as :func:`_fit_two` decides between equal
-    fits.
+    refined three times around its best point, starting from the floorless fit (e, e_b). Both
+    efficiencies stay at most 1: with a floor the remaining time of small operators can be
+    fitted by a device faster than its peak, which no device is. The same weak pull towards
+    the spec's own balance as :func:`_fit_two` decides between equal fits.
     """
     peak = spec.peak_flops_per_s(costs.dtype)
     bw = spec.memory_bandwidth_bytes_per_s
@@ -314,6 +315,7 @@ def _fit_floor(
     for _ in range(4):
         axes = [np.linspace(c - s, c + s, 11) for c, s in zip(best[1:] if best[0] < math.inf
                                                                else centre, spans)]
+        axes[0], axes[1] = np.minimum(axes[0], 0.0), np.minimum(axes[1], 0.0)  # at most peak
         floors = np.exp(axes[2]) if overheads is None else np.asarray(overheads, dtype=float)
         for le in axes[0]:
             for leb in axes[1]:
