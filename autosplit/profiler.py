@@ -132,6 +132,17 @@ def default_microbatch_sizes(batch_size: int, stages: int = 2, max_count: int = 
     return [batch_size // m for m in ms]
 
 
+def bracketing_count(sizes: Sequence[int], batch_size: int, stages: int) -> int:
+    """How many of ``sizes`` (in order) to measure whatever the budget: up to the first size
+    of fewer micro-batches than 3·p and the first of more (m = ⌈B / b⌉), where the list has
+    them, so that the planner weighs the bubble against the cost per sample from both sides
+    (at least 1). For B = 120 on 2 stages: 20 (m = 6), 24 (m = 5), 15 (m = 8), i.e. 3."""
+    target = 3 * stages
+    fewer = next((k for k, b in enumerate(sizes) if -(-batch_size // b) < target), None)
+    more = next((k for k, b in enumerate(sizes) if -(-batch_size // b) > target), None)
+    return max(1, *(k + 1 for k in (fewer, more) if k is not None))
+
+
 def _check_options(
     stages: int, warmup: int, repeats: int, threads: int, budget_s: float | None,
     progress: Progress | None,
@@ -178,8 +189,10 @@ def profile(
         threads: intra-op threads of the CPU worker during measurement.
         budget_s: time budget (s): default sizes are kept, in order, while their measurement
             (estimated from the untimed run of the whole model) fits in it, and extra rounds
-            past ``repeats`` stop when it is spent. The first size is always measured;
-            explicitly given sizes are all measured. ``None``: no limit.
+            past ``repeats`` stop when it is spent. The first size is always measured, and so
+            are the first sizes of fewer and of more micro-batches than 3·p
+            (:func:`bracketing_count`); explicitly given sizes are all measured. ``None``: no
+            limit.
         include: sizes to measure first, whatever the budget (e.g. a hand-written split's).
         granularity: see :func:`autosplit.graph.trace`.
         leaf_modules: see :func:`autosplit.graph.trace`.
@@ -312,7 +325,8 @@ def _profile_here(
                 chosen = within_budget(
                     [b for b in sizes if b not in dict(failures)], b0, estimate_ms,
                     warmup + repeats, time.perf_counter() - start,
-                    None if explicit else budget_s, max(len(first), 1),
+                    None if explicit else budget_s,
+                    max(len(first), bracketing_count(sizes, batch, stages)),
                 )
                 states = {b: states.get(b) or SizeState(work, inputs, b, dev) for b in chosen}
                 measured = measure_interleaved(

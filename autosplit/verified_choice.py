@@ -6,6 +6,12 @@ verification session (:func:`autosplit.verify.verify_plans`) and predicted, with
 shown beside it and one device, from a second one; on a CPU both sessions run in one fresh
 process (:mod:`autosplit.fresh_process`) beside one neighbouring worker
 (:mod:`autosplit.neighbour`).
+
+Candidates that the first session cannot tell apart (their steps within each other's spread,
+as a printed ratio reads "within noise": :func:`autosplit.claims.ratio_with_spread`) would be
+chosen by the noise alone, a different one from each profile of the same model. Among those,
+the choice is the simplest plan (:func:`steady_choice`): the fewest actions of torch's runtime
+per rank, then the least memory, then the faster in the first session.
 """
 
 from __future__ import annotations
@@ -16,15 +22,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autosplit import checks, fresh_process, neighbour
+from autosplit.claims import ratio_with_spread
 from autosplit.devices import resolve_device
 from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph
 from autosplit.profiler import check_inputs
 from autosplit.records import Plan, Profile
+from autosplit.schedules import SPLIT_BACKWARD
 from autosplit.units import format_ms
 from autosplit.verify import _stage_runs, _timed_runs, verify_plans
 
-__all__ = ["verify_and_choose"]
+__all__ = ["steady_choice", "verify_and_choose"]
 
 
 def verify_and_choose(
@@ -40,10 +48,11 @@ def verify_and_choose(
     name.
 
     The fastest of noisy figures is the luckiest: predicted from the timings that chose it, a
-    plan would look better than the plans beside it. So the best candidate (ties: the better by
-    block sums) is chosen on one session and predicted, with the others and one device, from a
-    second (both in one fresh process on a CPU); ``budget_s`` (default 60 s) is shared by their
-    stage runs. A single candidate is timed once, with the others.
+    plan would look better than the plans beside it. So the best candidate is chosen on one
+    session (:func:`steady_choice`: among those within noise of the fastest, the simplest) and
+    predicted, with the others and one device, from a second (both in one fresh process on a
+    CPU); ``budget_s`` (default 60 s) is shared by their stage runs. A single candidate is
+    timed once, with the others.
 
     Raises:
         InvalidInputError: no candidate; as :func:`~autosplit.verify.verify_plans`.
@@ -90,17 +99,65 @@ def _choose_here(graph: BlockGraph, example_inputs: Any, profile: Profile,
             options = {**options, "neighbour": shared}
         chosen = verify_plans(graph, example_inputs, profile, named, one_device=False,
                               **session(share, 0))  # one device: in the second only
-        name = min(named, key=lambda n: chosen[n].predicted_step_ms)
+        name, close = steady_choice(chosen)
         verified = verify_plans(graph, example_inputs, profile, {name: named[name], **others},
                                 **session(1 - share, 1))
     best = verified[name]
     shapes = ", ".join(_shape(c) for c in candidates)
+    fastest = min(chosen, key=lambda n: chosen[n].predicted_step_ms)
+    how = (f"the fastest there, {format_ms(chosen[name].predicted_step_ms)}" if len(close) == 1
+           else f"{format_ms(chosen[name].predicted_step_ms)} there, within noise of the "
+           f"fastest ({format_ms(chosen[fastest].predicted_step_ms)}) as {len(close)} of them "
+           "were: the fewest runtime actions per rank, then the least memory, among those")
     best = dataclasses.replace(
         best, verification=f"{best.verification}; chosen among the {len(named)} best "
-        f"candidates by block sums ({shapes}) on a first verification "
-        f"({format_ms(chosen[name].predicted_step_ms)} there), predicted from a second one",
+        f"candidates by block sums ({shapes}) on a first verification ({how}), predicted "
+        "from a second one",
     )
     return best, {n: verified[n] for n in others}
+
+
+def steady_choice(first: Mapping[str, Plan]) -> tuple[str, tuple[str, ...]]:
+    """The candidate to choose on a first verification session (plans by name, each with its
+    verified ``predicted_step_ms`` and ``step_spread``), and the names within noise of the
+    fastest, in the order given.
+
+    Within noise: the ratio of the two steps, each at its median ± its spread, can be 1
+    (:func:`autosplit.claims.ratio_with_spread`); a plan without a spread is within noise of
+    none but itself. Among those, the choice goes to the fewest actions of torch's runtime
+    on a rank (m · v, times 3 for a backward split in two, else 2: each action costs the
+    runtime's overhead and a chance to wait), then the smallest peak memory of a device
+    (bytes), then the shorter step. On clear differences the fastest is chosen.
+
+    Raises:
+        InvalidInputError: no plan.
+    """
+    if not first:
+        raise InvalidInputError("no candidate plan to choose among")
+    fastest = min(first, key=lambda n: first[n].predicted_step_ms)
+    top = first[fastest]
+
+    def within(plan: Plan) -> bool:
+        if plan is top:
+            return True
+        if plan.step_spread is None or top.step_spread is None:
+            return False
+        return ratio_with_spread(plan.predicted_step_ms, plan.step_spread,
+                                 top.predicted_step_ms, top.step_spread).within_noise
+
+    close = tuple(n for n, plan in first.items() if within(plan))
+    name = min(close, key=lambda n: (_actions_per_rank(first[n]),
+                                     max(s.memory_bytes for s in first[n].stages),
+                                     first[n].predicted_step_ms))
+    return name, close
+
+
+def _actions_per_rank(plan: Plan) -> int:
+    """The compute actions torch's runtime runs on a rank in one step: each micro-batch's
+    forward and backward (input- and weight-gradient apart in zero-bubble schedules) on each
+    of the rank's stages."""
+    return plan.microbatches * plan.stages_per_rank * (3 if plan.schedule in SPLIT_BACKWARD
+                                                       else 2)
 
 
 def _shared_neighbour(graph: BlockGraph, example_inputs: Any, profile: Profile,

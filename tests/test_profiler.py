@@ -10,7 +10,7 @@ from torch import nn
 
 import autosplit
 from autosplit.errors import InvalidInputError, PlanFileError
-from autosplit.profiler import default_microbatch_sizes
+from autosplit.profiler import bracketing_count, default_microbatch_sizes
 
 
 class WithDropout(nn.Module):
@@ -109,9 +109,19 @@ def test_default_sizes_give_whole_micro_batches() -> None:
     assert set(sizes) == {120, 60, 40, 30, 24, 20, 15}
 
 
-def test_budget_stops_after_the_first_size() -> None:
+def test_no_budget_keeps_the_sizes_nearest_3p_on_both_sides() -> None:
+    """With nothing left of the budget, the size of m = 3·p micro-batches and the first sizes of
+    fewer and of more are measured: the planner weighs the bubble from both sides."""
+    assert default_microbatch_sizes(24, stages=2)[:4] == [4, 3, 6, 8]  # m = 6, 8, 4, 3
+    assert bracketing_count([4, 3, 6, 8], 24, 2) == 3
     prof = autosplit.profile(ToyModel(), torch.randn(24, 10), budget_s=0.0, warmup=0, repeats=1)
-    assert len(prof.microbatch_sizes) == 1
+    assert list(prof.microbatch_sizes) == [3, 4, 6]
+    # m = 3·p comes first; without it, the two sides; with one side only, that side
+    assert bracketing_count([20, 24, 15, 30], 120, 2) == 3
+    assert bracketing_count([8, 16, 32], 64, 2) == 2
+    assert bracketing_count([24, 30, 15], 120, 2) == 3
+    assert bracketing_count([60, 120], 120, 2) == 1
+    assert bracketing_count([1], 1, 2) == 1
 
 
 @pytest.mark.parametrize(

@@ -19,12 +19,13 @@ from autosplit.claims import half_iqr, ratio_with_spread, relative_spread, sprea
 from autosplit.cli import main
 from autosplit.comparison import manual_plan
 from autosplit.cost import single_device_ms
+from autosplit.errors import InvalidInputError
 from autosplit.graph import trace
 from autosplit.plan_text import one_device_way
 from autosplit.planner import plan_candidates
 from autosplit.records import Plan, Profile
 from autosplit.simulator import simulate_plan
-from autosplit.verified_choice import verify_and_choose
+from autosplit.verified_choice import steady_choice, verify_and_choose
 from autosplit.verify import time_stages, verify_plans
 
 # ------------------------------------------------------------------------ claims (hand numbers)
@@ -330,6 +331,50 @@ def test_the_chosen_candidate_is_predicted_from_a_second_session_not_the_one_tha
     assert others["hand"].predicted_step_ms == pytest.approx(
         verify_plans(graph, x, prof, {"h": hand})["h"].predicted_step_ms)
     assert "first verification" in best.verification
+
+
+def _timed(plan: Plan, step_ms: float, spread: float | None, memory: int | None = None) -> Plan:
+    """``plan`` as a first verification session might have timed it."""
+    stages = plan.stages if memory is None else tuple(
+        dataclasses.replace(s, memory_bytes=memory) for s in plan.stages)
+    return dataclasses.replace(plan, predicted_step_ms=step_ms, step_spread=spread,
+                               stages=stages)
+
+
+def test_a_clear_difference_chooses_the_fastest(small) -> None:
+    _, _, prof = small
+    by_size = {c.split_size: c for c in plan_candidates(prof, 2, top_k=3)}
+    first = {"many": _timed(by_size[2], 100.0, 0.01), "few": _timed(by_size[8], 110.0, 0.01)}
+    assert steady_choice(first) == ("many", ("many",))
+
+
+def test_candidates_within_noise_go_to_the_fewest_runtime_actions_whichever_was_faster(
+        small) -> None:
+    """Two profiles of one model whose first sessions drew the two candidates' order the
+    other way round choose the same plan."""
+    _, _, prof = small
+    by_size = {c.split_size: c for c in plan_candidates(prof, 2, top_k=3)}
+    assert by_size[2].microbatches > by_size[4].microbatches
+    for many_ms, few_ms in [(100.0, 103.0), (103.0, 100.0)]:
+        first = {"many": _timed(by_size[2], many_ms, 0.03),
+                 "few": _timed(by_size[4], few_ms, 0.03),
+                 "far": _timed(by_size[8], 150.0, 0.03)}
+        assert steady_choice(first) == ("few", ("many", "few"))
+    # without a spread the measurements tell nothing apart: the fastest
+    first = {"many": _timed(by_size[2], 100.0, None), "few": _timed(by_size[4], 101.0, None)}
+    assert steady_choice(first) == ("many", ("many",))
+
+
+def test_equal_runtime_actions_within_noise_go_to_the_least_memory(small) -> None:
+    _, _, prof = small
+    plan = plan_candidates(prof, 2, top_k=1)[0]
+    first = {"big": _timed(plan, 100.0, 0.02, memory=2 << 20),
+             "small": _timed(plan, 102.0, 0.02, memory=1 << 20)}
+    assert steady_choice(first)[0] == "small"
+    first["small"] = _timed(plan, 102.0, 0.02, memory=2 << 20)  # all equal: the faster
+    assert steady_choice(first)[0] == "big"
+    with pytest.raises(InvalidInputError):
+        steady_choice({})
 
 
 @pytest.mark.parametrize("whole_per_sample", [3.0, 0.5])
