@@ -5,8 +5,9 @@ For each model: one profile (``autosplit.profile``: one CPU worker of one thread
 split into input and weight gradients, the training loss with the last block); the joint
 search of ``schedule="auto"`` (``autosplit.planner.schedules.plan_schedules``: schedule, stages
 per rank, cuts, micro-batch size and per-stage recomputation) gives the best plan of every
-schedule, and autosplit's choice is the fastest; the hand split (examples/resnet50.py's, GPipe,
-split 20) is scored on the same profile. Every plan's stages are then timed as they run
+schedule; autosplit's choice is made as ``autosplit plan`` makes it (``command_choice``: the
+best plans at the three best micro-batch sizes by block sums, verified, the fastest kept); the
+hand split (examples/resnet50.py's, GPipe, split 20) is scored on the same profile. Every plan's stages are then timed as they run
 (``autosplit.verify.time_plans``: on a CPU, a pipeline's stages alone and beside the
 neighbouring worker's stage) and its step predicted again from them
 (``autosplit.verify.predict_verified``); from the same timings, each pipeline is also
@@ -58,11 +59,13 @@ from autosplit.collectives import measure_link_bandwidth
 from autosplit.comparison import manual_plan
 from autosplit.distributed.stage_module import V_SCHEDULES, stage_ranks
 from autosplit.errors import InfeasiblePlanError
+from autosplit.planner import plan_candidates
 from autosplit.planner.schedules import plan_schedules
 from autosplit.planner.search import candidate_sizes
 from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile
 from autosplit.runtime_cost import action_costs
+from autosplit.verified_choice import verify_and_choose
 from autosplit.verify import predict_verified, time_plans, verify_plans
 
 AUTO, HAND, LIMITED = "autosplit", "hand split (GPipe)", "autosplit, memory-limited"
@@ -107,6 +110,18 @@ def schedule_plans(profile: Profile, memory: int | None = None) -> tuple[Plan, d
     return choice.best, plans, why
 
 
+def command_choice(graph: Any, inputs: Any, profile: Profile, memory: int | None,
+                   budget_s: float) -> Plan:
+    """autosplit's choice as ``autosplit plan`` makes it: the best pipelines of
+    ``schedule="auto"`` at the three best micro-batch sizes by block sums, their stages timed as
+    they run and the fastest verified one kept (among those within noise, the simplest:
+    ``autosplit.verified_choice``); returned as planned (block sums), to be timed again with
+    every other plan."""
+    candidates = plan_candidates(profile, 2, top_k=3, schedule="auto", memory_per_gpu=memory)
+    chosen, _ = verify_and_choose(graph, inputs, profile, candidates, {}, budget_s=budget_s)
+    return next(c for c in candidates if key(c) == key(chosen))
+
+
 def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     model, inputs = case.spec.build(), case.spec.make_inputs()
     graph = autosplit.trace(model, example_inputs=inputs)
@@ -119,7 +134,8 @@ def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         profile = dataclasses.replace(profile, **action_costs(),
                                       link_bytes_per_s=measure_link_bandwidth())
     profile_s = time.perf_counter() - start
-    best, by_schedule, why = schedule_plans(profile)
+    _, by_schedule, why = schedule_plans(profile)
+    best = command_choice(graph, inputs, profile, None, args.verify_budget)
     others: dict[str, Plan] = {AUTO: best, **by_schedule}
     limited: dict[str, Any] = {}
     if case.hand is not None:
@@ -127,8 +143,8 @@ def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         others[HAND] = hand
         need = max(s.memory_bytes for s in hand.stages)
         try:
-            chosen, _, _ = schedule_plans(profile, int(need * 0.8))
-            others[LIMITED] = chosen
+            others[LIMITED] = command_choice(graph, inputs, profile, int(need * 0.8),
+                                             args.verify_budget)
             limited = {"memory_bytes": int(need * 0.8), "hand_needs_bytes": need}
         except InfeasiblePlanError as exc:
             limited = {"memory_bytes": int(need * 0.8), "hand_needs_bytes": need,
