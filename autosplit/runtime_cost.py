@@ -8,10 +8,10 @@ per action: next to GPT small's 6–25 ms actions, 5–9 % of the step, which a 
 stage times alone does not see.
 
 :func:`measure_action_ms` runs every schedule the planner searches (or those asked for: a plan
-of one schedule needs that one's cost only) on 2 local ranks with
-stages that compute (:data:`LAYERS` linear layers of width :data:`WIDTH` and a tanh, micro-batches
-of :data:`ROWS` rows: some 3 ms forward and 5 ms backward on one CPU thread, the size of a small
-model's actions), times each rank's stages in a plain loop in the rank (:data:`PLAIN_RUNS`
+of one schedule needs that one's cost only) on 2 local ranks with stages that compute
+(:data:`LAYERS` linear layers of width :data:`WIDTH` and a tanh, micro-batches of :data:`ROWS`
+rows: a forward of 1.6–2.0 ms on one thread of the development machines' CPUs, the size of a
+small model's actions), times each rank's stages in a plain loop in the rank (:data:`PLAIN_RUNS`
 runs, the medians; each rank's alone, the other waiting, then both ranks at once), interleaved
 with the steps, and fits, per schedule, the cost ``o`` that one action must have for the replay
 of torch's own order (:mod:`autosplit.schedules`) with those stage times, weighed between alone
