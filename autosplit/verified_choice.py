@@ -10,8 +10,8 @@ process (:mod:`autosplit.fresh_process`) beside one neighbouring worker
 Candidates that the first session cannot tell apart (their steps within each other's spread,
 as a printed ratio reads "within noise": :func:`autosplit.claims.ratio_with_spread`) would be
 chosen by the noise alone, a different one from each profile of the same model. Among those,
-the choice is the simplest plan (:func:`steady_choice`): the fewest actions of torch's runtime
-per rank, then the least memory, then the faster in the first session.
+the choice is the one the profile's block sums predict fastest (:func:`steady_choice`): an
+independent measurement of the same plans, every block timed over many interleaved rounds.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph
 from autosplit.profiler import check_inputs
 from autosplit.records import Plan, Profile
-from autosplit.schedules import SPLIT_BACKWARD
 from autosplit.units import format_ms
 from autosplit.verify import _stage_runs, _timed_runs, verify_plans
 
@@ -49,7 +48,8 @@ def verify_and_choose(
 
     The fastest of noisy figures is the luckiest: predicted from the timings that chose it, a
     plan would look better than the plans beside it. So the best candidate is chosen on one
-    session (:func:`steady_choice`: among those within noise of the fastest, the simplest) and
+    session (:func:`steady_choice`: among those within noise of the fastest, the best by block
+    sums) and
     predicted, with the others and one device, from a second (both in one fresh process on a
     CPU); ``budget_s`` (default 60 s) is shared by their stage runs. A single candidate is
     timed once, with the others.
@@ -99,7 +99,7 @@ def _choose_here(graph: BlockGraph, example_inputs: Any, profile: Profile,
             options = {**options, "neighbour": shared}
         chosen = verify_plans(graph, example_inputs, profile, named, one_device=False,
                               **session(share, 0))  # one device: in the second only
-        name, close = steady_choice(chosen)
+        name, close = steady_choice(chosen, named)
         verified = verify_plans(graph, example_inputs, profile, {name: named[name], **others},
                                 **session(1 - share, 1))
     best = verified[name]
@@ -108,7 +108,7 @@ def _choose_here(graph: BlockGraph, example_inputs: Any, profile: Profile,
     how = (f"the fastest there, {format_ms(chosen[name].predicted_step_ms)}" if len(close) == 1
            else f"{format_ms(chosen[name].predicted_step_ms)} there, within noise of the "
            f"fastest ({format_ms(chosen[fastest].predicted_step_ms)}) as {len(close)} of them "
-           "were: the fewest runtime actions per rank, then the least memory, among those")
+           f"were: the best of those by block sums, {format_ms(named[name].predicted_step_ms)}")
     best = dataclasses.replace(
         best, verification=f"{best.verification}; chosen among the {len(named)} best "
         f"candidates by block sums ({shapes}) on a first verification ({how}), predicted "
@@ -117,23 +117,28 @@ def _choose_here(graph: BlockGraph, example_inputs: Any, profile: Profile,
     return best, {n: verified[n] for n in others}
 
 
-def steady_choice(first: Mapping[str, Plan]) -> tuple[str, tuple[str, ...]]:
-    """The candidate to choose on a first verification session (plans by name, each with its
-    verified ``predicted_step_ms`` and ``step_spread``), and the names within noise of the
-    fastest, in the order given.
+def steady_choice(first: Mapping[str, Plan],
+                  planned: Mapping[str, Plan]) -> tuple[str, tuple[str, ...]]:
+    """The candidate to choose on a first verification session, and the names within noise of
+    the fastest there, in the order given.
 
-    Within noise: the ratio of the two steps, each at its median ± its spread, can be 1
-    (:func:`autosplit.claims.ratio_with_spread`); a plan without a spread is within noise of
-    none but itself. Among those, the choice goes to the fewest actions of torch's runtime
-    on a rank (m · v, times 3 for a backward split in two, else 2: each action costs the
-    runtime's overhead and a chance to wait), then the smallest peak memory of a device
-    (bytes), then the shorter step. On clear differences the fastest is chosen.
+    ``first``: the candidates by name, each with its verified ``predicted_step_ms`` and
+    ``step_spread``; ``planned``: the same names as planned, ``predicted_step_ms`` from the
+    profile's block sums. Within noise: the ratio of the two verified steps, each at its median
+    ± its spread, can be 1 (:func:`autosplit.claims.ratio_with_spread`); a plan without a
+    spread is within noise of none but itself. Among those, the choice goes to the shortest
+    step by block sums (an independent measurement, steadier from one profile to the next than
+    a few rounds of stage runs), then the shorter verified step. On clear differences the
+    fastest verified is chosen.
 
     Raises:
-        InvalidInputError: no plan.
+        InvalidInputError: no plan, or a name of ``first`` missing from ``planned``.
     """
     if not first:
         raise InvalidInputError("no candidate plan to choose among")
+    missing = [n for n in first if n not in planned]
+    if missing:
+        raise InvalidInputError(f"candidates {missing} have no planned step to choose by")
     fastest = min(first, key=lambda n: first[n].predicted_step_ms)
     top = first[fastest]
 
@@ -146,18 +151,8 @@ def steady_choice(first: Mapping[str, Plan]) -> tuple[str, tuple[str, ...]]:
                                  top.predicted_step_ms, top.step_spread).within_noise
 
     close = tuple(n for n, plan in first.items() if within(plan))
-    name = min(close, key=lambda n: (_actions_per_rank(first[n]),
-                                     max(s.memory_bytes for s in first[n].stages),
-                                     first[n].predicted_step_ms))
+    name = min(close, key=lambda n: (planned[n].predicted_step_ms, first[n].predicted_step_ms))
     return name, close
-
-
-def _actions_per_rank(plan: Plan) -> int:
-    """The compute actions torch's runtime runs on a rank in one step: each micro-batch's
-    forward and backward (input- and weight-gradient apart in zero-bubble schedules) on each
-    of the rank's stages."""
-    return plan.microbatches * plan.stages_per_rank * (3 if plan.schedule in SPLIT_BACKWARD
-                                                       else 2)
 
 
 def _shared_neighbour(graph: BlockGraph, example_inputs: Any, profile: Profile,

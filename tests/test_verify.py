@@ -333,48 +333,42 @@ def test_the_chosen_candidate_is_predicted_from_a_second_session_not_the_one_tha
     assert "first verification" in best.verification
 
 
-def _timed(plan: Plan, step_ms: float, spread: float | None, memory: int | None = None) -> Plan:
-    """``plan`` as a first verification session might have timed it."""
-    stages = plan.stages if memory is None else tuple(
-        dataclasses.replace(s, memory_bytes=memory) for s in plan.stages)
-    return dataclasses.replace(plan, predicted_step_ms=step_ms, step_spread=spread,
-                               stages=stages)
+def _timed(plan: Plan, step_ms: float, spread: float | None) -> Plan:
+    """``plan`` as a verification session might have timed it."""
+    return dataclasses.replace(plan, predicted_step_ms=step_ms, step_spread=spread)
 
 
 def test_a_clear_difference_chooses_the_fastest(small) -> None:
     _, _, prof = small
     by_size = {c.split_size: c for c in plan_candidates(prof, 2, top_k=3)}
-    first = {"many": _timed(by_size[2], 100.0, 0.01), "few": _timed(by_size[8], 110.0, 0.01)}
-    assert steady_choice(first) == ("many", ("many",))
+    planned = {"2": _timed(by_size[2], 120.0, None), "8": _timed(by_size[8], 100.0, None)}
+    first = {"2": _timed(by_size[2], 100.0, 0.01), "8": _timed(by_size[8], 110.0, 0.01)}
+    assert steady_choice(first, planned) == ("2", ("2",))
 
 
-def test_candidates_within_noise_go_to_the_fewest_runtime_actions_whichever_was_faster(
+def test_candidates_within_noise_go_to_the_best_by_block_sums_whichever_was_faster(
         small) -> None:
     """Two profiles of one model whose first sessions drew the two candidates' order the
-    other way round choose the same plan."""
+    other way round choose the same plan: the one the block sums put first."""
     _, _, prof = small
     by_size = {c.split_size: c for c in plan_candidates(prof, 2, top_k=3)}
-    assert by_size[2].microbatches > by_size[4].microbatches
-    for many_ms, few_ms in [(100.0, 103.0), (103.0, 100.0)]:
-        first = {"many": _timed(by_size[2], many_ms, 0.03),
-                 "few": _timed(by_size[4], few_ms, 0.03),
-                 "far": _timed(by_size[8], 150.0, 0.03)}
-        assert steady_choice(first) == ("few", ("many", "few"))
+    planned = {"2": _timed(by_size[2], 105.0, None), "4": _timed(by_size[4], 100.0, None),
+               "8": _timed(by_size[8], 90.0, None)}
+    for two_ms, four_ms in [(100.0, 103.0), (103.0, 100.0)]:
+        first = {"2": _timed(by_size[2], two_ms, 0.03), "4": _timed(by_size[4], four_ms, 0.03),
+                 "8": _timed(by_size[8], 150.0, 0.03)}  # first by block sums, clearly slower
+        assert steady_choice(first, planned) == ("4", ("2", "4"))
     # without a spread the measurements tell nothing apart: the fastest
-    first = {"many": _timed(by_size[2], 100.0, None), "few": _timed(by_size[4], 101.0, None)}
-    assert steady_choice(first) == ("many", ("many",))
-
-
-def test_equal_runtime_actions_within_noise_go_to_the_least_memory(small) -> None:
-    _, _, prof = small
-    plan = plan_candidates(prof, 2, top_k=1)[0]
-    first = {"big": _timed(plan, 100.0, 0.02, memory=2 << 20),
-             "small": _timed(plan, 102.0, 0.02, memory=1 << 20)}
-    assert steady_choice(first)[0] == "small"
-    first["small"] = _timed(plan, 102.0, 0.02, memory=2 << 20)  # all equal: the faster
-    assert steady_choice(first)[0] == "big"
+    first = {"2": _timed(by_size[2], 100.0, None), "4": _timed(by_size[4], 101.0, None)}
+    assert steady_choice(first, planned) == ("2", ("2",))
+    # equal block sums: the faster verified
+    level = {n: _timed(p, 100.0, None) for n, p in planned.items()}
+    first = {"2": _timed(by_size[2], 101.0, 0.03), "4": _timed(by_size[4], 100.0, 0.03)}
+    assert steady_choice(first, level)[0] == "4"
     with pytest.raises(InvalidInputError):
-        steady_choice({})
+        steady_choice({}, planned)
+    with pytest.raises(InvalidInputError, match="no planned step"):
+        steady_choice(first, {"2": planned["2"]})
 
 
 @pytest.mark.parametrize("whole_per_sample", [3.0, 0.5])
