@@ -111,15 +111,17 @@ def schedule_plans(profile: Profile, memory: int | None = None) -> tuple[Plan, d
 
 
 def command_choice(graph: Any, inputs: Any, profile: Profile, memory: int | None,
-                   budget_s: float) -> Plan:
+                   budget_s: float) -> tuple[Plan, str]:
     """autosplit's choice as ``autosplit plan`` makes it: the best pipelines of
     ``schedule="auto"`` at the three best micro-batch sizes by block sums, their stages timed as
     they run and the fastest verified one kept (among those within noise, the best by block sums:
     ``autosplit.verified_choice``); returned as planned (block sums), to be timed again with
-    every other plan."""
+    every other plan, with how it was chosen (the first session's figures, in words)."""
     candidates = plan_candidates(profile, 2, top_k=3, schedule="auto", memory_per_gpu=memory)
     chosen, _ = verify_and_choose(graph, inputs, profile, candidates, {}, budget_s=budget_s)
-    return next(c for c in candidates if key(c) == key(chosen))
+    _, found, how = chosen.verification.partition("; chosen among ")
+    return (next(c for c in candidates if key(c) == key(chosen)),
+            f"chosen among {how}" if found else "the only candidate")
 
 
 def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
@@ -135,7 +137,7 @@ def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
                                       link_bytes_per_s=measure_link_bandwidth())
     profile_s = time.perf_counter() - start
     _, by_schedule, why = schedule_plans(profile)
-    best = command_choice(graph, inputs, profile, None, args.verify_budget)
+    best, chose = command_choice(graph, inputs, profile, None, args.verify_budget)
     others: dict[str, Plan] = {AUTO: best, **by_schedule}
     limited: dict[str, Any] = {}
     if case.hand is not None:
@@ -143,8 +145,8 @@ def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         others[HAND] = hand
         need = max(s.memory_bytes for s in hand.stages)
         try:
-            others[LIMITED] = command_choice(graph, inputs, profile, int(need * 0.8),
-                                             args.verify_budget)
+            others[LIMITED], _ = command_choice(graph, inputs, profile, int(need * 0.8),
+                                                args.verify_budget)
             limited = {"memory_bytes": int(need * 0.8), "hand_needs_bytes": need}
         except InfeasiblePlanError as exc:
             limited = {"memory_bytes": int(need * 0.8), "hand_needs_bytes": need,
@@ -161,6 +163,7 @@ def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         return verify_plans(graph, inputs, profile, others, budget_s=args.verify_budget)
 
     return {"plans": verified, "block_sums": others, "why": why, "limited": limited,
+            "choice": chose,
             "retime": again, "alone_ms": bounds.get(0.0), "beside_ms": bounds.get(1.0),
             "profile_s": profile_s, "plan_and_verify_s": time.perf_counter() - start - profile_s,
             "names": profile.block_names, "backward_split": profile.backward_split,
@@ -207,6 +210,7 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
                        "profile_s": found["profile_s"],
                        "plan_and_verify_s": found["plan_and_verify_s"], "plans": rows,
                        "not_offered": found["why"], "limited": found["limited"],
+                       "choice": found["choice"],
                        "backward_split": found["backward_split"],
                        "action_ms": found["action_ms"],
                        "action_spread": found["action_spread"]})
@@ -365,6 +369,8 @@ def markdown(data: dict[str, Any]) -> str:
             lines += ["", (f"Memory-limited: {lim['memory_bytes'] / 2**20:.0f} MiB per device, "
                            f"where the hand split with GPipe needs "
                            f"{lim['hand_needs_bytes'] / 2**20:.0f} MiB: {what}.")]
+        if m.get("choice"):
+            lines += ["", f"autosplit's choice, as `autosplit plan` makes it: {m['choice']}."]
         if "vs_hand" in m:
             lines += ["", f"autosplit's choice: ×{m['vs_hand']:.2f} the hand split, measured."]
         spreads = m.get("action_spread", {})
