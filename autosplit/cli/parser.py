@@ -120,7 +120,8 @@ def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
                    help="timed runs per block and size, at least; more (up to 3×) while their "
                         "spread is above 5%%; the median is kept (default 3)")
     p.add_argument("--budget", type=_budget_seconds, default=40.0, metavar="SECONDS",
-                   help="stop starting new default sizes after this long (default 40)")
+                   help="stop starting new default sizes after this long (default 40; the "
+                        "sizes nearest m = 3p on both sides are measured whatever it costs)")
     p.add_argument("--loss", choices=("mse", "none"), default="mse",
                    help="the loss timed with the last block: mse (the tutorial's, which "
                         "`autosplit run` trains with; default) or none")
