@@ -105,10 +105,12 @@ def _choose_here(graph: BlockGraph, example_inputs: Any, profile: Profile,
     best = verified[name]
     shapes = ", ".join(_shape(c) for c in candidates)
     fastest = min(chosen, key=lambda n: chosen[n].predicted_step_ms)
-    how = (f"the fastest there, {format_ms(chosen[name].predicted_step_ms)}" if len(close) == 1
-           else f"{format_ms(chosen[name].predicted_step_ms)} there, within noise of the "
-           f"fastest ({format_ms(chosen[fastest].predicted_step_ms)}) as {len(close)} of them "
-           f"were: the best of those by block sums, {format_ms(named[name].predicted_step_ms)}")
+    there = format_ms(chosen[name].predicted_step_ms)
+    top = ("the fastest" if name == fastest else
+           f"beside the fastest ({format_ms(chosen[fastest].predicted_step_ms)})")
+    how = (f"the fastest there, {there}" if len(close) == 1 else
+           f"{there} there, {top}, of {len(close)} within noise of each other: the best of "
+           f"those by block sums, {format_ms(named[name].predicted_step_ms)}")
     best = dataclasses.replace(
         best, verification=f"{best.verification}; chosen among the {len(named)} best "
         f"candidates by block sums ({shapes}) on a first verification ({how}), predicted "
