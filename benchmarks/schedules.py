@@ -7,9 +7,10 @@ search of ``schedule="auto"`` (``autosplit.planner.schedules.plan_schedules``: s
 per rank, cuts, micro-batch size and per-stage recomputation) gives the best plan of every
 schedule; autosplit's choice is made as ``autosplit plan`` makes it (``command_choice``: the
 best plans at the three best micro-batch sizes by block sums, verified, the fastest kept); the
-hand split (examples/resnet50.py's, GPipe, split 20) is scored on the same profile. Every plan's stages are then timed as they run
-(``autosplit.verify.time_plans``: on a CPU, a pipeline's stages alone and beside the
-neighbouring worker's stage) and its step predicted again from them
+hand split (examples/resnet50.py's, GPipe, split 20) is scored on the same profile. Every
+plan's stages are then timed as they run (``autosplit.verify.time_plans``: on a CPU, a
+pipeline's stages alone and beside the neighbouring worker's stage) and its step predicted
+again from them
 (``autosplit.verify.predict_verified``); from the same timings, each pipeline is also
 predicted with every stage as timed alone and as timed beside, to show where the measured step
 lies between the two. Measured right
@@ -97,17 +98,15 @@ def key(plan: Plan) -> tuple[Any, ...]:
             tuple(s.checkpoint for s in plan.stages))
 
 
-def schedule_plans(profile: Profile, memory: int | None = None) -> tuple[Plan, dict[str, Plan],
-                                                                          dict[str, str]]:
-    """autosplit's choice, the best plan of every schedule (by name), and why the others have
-    none."""
-    settings = PlanSettings.check(profile, 2, memory_per_gpu=memory, schedule="auto")
+def schedule_plans(profile: Profile) -> tuple[dict[str, Plan], dict[str, str]]:
+    """The best plan of every schedule (by name), and why the others have none."""
+    settings = PlanSettings.check(profile, 2, schedule="auto")
     sizes = candidate_sizes(profile, None, settings.batch_size, "the batch")
     choice = plan_schedules(settings, profile, sizes)
     plans = {f"{o.schedule}" + (f" v={o.v}" if o.v > 1 else ""): o.plan
              for o in choice.options if o.plan is not None}
     why = {o.schedule: o.why for o in choice.options if o.plan is None}
-    return choice.best, plans, why
+    return plans, why
 
 
 def command_choice(graph: Any, inputs: Any, profile: Profile, memory: int | None,
@@ -136,7 +135,7 @@ def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         profile = dataclasses.replace(profile, **action_costs(),
                                       link_bytes_per_s=measure_link_bandwidth())
     profile_s = time.perf_counter() - start
-    _, by_schedule, why = schedule_plans(profile)
+    by_schedule, why = schedule_plans(profile)
     best, chose = command_choice(graph, inputs, profile, None, args.verify_budget)
     others: dict[str, Plan] = {AUTO: best, **by_schedule}
     limited: dict[str, Any] = {}
