@@ -228,6 +228,7 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
             "profiles": args.profiles, "rounds": args.rounds, "warmup_rounds": 1,
             "steps_per_timing": 1, "lead_in_s": args.lead_in,
             "settle_rounds": args.settle_rounds,
+            "more_rounds": args.more_rounds, "max_spread": args.max_spread,
             "profile_budget_s": args.profile_budget,
             "verify_budget_s": args.verify_budget, "max_others": args.max_others,
             "retries": args.retries, "torchgpipe": TORCHGPIPE,

@@ -224,6 +224,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "torchgpipe": TORCHGPIPE,
             "steps_per_timing": 1, "lead_in_s": args.lead_in,
             "settle_rounds": args.settle_rounds,
+            "more_rounds": args.more_rounds, "max_spread": args.max_spread,
             "loss": "MSE against one-hot labels (the tutorial's), SGD lr 0.001",
             "gpus": gpus,
         },
@@ -251,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.smoke:
         args.rounds, args.oracle_rounds, args.refine, args.refine_rounds = 1, 1, 2, 1
         # a smoke run checks that it runs, not how fast
-        args.retries, args.lead_in, args.settle_rounds = 0, 0.0, 0
+        args.retries, args.lead_in, args.settle_rounds, args.more_rounds = 0, 0.0, 0, 0
     if min(args.rounds, args.oracle_rounds) < 1 or args.refine < 0 or args.refine_rounds < 0:
         parser.error("--rounds and --oracle-rounds must be positive, --refine and --refine-rounds ≥ 0")
     args.command = command_line("compare.py", sys.argv[1:] if argv is None else argv)

@@ -37,6 +37,7 @@ from common import load_example
 from torch import nn
 
 from autosplit import distributed, steal
+from autosplit.claims import relative_spread
 from autosplit.peak_memory import rise_during, tensor_bytes
 from autosplit.records import Plan
 
@@ -119,7 +120,12 @@ class Group:
     than its ~280 ms step; none after). With ``refine``, the ``refine`` fastest configurations by
     median (and those in ``keep``) are timed ``refine_rounds`` more times afterwards,
     interleaved among themselves. With ``memory``, each plan's peak tensor memory per rank is
-    measured afterwards, untimed (:func:`peak_memory`).
+    measured afterwards, untimed (:func:`peak_memory`). With ``more_rounds``, timed rounds go on
+    after the ``rounds`` while a configuration's timings spread by more than ``max_spread``
+    (half their interquartile range over their median, the slowest rank's), at most
+    ``more_rounds`` more: whole rounds, every configuration alike, so that rounds stay paired
+    (the big-vocabulary head cut's 5 timings in one accuracy run: 291, 485, 296, 337, 659 ms,
+    its median moved by two slow steps that its next 30, timed in another job, did not repeat).
     """
 
     name: str
@@ -136,6 +142,8 @@ class Group:
     max_others: float = 0.10
     retries: int = 3
     memory: bool = False
+    more_rounds: int = 0
+    max_spread: float = 0.03
 
 
 def measure(groups: Sequence[Group], nprocs: int = 2, backend: str = "gloo",
@@ -361,7 +369,9 @@ def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count:
     shares: list[float] = []
     retried = 0
     marks = start_marks()
-    for r in range(count):
+    r = 0
+    while r < count or (r < count + group.more_rounds
+                        and _noisy(times, labels, group.max_spread)):
         order = _direction(labels, skip + settling + r)
         start = time.perf_counter()
         for label in order:
@@ -371,9 +381,11 @@ def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count:
             faults[label].append(runners[label].faults)
             shares.append(share)
             retried += retries
+        r += 1
         if rank == 0:
-            print(f"  {group.name}: {what} {r + 1}/{count} round of {len(order)} configurations "
-                  f"in {time.perf_counter() - start:.1f} s", flush=True)
+            extra = f" (more: timings spread over {group.max_spread:.0%})" if r > count else ""
+            print(f"  {group.name}: {what} {r}/{count} round of {len(order)} configurations "
+                  f"in {time.perf_counter() - start:.1f} s{extra}", flush=True)
     wall = time.perf_counter() - marks["wall"]
     own = time.process_time() - marks["own"]
     after = steal.cpu_seconds()
@@ -387,11 +399,24 @@ def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count:
         "kept_over_limit": sum(x > group.max_others for x in judged),
         "max_kept_share": max(judged, default=math.nan),
         "settling_rounds": settling, "unsettled": faulted,
+        "extra_rounds": r - count,
         "faulted_timings": sum(not settled(col) for label in labels
                                for col in zip(*(g[2][label] for g in gathered))),
+        "fault_pages": {label: [max(col) for col in zip(*(g[2][label] for g in gathered))]
+                        for label in labels},
     }
     add_machine_load(load, marks, after)
     return merged, load, dict(leads)
+
+
+def _noisy(times: dict[str, list[float]], labels: Sequence[str], max_spread: float) -> bool:
+    """Whether some configuration's timings so far, the slowest rank's (gathered: every rank
+    decides alike), spread by more than ``max_spread``
+    (:func:`autosplit.claims.relative_spread`). Collective."""
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, times)
+    return any(relative_spread([max(col) for col in zip(*(g[label] for g in gathered))])
+               > max_spread for label in labels)
 
 
 def _direction(labels: Sequence[str], r: int) -> list[str]:
@@ -460,10 +485,9 @@ def _run_group(group: Group, device: torch.device, rank: int) -> dict[str, Any]:
         chosen = [lb for lb in labels if lb in chosen]  # original order
         refined, refine_load, _ = _rounds(group, chosen, runners, group.refine_rounds, 0, rank,
                                           "refine round", leads)
-        load = {k: load[k] + refine_load[k] if k in ("wall_s", "ranks_cpu_s", "timings", "retried",
-                                                     "kept_over_limit", "machine_cpu_s", "steal_s",
-                                                     "others_cpu_s", "faulted_timings")
-                else load[k]
+        summed = ("wall_s", "ranks_cpu_s", "timings", "retried", "kept_over_limit",
+                  "machine_cpu_s", "steal_s", "others_cpu_s", "faulted_timings", "extra_rounds")
+        load = {k: load[k] + refine_load[k] if k in summed else load[k]
                 for k in load if k in refine_load}
         load["max_kept_share"] = max(load["max_kept_share"], refine_load["max_kept_share"])
         if "others_cpu_s" in load:
@@ -567,6 +591,13 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
                         help="after the warm-up round, at most N more untimed rounds while a "
                              "configuration's steps fault in fresh memory (over 1 MiB on a "
                              "rank; default 10; 0: never)")
+    parser.add_argument("--more-rounds", type=_count, default=5, metavar="N", dest="more_rounds",
+                        help="after the timed rounds, at most N more while a configuration's "
+                             "timings spread by over --max-spread (default 5; 0: never)")
+    parser.add_argument("--max-spread", type=_fraction, default=0.03, metavar="F",
+                        dest="max_spread",
+                        help="the spread (half the interquartile range over the median) that "
+                             "asks for more timed rounds (default 0.03)")
 
 
 def _count(text: str) -> int:
@@ -580,7 +611,19 @@ def _count(text: str) -> int:
     return value
 
 
+def _fraction(text: str) -> float:
+    """A number above 0 (an option's value), else a one-line usage error."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"a number above 0; got {text!r}")
+    return value
+
+
 def load_options(args: argparse.Namespace) -> dict[str, Any]:
     """A :class:`Group`'s settings from :func:`add_load_arguments`' options."""
     return {"max_others": args.max_others, "retries": args.retries, "lead_in_s": args.lead_in,
-            "settle_rounds": args.settle_rounds}
+            "settle_rounds": args.settle_rounds, "more_rounds": args.more_rounds,
+            "max_spread": args.max_spread}

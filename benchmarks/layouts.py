@@ -178,6 +178,7 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
             "allreduce_bytes_per_s": allreduce.bus_bytes_per_s,
             "allreduce_latency_ms": allreduce.latency_ms, "rounds": args.rounds, "warmup_rounds": 1,
             "lead_in_s": args.lead_in, "settle_rounds": args.settle_rounds,
+            "more_rounds": args.more_rounds, "max_spread": args.max_spread,
             "profile_budget_s": args.profile_budget, "verify_budget_s": args.verify_budget,
             "max_others": args.max_others, "retries": args.retries,
             "loss": "MSE against one-hot labels (the tutorial's), SGD lr 0.001",

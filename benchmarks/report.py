@@ -25,6 +25,10 @@ def lead_in_words(settings: dict[str, Any]) -> str:
     if settings.get("settle_rounds"):
         text += (f", and up to {settings['settle_rounds']} more untimed rounds while a "
                  "configuration's steps faulted in over 1 MiB of fresh memory on a rank")
+    if settings.get("more_rounds"):
+        text += (f"; up to {settings['more_rounds']} more timed rounds while a configuration's "
+                 f"timings spread by over {settings['max_spread']:.0%} (half their "
+                 "interquartile range over their median)")
     return text
 
 
@@ -61,6 +65,9 @@ def settling_words(load: dict[str, Any]) -> str:
                  "steps faulted in over 1 MiB of fresh memory on a rank")
         if load.get("unsettled"):
             text += f" ({', '.join(load['unsettled'])} still did: the limit of rounds)"
+    if load.get("extra_rounds"):
+        text += (f"; {plural(load['extra_rounds'], 'more timed round')}: a configuration's "
+                 "timings spread by more than the limit")
     if load.get("faulted_timings"):
         text += (f"; {load['faulted_timings']} of the {load['timings']} kept timings faulted in "
                  "fresh memory")

@@ -53,7 +53,8 @@ def chosen_cases(parser: argparse.ArgumentParser, args: argparse.Namespace,
     args.sizes = None
     if args.smoke:
         cases = smoke_cases()
-        args.rounds, args.retries, args.lead_in, args.settle_rounds = 1, 0, 0.0, 0
+        args.rounds, args.retries, args.lead_in = 1, 0, 0.0
+        args.settle_rounds, args.more_rounds = 0, 0
         args.profile_budget, args.verify_budget, args.sizes = 5.0, 5.0, [2, 4]
     else:
         cases = [c for c in default_cases() if c.name in args.models]

@@ -142,6 +142,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "retries": args.retries,
             "warmup": "one untimed round: one timing of every configuration",
             "lead_in_s": args.lead_in, "settle_rounds": args.settle_rounds,
+            "more_rounds": args.more_rounds, "max_spread": args.max_spread,
             "tutorial_splits": list(args.split_sizes),
             "split_sizes_measured": {str(k): v for k, v in sweep_map.items()},
             "pipelined_split": pipelined,
@@ -296,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.batch, args.image, args.repeats, args.batches = 4, 64, 1, 1
         args.split_sizes = [1, 2]
         # a smoke run checks that it runs, not how fast
-        args.retries, args.lead_in, args.settle_rounds = 0, 0.0, 0
+        args.retries, args.lead_in, args.settle_rounds, args.more_rounds = 0, 0.0, 0, 0
     if args.batch < 1 or args.repeats < 1 or args.batches < 1:
         parser.error("--batch, --repeats and --batches must be positive")
     data = run(args)

@@ -468,6 +468,59 @@ def test_untimed_rounds_go_on_until_no_step_faults_in_fresh_memory(tmp_path) -> 
                                  "calls": 2}
 
 
+MORE_ROUNDS_SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch.distributed as dist
+from harness import Group, ModelSpec, _rounds
+
+def runner(times):
+    # a configuration whose n-th timing takes times[n] seconds (the last one from then on)
+    def run(lead=0):
+        run.calls += 1
+        return times[min(run.calls, len(times)) - 1]
+    run.calls, run.faults = 0, 0
+    return run
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], 1), rank=0, world_size=1)
+    out = {}
+    for name, times, more in (("steady", [1.0], 4), ("noisy", [1.0, 2.0] * 5, 4),
+                              ("calms", [1.0, 3.0, 1.0, 1.0], 4), ("off", [1.0, 2.0] * 5, 0)):
+        group = Group(name, ModelSpec("resnet18", 2), (), rounds=3, warmup=0, retries=0,
+                      more_rounds=more, max_spread=0.03)
+        runners = {"A": runner(times), "B": runner([1.0])}
+        got, load, _ = _rounds(group, ["A", "B"], runners, 3, 0, 0, "round")
+        out[name] = {"extra": load["extra_rounds"], "A": got["A"], "B": len(got["B"])}
+    dist.destroy_process_group()
+    print(json.dumps(out))
+"""
+
+
+def test_timed_rounds_go_on_while_a_configurations_timings_spread(tmp_path) -> None:
+    """After the timed rounds, whole rounds more (every configuration, so rounds stay paired)
+    while some configuration's timings spread by more than max_spread, at most more_rounds."""
+    script = tmp_path / "more_rounds.py"
+    script.write_text(MORE_ROUNDS_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(ROOT / "benchmarks"),
+                           str(tmp_path / "store")],
+                          capture_output=True, text=True, timeout=120, check=True)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["steady"] == {"extra": 0, "A": [1.0, 1.0, 1.0], "B": 3}
+    assert got["noisy"] == {"extra": 4, "A": [1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.0], "B": 7}
+    # 1, 3, 1 spread by half their IQR (1) over their median (1): 1, 3, 1, 1 still (25 %);
+    # 1, 3, 1, 1, 1 no more (0)
+    assert got["calms"] == {"extra": 2, "A": [1.0, 3.0, 1.0, 1.0, 1.0], "B": 5}
+    assert got["off"] == {"extra": 0, "A": [1.0, 2.0, 1.0], "B": 3}
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from report import lead_in_words, settling_words
+
+    assert "2 more timed rounds: a configuration's timings spread" in settling_words(
+        {"extra_rounds": 2})
+    assert "up to 5 more timed rounds while a configuration's timings spread by over 3%" in (
+        lead_in_words({"more_rounds": 5, "max_spread": 0.03}))
+
+
 def test_retries_and_settle_rounds_take_whole_numbers_of_0_or_more() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy.py"),
                            "--settle-rounds", "-1"], capture_output=True, text=True, timeout=60,
