@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -447,15 +448,21 @@ if __name__ == "__main__":
 """
 
 
-def test_untimed_rounds_go_on_until_no_step_faults_in_fresh_memory(tmp_path) -> None:
-    """After the warm-up round, the harness runs untimed rounds while a configuration's steps
-    fault in fresh memory (at most settle_rounds); timings that still do are counted."""
-    script = tmp_path / "settling.py"
-    script.write_text(SETTLING_SCRIPT)
+def _one_rank_script(tmp_path: Path, text: str) -> Any:
+    """Run ``text`` as a script with the benchmarks folder and a FileStore path as its
+    arguments (a one-rank gloo group of its own); the JSON its last line prints."""
+    script = tmp_path / "script.py"
+    script.write_text(text)
     done = subprocess.run([sys.executable, str(script), str(ROOT / "benchmarks"),
                            str(tmp_path / "store")],
                           capture_output=True, text=True, timeout=120, check=True)
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_untimed_rounds_go_on_until_no_step_faults_in_fresh_memory(tmp_path) -> None:
+    """After the warm-up round, the harness runs untimed rounds while a configuration's steps
+    fault in fresh memory (at most settle_rounds); timings that still do are counted."""
+    got = _one_rank_script(tmp_path, SETTLING_SCRIPT)
     # warm-up and settling rounds 1, 2 fault; round 3 does not; then 2 timed rounds
     assert got["settles"] == {"settling_rounds": 3, "unsettled": [], "faulted_timings": 0,
                               "calls": 1 + 3 + 2}
@@ -500,12 +507,7 @@ if __name__ == "__main__":
 def test_timed_rounds_go_on_while_a_configurations_timings_spread(tmp_path) -> None:
     """After the timed rounds, whole rounds more (every configuration, so rounds stay paired)
     while some configuration's timings spread by more than max_spread, at most more_rounds."""
-    script = tmp_path / "more_rounds.py"
-    script.write_text(MORE_ROUNDS_SCRIPT)
-    done = subprocess.run([sys.executable, str(script), str(ROOT / "benchmarks"),
-                           str(tmp_path / "store")],
-                          capture_output=True, text=True, timeout=120, check=True)
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    got = _one_rank_script(tmp_path, MORE_ROUNDS_SCRIPT)
     assert got["steady"] == {"extra": 0, "A": [1.0, 1.0, 1.0], "B": 3}
     assert got["noisy"] == {"extra": 4, "A": [1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.0], "B": 7}
     # 1, 3, 1 spread by half their IQR (1) over their median (1): 1, 3, 1, 1 still (25 %);
