@@ -523,12 +523,17 @@ def test_timed_rounds_go_on_while_a_configurations_timings_spread(tmp_path) -> N
         lead_in_words({"more_rounds": 5, "max_spread": 0.03}))
 
 
-def test_retries_and_settle_rounds_take_whole_numbers_of_0_or_more() -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy.py"),
-                           "--settle-rounds", "-1"], capture_output=True, text=True, timeout=60,
-                          check=False)
+def _usage_error(option: str, value: str) -> str:
+    """accuracy.py's stderr given ``option value``, after checking it exits with code 2."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy.py"), option,
+                           value], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
-    assert "--settle-rounds: a whole number of 0 or more; got '-1'" in done.stderr
+    return done.stderr
+
+
+def test_retries_and_settle_rounds_take_whole_numbers_of_0_or_more() -> None:
+    assert "--settle-rounds: a whole number of 0 or more; got '-1'" in _usage_error(
+        "--settle-rounds", "-1")
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from harness import _count
 
@@ -536,6 +541,22 @@ def test_retries_and_settle_rounds_take_whole_numbers_of_0_or_more() -> None:
     for bad in ("-1", "x", "1.5"):
         with pytest.raises(argparse.ArgumentTypeError, match="0 or more"):
             _count(bad)
+
+
+def test_more_rounds_take_a_count_and_max_spread_a_positive_number() -> None:
+    assert "--max-spread: a number above 0; got '0'" in _usage_error("--max-spread", "0")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from harness import _fraction, add_load_arguments, load_options
+
+    assert _fraction("0.03") == 0.03
+    for bad in ("0", "-0.1", "x", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError, match="above 0"):
+            _fraction(bad)
+    parser = argparse.ArgumentParser()
+    add_load_arguments(parser)
+    options = load_options(parser.parse_args(["--more-rounds", "2", "--max-spread", "0.05"]))
+    assert (options["more_rounds"], options["max_spread"]) == (2, 0.05)
+    assert load_options(parser.parse_args([]))["more_rounds"] == 5
 
 
 def test_a_run_is_settled_under_one_mib_of_fresh_memory_on_every_rank() -> None:
