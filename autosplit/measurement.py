@@ -36,6 +36,7 @@ __all__ = [
     "spread_settled",
     "stage_inputs",
     "timed_run",
+    "timed_split_backward",
     "timed_split_run",
     "warm_up",
     "within_budget",
@@ -182,34 +183,42 @@ def timed_run(seg: Segment, args: Sequence[Any], dev: torch.device,
 
 
 def timed_split_run(seg: Segment, args: Sequence[Any], dev: torch.device) -> tuple[float, float]:
-    """The backward of one block in two passes, as torch's zero-bubble stages run it: (input
-    gradient ms, weight gradient ms) after an untimed forward.
+    """One block's :func:`timed_split_backward` after an untimed forward (ms, ms)."""
+    return timed_split_backward(seg.module(*args), None, args, seg.module.parameters(), dev)
 
-    The input pass is ``torch.distributed.pipelining``'s ``stage_backward_input`` (which
-    keeps the intermediate gradients the weights need), the weight pass its
-    ``stage_backward_weight``. A block none of whose inputs needs a gradient (the model's
-    first) has no input pass: its whole backward is weight work.
+
+def timed_split_backward(outputs: Any, value: torch.Tensor | None, args: Sequence[Any],
+                         weights: Any, dev: torch.device) -> tuple[float, float]:
+    """A forward's backward in two passes, as torch's zero-bubble stages run it: (input
+    gradient ms, weight gradient ms); from the loss's ``value`` if given (the last stage), else
+    from a gradient of ones on every output needing one; (0, 0) if none needs one.
+
+    The passes are ``torch.distributed.pipelining``'s ``stage_backward_input`` (keeping the
+    intermediate gradients the weights need) and ``stage_backward_weight``. Where none of
+    ``args`` needs a gradient (the model's first stage) torch runs no input pass: the whole
+    backward is weight work.
     """
     from torch.distributed.pipelining._backward import (
         stage_backward_input,
         stage_backward_weight,
     )
 
-    outputs = [t.clone() if t._is_view() else t  # torch detaches outputs in place: no views
-               for t in tensor_leaves(seg.module(*args)) if t.requires_grad]
-    if not outputs:
+    if value is not None:
+        roots, grads = [value], None
+    else:  # torch detaches the outputs in place: no views
+        roots = [t.clone() if t._is_view() else t for t in tensor_leaves(outputs) if t.requires_grad]
+        grads = [torch.ones_like(t) for t in roots]
+    if not roots:
         return 0.0, 0.0
-    grads = [torch.ones_like(t) for t in outputs]
-    if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-        t0 = clock(dev)
-        torch.autograd.backward(outputs, grads)
-        return 0.0, elapsed_ms(t0, clock(dev), dev)
+    weights = list(weights)
     t0 = clock(dev)
-    _, groups = stage_backward_input(outputs, grads, list(args), seg.module.parameters())
+    if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        torch.autograd.backward(roots, grads)
+        return 0.0, elapsed_ms(t0, clock(dev), dev)
+    _, groups = stage_backward_input(roots, grads, list(args), iter(weights))
     t1 = clock(dev)
-    stage_backward_weight(seg.module.parameters(), groups)
-    t2 = clock(dev)
-    return elapsed_ms(t0, t1, dev), elapsed_ms(t1, t2, dev)
+    stage_backward_weight(iter(weights), groups)
+    return elapsed_ms(t0, t1, dev), elapsed_ms(t1, clock(dev), dev)
 
 
 def warm_up(graph: BlockGraph, segments: Sequence[Segment], state: SizeState,

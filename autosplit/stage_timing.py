@@ -21,6 +21,11 @@ on GPT small's second stage (b = 8, 8 in flight), 6.6 % (b = 16, 4 in flight: 1.
 ResNet50's stages at b = 12 (64×64, 4 in flight) within 0.5 % — under the allocator setting the
 ranks run with (:mod:`autosplit.allocator`). Times are per micro-batch, averaged over the d.
 
+Split backward: a run wrapped in :class:`SplitBackward` runs each backward in two passes, as
+torch's zero-bubble stages do (the input gradient, then the weight gradient:
+:func:`~autosplit.measurement.timed_split_backward`); its backward time is the two passes
+together and :attr:`StageTime.weight_share` the weight pass's share of it.
+
 Spreads are relative: half the interquartile range over the median (a fraction).
 """
 
@@ -46,7 +51,7 @@ from autosplit.neighbour import Neighbour
 from autosplit.neighbour import enabled as neighbour_enabled
 from autosplit.profiler import check_inputs, check_microbatch_sizes
 
-__all__ = ["Beside", "StageRun", "StageTime", "time_stages"]
+__all__ = ["Beside", "SplitBackward", "StageRun", "StageTime", "time_stages"]
 
 StageRun = tuple[int, int, int]
 """``(first, end, b)``: blocks ``first … end-1`` run together on a micro-batch of b."""
@@ -56,8 +61,19 @@ Beside = tuple[StageRun, "StageRun | None"]
 idle); see :mod:`autosplit.neighbour`."""
 
 
-def _job(item: StageRun | Beside) -> Beside:
+@dataclass(frozen=True, slots=True)
+class SplitBackward:
+    """A stage run (a bare :data:`StageRun` or a :data:`Beside`) timed with its backward in two
+    passes, input gradient then weight gradient, as torch's zero-bubble schedules run it; a
+    key of its own, apart from the same run timed with its backward whole."""
+
+    item: StageRun | Beside
+
+
+def _job(item: StageRun | Beside | SplitBackward) -> Beside:
     """``item`` as ``(run, beside)``: a bare run is timed alone."""
+    if isinstance(item, SplitBackward):
+        return _job(item.item)
     if isinstance(item[0], tuple):
         return item  # type: ignore[return-value]
     return item, None  # type: ignore[return-value]
@@ -79,6 +95,9 @@ class StageTime:
             (:data:`Beside`).
         set_aside: timed runs set aside because the hypervisor took more than its share of
             the CPUs meanwhile (:mod:`autosplit.steal`; counted only where no other was left).
+        weight_share: for a run timed with its backward split (:class:`SplitBackward`), the
+            median share of the weight-gradient pass in the backward (fraction); ``None``:
+            the backward ran whole.
     """
 
     forward_ms: float
@@ -88,6 +107,7 @@ class StageTime:
     first_backward_ms: float | None = None
     beside: bool = False
     set_aside: int = 0
+    weight_share: float | None = None
 
     def per_step(self, m: int) -> StageTime:
         """This stage's times averaged over a step's ``m`` micro-batches: the first
@@ -112,17 +132,19 @@ class StageTime:
 
         first = (None if self.first_backward_ms is None or beside.first_backward_ms is None
                  else mix(self.first_backward_ms, beside.first_backward_ms))
+        weight = (None if self.weight_share is None or beside.weight_share is None
+                  else mix(self.weight_share, beside.weight_share))
         return StageTime(mix(self.forward_ms, beside.forward_ms),
                          mix(self.backward_ms, beside.backward_ms),
                          mix(self.spread, beside.spread), min(self.rounds, beside.rounds),
                          first, beside=beside.beside and share > 0,
-                         set_aside=self.set_aside + beside.set_aside)
+                         set_aside=self.set_aside + beside.set_aside, weight_share=weight)
 
 
 def time_stages(
     graph: BlockGraph,
     example_inputs: Any,
-    runs: Sequence[StageRun | Beside],
+    runs: Sequence[StageRun | Beside | SplitBackward],
     *,
     device: str | torch.device | None = None,
     threads: int = 1,
@@ -141,7 +163,8 @@ def time_stages(
     An item ``(run, other)`` (:data:`Beside`) is timed while another process runs ``other``
     on another core (:class:`~autosplit.neighbour.Neighbour`; on a CPU, unless
     ``AUTOSPLIT_TIME_ALONE=1``), as a plan's neighbouring worker does; a bare run, or
-    ``(run, None)``, with the other cores idle.
+    ``(run, None)``, with the other cores idle. An item wrapped in :class:`SplitBackward` runs
+    its backward in two passes, as zero-bubble schedules do (the neighbour's whole).
 
     ``depths[item]``: how many micro-batches the run keeps in flight (d forwards, then their d
     backwards; 1, one forward and its backward, when not given); its times are per micro-batch.
@@ -193,7 +216,7 @@ def time_stages(
 def _time_here(
     graph: BlockGraph,
     inputs: tuple[torch.Tensor, ...],
-    runs: list[StageRun | Beside],
+    runs: list[StageRun | Beside | SplitBackward],
     *,
     device: str | torch.device | None,
     threads: int,
@@ -219,6 +242,7 @@ def _time_here(
     fwd: dict[Any, list[float]] = {r: [] for r in runs}
     bwd: dict[Any, list[float]] = {r: [] for r in runs}
     first: dict[Any, list[float]] = {r: [] for r in runs}  # backwards into no gradient
+    weight: dict[Any, list[float]] = {r: [] for r in runs}  # split: the weight pass's share
     sums: dict[tuple[Any, bool], list[float]] = {(r, new): [] for r in runs
                                                  for new in (True, False)}
     # per run: forward, backward, first backward, and the sums after an added and a new start
@@ -268,9 +292,12 @@ def _time_here(
                     args = measurement.segment_args(work, envs[run[2]], seg)
                     last = loss_fn if run[1] == len(work.blocks) else None
                     window = steal.Window()
-                    f_ms, b_ms = _in_flight(seg, args, dev, last, depths[r])
+                    f_ms, b_ms, w_ms = _in_flight(seg, args, dev, last, depths[r],
+                                                  isinstance(r, SplitBackward))
                     if k >= warmup:
                         kept = not window.disturbed()
+                        if kept and w_ms and sum(b_ms) > 0:
+                            weight[r].append(sum(w_ms) / sum(b_ms))
                         to = timings[r] if kept else spare[r]
                         set_aside[r] += not kept
                         to[0].append(statistics.fmean(f_ms))
@@ -293,19 +320,26 @@ def _time_here(
                      len(fwd[r]),
                      statistics.median(first[r] or bwd[r]),
                      beside=jobs[r][1] is not None and r not in alone,
-                     set_aside=set_aside[r])
+                     set_aside=set_aside[r],
+                     weight_share=statistics.median(weight[r]) if weight[r] else None)
         for r in runs
     }
 
 
 def _in_flight(seg: Segment, args: Sequence[Any], dev: torch.device, loss: Any,
-               depth: int) -> tuple[list[float], list[float]]:
+               depth: int, split: bool = False) -> tuple[list[float], list[float], list[float]]:
     """``depth`` forwards of ``seg`` on ``args``, then their backwards in the same order, as a
-    GPipe stage runs its micro-batches: each one's forward and backward time (ms)."""
-    if depth == 1:
+    GPipe stage runs its micro-batches: each one's forward and backward time, and with
+    ``split`` (each backward in two passes: input gradient, then weight gradient) each one's
+    weight pass, a part of its backward (ms; no weight times without ``split``)."""
+    if depth == 1 and not split:
         _, f_ms, b_ms = measurement.timed_run(seg, args, dev, loss=loss)
-        return [f_ms], [b_ms]
+        return [f_ms], [b_ms], []
     held = [measurement.timed_forward(seg, args, dev, loss=loss) for _ in range(depth)]
-    backwards = [measurement.timed_backward(outputs, value, needs, dev)
-                 for outputs, value, needs, _ in held]
-    return [f_ms for *_, f_ms in held], backwards
+    if not split:
+        return ([f_ms for *_, f_ms in held],
+                [measurement.timed_backward(outputs, value, needs, dev)
+                 for outputs, value, needs, _ in held], [])
+    passes = [measurement.timed_split_backward(outputs, value, args, seg.module.parameters(), dev)
+              if needs else (0.0, 0.0) for outputs, value, needs, _ in held]
+    return [f_ms for *_, f_ms in held], [i + w for i, w in passes], [w for _, w in passes]

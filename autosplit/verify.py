@@ -7,7 +7,10 @@ candidates, and of every plan shown beside them, is timed as it will run: its co
 blocks together (:meth:`~autosplit.graph.BlockGraph.extract`), forward and backward, at the
 plan's micro-batch size b, with as many micro-batches in flight as the plan's schedule keeps
 on that stage (all m on a GPipe stage; :mod:`autosplit.stage_timing` times them, taking turns
-A B A B). Every other round a stage starts without gradients, as a step's first micro-batch
+A B A B), and, on the stages of a zero-bubble schedule whose inputs need a gradient, with the
+backward in two passes, input gradient then weight gradient, as torch runs it there
+(:class:`~autosplit.stage_timing.SplitBackward`: two passes cost more than one, by 10–13 % on
+ResNet50 and GPT small, and the weight pass's share is the stage's own). Every other round a stage starts without gradients, as a step's first micro-batch
 does (its backward makes them), the others add into them; a step of m micro-batches is
 predicted with one of the first kind and m − 1 of the second (:meth:`StageTime.per_step`).
 Adding into gradients costs more: ResNet50's forward and backward at b = 24 (64×64) took 2–5 %
@@ -53,7 +56,7 @@ from autosplit.profiler import check_inputs
 from autosplit.records import Plan, Profile
 from autosplit.schedules import SPLIT_BACKWARD, torch_order
 from autosplit.simulator import overlap_fractions, simulate_plan
-from autosplit.stage_timing import Beside, StageRun, StageTime, time_stages
+from autosplit.stage_timing import Beside, SplitBackward, StageRun, StageTime, time_stages
 from autosplit.stages import block_ranges
 from autosplit.units import format_ms
 
@@ -115,6 +118,16 @@ def _timed_runs(plan: Plan, beside: bool = True) -> list[Beside]:
     return out + [(r, None) for r in runs] if beside else out
 
 
+def _timed_items(plan: Plan, beside: bool = True) -> list[Beside | SplitBackward]:
+    """:func:`_timed_runs`, each wrapped in :class:`SplitBackward` on a zero-bubble schedule
+    (:data:`~autosplit.schedules.SPLIT_BACKWARD`) where the stage's inputs need a gradient: all
+    stages but the model's first, whose backward torch runs whole (as weight work)."""
+    runs = _timed_runs(plan, beside)
+    if plan.schedule not in SPLIT_BACKWARD:
+        return list(runs)
+    return [SplitBackward(r) if r[0][0] > 0 else r for r in runs]
+
+
 BLEND_ROUNDS = 2
 """How often a pipeline's overlaps are simulated again from the stage times they gave."""
 
@@ -131,7 +144,7 @@ def _stage_ranks(plan: Plan) -> list[int]:
         return [s % max(n // v, 1) for s in range(n)]
 
 
-def _stage_times(plan: Plan, timed: Sequence[StageTime], split: Sequence[float],
+def _stage_times(plan: Plan, timed: Sequence[StageTime],
                  share: float | None = None) -> tuple[list[StageTime], str]:
     """Each stage's time for the prediction, from ``timed`` (as :func:`_timed_runs` lists),
     and how it was made, in words for :attr:`Plan.verification`.
@@ -159,7 +172,7 @@ def _stage_times(plan: Plan, timed: Sequence[StageTime], split: Sequence[float],
     times = alone
     shares: tuple[float, ...] = ()
     for _ in range(BLEND_ROUNDS):
-        shares = overlap_fractions(simulate_plan(_scaled(plan, times, 0, split)))
+        shares = overlap_fractions(simulate_plan(_scaled(plan, times, 0)))
         times = [a.blend(b, shares[ranks[s]]) for s, (a, b) in enumerate(zip(alone, together))]
     overlap = "/".join(f"{x:.0%}" for x in shares)
     return times, (f", alone and beside its neighbouring worker's stage running on another "
@@ -167,47 +180,20 @@ def _stage_times(plan: Plan, timed: Sequence[StageTime], split: Sequence[float],
                    f"in the schedule ({overlap})")
 
 
-def _split_costs(profile: Profile, plan: Plan) -> list[float]:
-    """Per stage, what splitting the backward costs over running it whole: the profile's
-    input-gradient + weight-gradient time of the stage's blocks over their whole backward, at
-    the plan's micro-batch size (1.0 where the schedule does not split it or the profile does
-    not have both at that size).
-
-    Stage runs are timed with the backward whole; zero-bubble schedules run it in two passes
-    (+10–13 % on ResNet50 and GPT small), except on the first stage (no input gradient)."""
-    ones = [1.0] * len(plan.stages)
-    if plan.schedule not in SPLIT_BACKWARD or plan.split_size not in profile.microbatch_sizes:
-        return ones
-    k = profile.microbatch_sizes.index(plan.split_size)
-    out = []
-    for first, end in block_ranges(plan.balance):
-        if first == 0:
-            out.append(1.0)
-            continue
-        blocks = profile.blocks[first:end]
-        if any(b.input_grad_ms is None or b.weight_grad_ms is None for b in blocks):
-            return ones
-        whole = math.fsum(b.bwd_ms[k] for b in blocks)
-        split = math.fsum(b.input_grad_ms[k]  # type: ignore[index]
-                          + b.weight_grad_ms[k] for b in blocks)  # type: ignore[index]
-        out.append(split / whole if whole > 0 and split > 0 else 1.0)
-    return out
-
-
 def _scaled(plan: Plan, times: Sequence[StageTime], factor: int,
-            split_costs: Sequence[float] | None = None, action_spread_ms: float = 0.0) -> Plan:
+            action_spread_ms: float = 0.0) -> Plan:
     """The plan with each stage's time moved by ``factor`` (−1, 0, +1) times its spread, and
     the runtime's cost per action by ``factor`` times ``action_spread_ms`` (not below 0); a
-    stage's weight-gradient part keeps its share of the stage's backward, and a split backward
-    costs ``split_costs[s]`` times the whole one (:func:`_split_costs`)."""
+    stage's weight-gradient part is the share its split backward was timed with
+    (:attr:`StageTime.weight_share`), else the share the search gave it."""
     stages = []
-    costs = split_costs or [1.0] * len(plan.stages)
-    for s, t, split in zip(plan.stages, times, costs):
+    for s, t in zip(plan.stages, times):
         scale = max(1 + factor * t.spread, 0.0)
         forward = t.forward_ms * scale
-        compute = forward + t.backward_ms * scale * split
+        compute = forward + t.backward_ms * scale
         backward_before = s.compute_ms - s.forward_ms
-        share = s.weight_grad_ms / backward_before if backward_before > 0 else 0.0
+        share = (t.weight_share if t.weight_share is not None
+                 else s.weight_grad_ms / backward_before if backward_before > 0 else 0.0)
         stages.append(dataclasses.replace(
             s, compute_ms=compute, forward_ms=forward,
             weight_grad_ms=min(share, 1.0) * (compute - forward),
@@ -223,14 +209,15 @@ class PlanTimes:
     """The stage runs of several plans, timed in one session (:func:`time_plans`).
 
     Attributes:
-        times: each timed item (:data:`~autosplit.stage_timing.Beside`) and its time.
+        times: each timed item (:data:`~autosplit.stage_timing.Beside`, or one wrapped in
+            :class:`~autosplit.stage_timing.SplitBackward`) and its time.
         depths: per plan name, the micro-batches in flight each stage was timed with.
         singles: per plan name, the ways one device was timed running its batch.
         beside: whether the stages of plans with several workers were timed beside a
             neighbour, and alone (:func:`_timed_runs`).
     """
 
-    times: Mapping[Beside, StageTime]
+    times: Mapping[Beside | SplitBackward, StageTime]
     depths: Mapping[str, tuple[int, ...]]
     singles: Mapping[str, tuple[Beside, ...]]
     beside: bool
@@ -275,12 +262,12 @@ def time_plans(
             ways.append(((0, n, plan.batch_size), None))
         singles[name] = tuple(ways)
     beside = resolve_device(options.get("device")).type == "cpu" and neighbour.enabled()
-    runs = [r for plan in plans.values() for r in _timed_runs(plan, beside)]
+    runs: list[Any] = [r for plan in plans.values() for r in _timed_items(plan, beside)]
     runs += [r for ways in singles.values() for r in ways]
     plan_depths = {name: tuple(_depths(plan)) for name, plan in plans.items()}
-    depths: dict[Beside, int] = {}  # a run two plans share: the deeper of the two
+    depths: dict[Any, int] = {}  # a run two plans share: the deeper of the two
     for name, plan in plans.items():
-        for r, d in zip(_timed_runs(plan, beside), plan_depths[name] * 2):
+        for r, d in zip(_timed_items(plan, beside), plan_depths[name] * 2):
             depths[r] = max(depths.get(r, 1), d)
     times = time_stages(graph, example_inputs, runs, depths=depths,
                         **{"loss": profile.loss, **options})
@@ -309,14 +296,16 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
     distinct = len(timed.times)
     out = {}
     for name, plan in plans.items():
-        split = _split_costs(profile, plan)
+        items = _timed_items(plan, timed.beside)
         stage_times, how = _stage_times(
-            plan, [timed.times[r].per_step(plan.microbatches)
-                   for r in _timed_runs(plan, timed.beside)], split, share)
+            plan, [timed.times[r].per_step(plan.microbatches) for r in items], share)
+        if any(isinstance(r, SplitBackward) for r in items):
+            how += ("; on stages whose inputs need a gradient, the backward in two passes, "
+                    "input gradient then weight gradient, as the schedule runs it")
         action_spread = (  # the spread of the cost per action the plan carries
             profile.action_spread_of(plan.schedule) if len(plan.stages) > 1
             else profile.one_stage_action()[1] if plan.replicas > 1 else 0.0)
-        mid, low, high = (_scaled(plan, stage_times, f, split, action_spread)
+        mid, low, high = (_scaled(plan, stage_times, f, action_spread)
                           for f in (0, -1, 1))
         step = simulate_plan(mid).step_ms + plan.sync_after_ms  # all-reduces: not timed
         spread = (simulate_plan(high).step_ms - simulate_plan(low).step_ms) / 2 / step

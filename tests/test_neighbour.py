@@ -169,7 +169,7 @@ def test_a_pipeline_stage_is_its_time_alone_plus_the_overlapping_share_of_the_di
     plan = next(iter(plan_candidates(profile, 2, schedule="gpipe")))
     alone = [_time(30.0, False), _time(30.0, False)]
     together = [_time(36.0, True), _time(33.0, True)]
-    times, words = verify._stage_times(plan, together + alone, [1.0, 1.0])
+    times, words = verify._stage_times(plan, together + alone)
     shares = overlap_fractions(simulate_plan(verify._scaled(plan, times, 0)))
     assert 0 < min(shares) and max(shares) < 1  # a pipeline's ranks overlap in part
     for t, a, b, share in zip(times, alone, together, shares):
@@ -185,9 +185,9 @@ def test_replicas_take_their_time_beside_each_other_and_one_device_alone() -> No
     one = plan_with_balance(profile, [len(profile.blocks)], 2)
     replicated = dataclasses.replace(one, replicas=2, microbatches=2)
     beside = _time(36.0, True)
-    assert verify._stage_times(replicated, [beside], [1.0])[0] == [beside]
+    assert verify._stage_times(replicated, [beside])[0] == [beside]
     alone = _time(30.0, False)
-    assert verify._stage_times(one, [alone], [1.0]) == ([alone], "")
+    assert verify._stage_times(one, [alone]) == ([alone], "")
 
 
 def test_a_neighbour_that_dies_is_said_and_the_rest_is_timed_alone() -> None:
