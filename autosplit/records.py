@@ -84,6 +84,10 @@ class Stage:
         weight_grad_ms: the weight-gradient part (W) of the backward in ``compute_ms``, which a
             zero-bubble schedule runs apart (ms per micro-batch); 0 when not split (plans
             saved before this field load with 0).
+        whole_backward_ms: the backward in one pass (ms per micro-batch), what a ``B`` action
+            of a schedule that splits its other backwards (DualPipeV) costs, where it differs
+            from the two passes in ``compute_ms``; ``None``: the same (plans saved before this
+            field load with ``None``).
     """
 
     index: int
@@ -98,6 +102,7 @@ class Stage:
     verified_spread: float | None = None
     checkpoint: bool = False
     weight_grad_ms: float = 0.0
+    whole_backward_ms: float | None = None
 
     def __post_init__(self) -> None:
         checked(self, check_stage)

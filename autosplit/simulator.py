@@ -298,6 +298,9 @@ def _replayed(plan: Plan, comm: list[float]) -> SimResult:
         bwd_weight_ms=tuple(s.weight_grad_ms for s in plan.stages),
         checkpoint=tuple(s.checkpoint for s in plan.stages),
         comm_fwd_ms=tuple(comm), comm_bwd_ms=tuple(comm), action_ms=plan.action_ms,
+        bwd_whole_ms=None if all(s.whole_backward_ms is None for s in plan.stages) else tuple(
+            s.compute_ms - s.forward_ms if s.whole_backward_ms is None else s.whole_backward_ms
+            for s in plan.stages),
     )
     timeline = simulate_schedule(plan.schedule, len(plan.stages) // v, v, plan.microbatches,
                                  costs)

@@ -335,7 +335,7 @@ def check_stage(s: Any) -> None:
                                         f"{s.compute_ms} (forward + backward)")
     check_bytes(s.send_bytes, "send_bytes")
     check_bytes(s.memory_bytes, "memory_bytes")
-    for field in ("block_sum_ms", "verified_spread"):
+    for field in ("block_sum_ms", "verified_spread", "whole_backward_ms"):
         if getattr(s, field) is not None:
             check_ms(getattr(s, field), field)
     check_flag(s.checkpoint, "checkpoint")

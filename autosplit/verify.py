@@ -129,6 +129,22 @@ def _timed_items(plan: Plan, beside: bool = True) -> list[Beside | SplitBackward
     return [SplitBackward(r) if r[0][0] > 0 else r for r in runs]
 
 
+def _whole_items(plan: Plan, beside: bool = True) -> list[Beside]:
+    """:func:`_timed_runs` with the backward whole, for a zero-bubble schedule that runs some
+    backwards of a stage timed split (:func:`_timed_items`) in one pass (DualPipeV's ``B``
+    actions: :attr:`~autosplit.records.Stage.whole_backward_ms`); else none."""
+    if plan.schedule not in SPLIT_BACKWARD:
+        return []
+    n, v = len(plan.stages), plan.stages_per_rank
+    try:
+        order = torch_order(plan.schedule, n // v, v, plan.microbatches)
+    except AutosplitError:
+        return []
+    whole = {a.stage for row in order.actions for a in row if a.kind == "B"}
+    firsts = [first for first, _ in block_ranges(plan.balance)]
+    return _timed_runs(plan, beside) if any(firsts[s] > 0 for s in whole) else []
+
+
 BLEND_ROUNDS = 2
 """How often a pipeline's overlaps are simulated again from the stage times they gave."""
 
@@ -182,21 +198,25 @@ def _stage_times(plan: Plan, timed: Sequence[StageTime],
 
 
 def _scaled(plan: Plan, times: Sequence[StageTime], factor: int,
-            action_spread_ms: float = 0.0) -> Plan:
+            action_spread_ms: float = 0.0, whole: Sequence[StageTime] | None = None) -> Plan:
     """The plan with each stage's time moved by ``factor`` (−1, 0, +1) times its spread, and
     the runtime's cost per action by ``factor`` times ``action_spread_ms`` (not below 0); a
     stage's weight-gradient part is the share its split backward was timed with
-    (:attr:`StageTime.weight_share`), else the share the search gave it."""
+    (:attr:`StageTime.weight_share`), else the share the search gave it; a stage timed split
+    and ``whole`` too (:func:`_whole_items`) keeps that backward as its one pass
+    (:attr:`~autosplit.records.Stage.whole_backward_ms`; ``None`` otherwise)."""
     stages = []
-    for s, t in zip(plan.stages, times):
+    for k, (s, t) in enumerate(zip(plan.stages, times)):
         scale = max(1 + factor * t.spread, 0.0)
         forward = t.forward_ms * scale
         compute = forward + t.backward_ms * scale
         backward_before = s.compute_ms - s.forward_ms
         share = (t.weight_share if t.weight_share is not None
                  else s.weight_grad_ms / backward_before if backward_before > 0 else 0.0)
+        one_pass = (whole[k].backward_ms * max(1 + factor * whole[k].spread, 0.0)
+                    if whole and t.weight_share is not None else None)
         stages.append(dataclasses.replace(
-            s, compute_ms=compute, forward_ms=forward,
+            s, compute_ms=compute, forward_ms=forward, whole_backward_ms=one_pass,
             weight_grad_ms=min(share, 1.0) * (compute - forward),
             block_sum_ms=s.compute_ms if s.block_sum_ms is None else s.block_sum_ms,
             verified_spread=t.spread,
@@ -263,13 +283,15 @@ def time_plans(
             ways.append(((0, n, plan.batch_size), None))
         singles[name] = tuple(ways)
     beside = resolve_device(options.get("device")).type == "cpu" and neighbour.enabled()
-    runs: list[Any] = [r for plan in plans.values() for r in _timed_items(plan, beside)]
+    runs: list[Any] = [r for plan in plans.values()
+                       for r in (*_timed_items(plan, beside), *_whole_items(plan, beside))]
     runs += [r for ways in singles.values() for r in ways]
     plan_depths = {name: tuple(_depths(plan)) for name, plan in plans.items()}
     depths: dict[Any, int] = {}  # a run two plans share: the deeper of the two
     for name, plan in plans.items():
-        for r, d in zip(_timed_items(plan, beside), plan_depths[name] * 2):
-            depths[r] = max(depths.get(r, 1), d)
+        for items in (_timed_items(plan, beside), _whole_items(plan, beside)):
+            for r, d in zip(items, plan_depths[name] * 2):
+                depths[r] = max(depths.get(r, 1), d)
     times = time_stages(graph, example_inputs, runs, depths=depths,
                         **{"loss": profile.loss, **options})
     return PlanTimes(times, plan_depths, singles, beside)
@@ -300,13 +322,17 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
         items = _timed_items(plan, timed.beside)
         stage_times, how = _stage_times(
             plan, [timed.times[r].per_step(plan.microbatches) for r in items], share)
+        whole_items = _whole_items(plan, timed.beside)
+        whole = _stage_times(plan, [timed.times[r].per_step(plan.microbatches)
+                                    for r in whole_items], share)[0] if whole_items else None
         if any(isinstance(r, SplitBackward) for r in items):
             how += ("; on stages whose inputs need a gradient, the backward in two passes, "
-                    "input gradient then weight gradient, as the schedule runs it")
+                    "input gradient then weight gradient, as the schedule runs it"
+                    + (", and in one pass too, as it runs some" if whole else ""))
         action_spread = (  # the spread of the cost per action the plan carries
             profile.action_spread_of(plan.schedule) if len(plan.stages) > 1
             else profile.one_stage_action()[1] if plan.replicas > 1 else 0.0)
-        mid, low, high = (_scaled(plan, stage_times, f, action_spread)
+        mid, low, high = (_scaled(plan, stage_times, f, action_spread, whole)
                           for f in (0, -1, 1))
         step = simulate_plan(mid).step_ms + plan.sync_after_ms  # all-reduces: not timed
         spread = (simulate_plan(high).step_ms - simulate_plan(low).step_ms) / 2 / step

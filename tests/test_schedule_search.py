@@ -40,7 +40,9 @@ def _random_problem(rng: random.Random, n: int, m: int, capacity: float | None) 
     grads = None if rng.random() < 0.5 else tuple(
         g + sum(w[2] for w in shared if i in w[0]) for i, g in enumerate(row(0, 30)))
     return JointProblem(
-        fwd_ms=row(0.1, 3), bwd_ms=tuple(a + b for a, b in zip(grad_in, grad_w)),
+        # the backward in one pass (a B action) costs up to a quarter less than the two
+        fwd_ms=row(0.1, 3), bwd_ms=tuple((a + b) * rng.uniform(0.75, 1.0)
+                                         for a, b in zip(grad_in, grad_w)),
         input_grad_ms=grad_in, weight_grad_ms=grad_w, saved_bytes=row(1, 100),
         input_bytes=row(1, 20), static_bytes=row(1, 50),
         comm_fwd_ms=row(0, 0.5, n - 1), comm_bwd_ms=row(0, 0.5, n - 1), m=m,
@@ -76,6 +78,33 @@ def test_search_equals_brute_force_on_random_instances(schedule: str, v: int) ->
             assert (found.balance, found.checkpoint) == (oracle.balance, oracle.checkpoint)
             assert found.memory_bytes == pytest.approx(oracle.memory_bytes)
     assert checked >= 3
+
+
+@pytest.mark.parametrize("schedule", ["dualpipev", "zbv", "interleaved-zb"])
+def test_a_whole_backward_costs_one_pass_in_the_search_and_the_replay(schedule: str) -> None:
+    """DualPipeV runs most backwards whole (B), the other zero-bubble schedules none: a B
+    action costs the one pass, cheaper than the input and weight passes, in the replay and in
+    the search, which stays the brute force's optimum."""
+    rng = random.Random(f"whole-{schedule}")
+    for _ in range(25):
+        n, m = rng.randint(4, 7), rng.choice([4, 6])
+        order = torch_order(schedule, 2, 2, m)
+        base = _random_problem(rng, n, m, None)
+        problem = dataclasses.replace(base, bwd_ms=tuple(  # one pass: 30 … 100 % of two
+            rng.uniform(0.3, 1.0) * (a + b)
+            for a, b in zip(base.input_grad_ms, base.weight_grad_ms)))  # type: ignore[arg-type]
+        found, oracle = solve_joint(problem, order), brute_force_joint(problem, order)
+        assert found is not None and oracle is not None
+        assert found.step_ms == pytest.approx(oracle.step_ms, rel=1e-9)
+        assert found.balance == oracle.balance
+        costs = stage_costs(problem, found.balance, (False,) * order.n, order)
+        whole = [sum(problem.bwd_ms[a:b]) for a, b in itertools.pairwise(
+            (0, *itertools.accumulate(found.balance)))]
+        assert [costs.duration_ms("B", s) for s in range(order.n)] == pytest.approx(whole)
+        two = dataclasses.replace(costs, bwd_whole_ms=None)  # B as the two passes
+        longer = replay(order, two).step_ms
+        kinds = {a.kind for row in order.actions for a in row}
+        assert (longer > replay(order, costs).step_ms) == ("B" in kinds)
 
 
 @pytest.mark.parametrize("schedule,v,p", [("gpipe", 1, 3), ("1f1b", 1, 4), ("looped-bfs", 3, 2),

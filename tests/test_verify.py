@@ -437,6 +437,30 @@ def test_a_zero_bubble_stage_is_timed_with_its_backward_in_two_passes(small, fak
     assert all(s.compute_ms == 2000.0 for s in verified["gpipe"].stages)
     assert "backward in two passes" in verified["zbv"].verification
     assert "two passes" not in verified["gpipe"].verification
+    assert all(s.whole_backward_ms is None for s in verified["zbv"].stages)  # no B action
+
+
+def test_dualpipev_stages_are_timed_in_two_passes_and_in_one(small, fake_clock) -> None:
+    """DualPipeV runs most backwards whole and some split: its stages are timed both ways, and
+    a B action costs the one pass."""
+    model, x, prof = small
+    blocks = tuple(dataclasses.replace(b, input_grad_ms=tuple(0.7 * t for t in b.bwd_ms),
+                                       weight_grad_ms=tuple(0.5 * t for t in b.bwd_ms))
+                   for b in prof.blocks)
+    split = dataclasses.replace(prof, blocks=blocks)
+    plan = autosplit.plan(split, 2, schedule="dualpipev", split_size=2)
+    assert verify._whole_items(plan) and not verify._whole_items(
+        autosplit.plan(split, 2, schedule="zbv", split_size=2))
+    got = verify_plans(trace(model), x, split, {"d": plan}, rounds=1, max_rounds=1)["d"]
+    first, *others = got.stages
+    assert first.whole_backward_ms is None and first.compute_ms == pytest.approx(2000.0)
+    # the fake clock: a forward 1 s, a whole backward 1 s, each pass of a split one 1 s
+    assert all(s.compute_ms == pytest.approx(3000.0) for s in others)
+    assert all(s.whole_backward_ms == pytest.approx(1000.0) for s in others)
+    assert "in one pass too" in got.verification
+    as_two = dataclasses.replace(got, stages=tuple(
+        dataclasses.replace(s, whole_backward_ms=None) for s in got.stages))
+    assert simulate_plan(got).step_ms < simulate_plan(as_two).step_ms
 
 
 def test_a_run_is_timed_whole_and_split_apart(small, fake_clock) -> None:

@@ -166,7 +166,9 @@ def _assemble(settings: PlanSettings, profile: Profile, k: int, schedule: str, v
             send_bytes=0 if last else int(profile.cuts[end - 1].bytes[k]),
             send_ms=0.0 if last else 2 * costs.comm_fwd_ms[s],
             memory_bytes=int(found.memory_bytes[rank]),
-            checkpoint=found.checkpoint[s], weight_grad_ms=costs.bwd_weight_ms[s]))
+            checkpoint=found.checkpoint[s], weight_grad_ms=costs.bwd_weight_ms[s],
+            whole_backward_ms=costs.bwd_whole_ms[s] if order.splits_backward  # type: ignore[index]
+            else None))
         start = end
     shared = shared_weights(settings, profile, bounds, order.stage_rank)
     single, single_split = single_device_ms(profile, settings.batch_size)

@@ -291,6 +291,7 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
             between[:, 0] = 0.0
     else:
         g, w = sums(problem.bwd_ms), np.zeros_like(f)
+    whole = sums(problem.bwd_ms)  # a B action: the backward in one pass
     keep = np.zeros_like(act) if problem.input_bytes is None else np.asarray(
         problem.input_bytes, dtype=float)[first]
     place = np.asarray(order.stage_rank)
@@ -327,9 +328,13 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
     _shared_once_per_rank(problem, order, end, static_r, grads)
     # every micro-batch has an F and a B or I on each stage, each with the runtime's cost
     fo, go, o = f + problem.action_ms, g + problem.action_ms, problem.action_ms
+    bo = whole + o
+    # a micro-batch's backward on a stage: B, or I then W; its gradient to the stage before
+    # comes with B or I (bounds take the cheaper, which the replay may not)
+    back, grad = np.minimum(bo, go + w + o), np.minimum(bo, go)
     # the replay of every balance without recomputation: recomputing only lengthens a
     # backward and the replay's durations only add, so it bounds every mask from below
-    no_mask = _steps(order, sequence, {"F": fo, "W": w + o, "I": go, "B": go + w}, hop_f, hop_b)
+    no_mask = _steps(order, sequence, {"F": fo, "W": w + o, "I": go, "B": bo}, hop_f, hop_b)
 
     def memory(rows: np.ndarray, c: np.ndarray) -> np.ndarray:
         """The rows' memory per rank (bytes), R × p, under the checkpoint mask c."""
@@ -376,8 +381,8 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
             rows = rows[ok]
         if best is not None and len(rows):
             rec = recompute[rows]
-            work = problem.m * (fo[rows] + go[rows] + w[rows] + rec)
-            bound = np.sum(fo[rows] + go[rows] + rec, axis=1)
+            work = problem.m * (fo[rows] + back[rows] + rec)
+            bound = np.sum(fo[rows] + grad[rows] + rec, axis=1)
             for r in range(order.p):
                 rank = work[:, on[r]].sum(axis=1) + (fo[rows] * below[r]).sum(axis=1)
                 if not split:
@@ -388,7 +393,7 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
             continue
         if any(mask):
             dur = {"F": fo[rows], "W": w[rows] + o, "I": recompute[rows] + go[rows],
-                   "B": recompute[rows] + go[rows] + w[rows]}
+                   "B": recompute[rows] + bo[rows]}
             steps = _steps(order, sequence, dur, hop_f[rows], hop_b[rows])
         else:  # replayed already
             steps = no_mask[rows]

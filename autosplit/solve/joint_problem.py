@@ -147,7 +147,8 @@ def stage_costs(problem: JointProblem, balance: Sequence[int], checkpoint: Seque
                 order: ScheduleOrder) -> StageCosts:
     """The replay's :class:`StageCosts` of ``balance`` for ``order`` (its split backward; with
     ``cut_bytes``, each stage's output and the gradient of its input, which it sends back or
-    passes to its predecessor on the same rank; each stage's transient bytes)."""
+    passes to its predecessor on the same rank; each stage's transient bytes; a ``B`` action
+    of a schedule that splits the others costs the blocks' whole backward)."""
     split = order.splits_backward
     ends = list(itertools.accumulate(balance))
     starts = [0, *ends[:-1]]
@@ -190,6 +191,7 @@ def stage_costs(problem: JointProblem, balance: Sequence[int], checkpoint: Seque
             g - x for g, x in zip(total(problem.grad_bytes),
                                   shared_grad_excess(problem, balance, order))),
         action_ms=problem.action_ms,
+        bwd_whole_ms=total(problem.bwd_ms),
     )
 
 
