@@ -59,7 +59,7 @@ from autosplit import checks
 from autosplit.claims import half_iqr
 from autosplit.errors import InvalidInputError
 from autosplit.planner.schedules import SEARCHED
-from autosplit.schedules import StageCosts, simulate_schedule, torch_class_name
+from autosplit.schedules import StageCosts, simulate_schedule, torch_class_name, torch_order
 from autosplit.simulator import overlap_shares
 
 __all__ = ["LAYERS", "MEASURED", "PLAIN_RUNS", "ROWS", "WIDTH", "action_costs",
@@ -82,8 +82,9 @@ BLEND_ROUNDS = 2
 """How often the overlaps are replayed again from the costs they weighed (as
 :data:`autosplit.verify.BLEND_ROUNDS`)."""
 _CACHE: dict[str, dict[str, list[float]]] = {}
-_Runs = dict[int, tuple[float, float, float]]
-"""Per stage of a rank: (forward, input pass, weight pass) ms of its plain runs."""
+_Runs = dict[int, tuple[float, float, float, float]]
+"""Per stage of a rank: (forward, input pass, weight pass, backward in one pass) ms of its plain
+runs."""
 _ONE_STAGE = "one stage"  # the one-stage runtime's fits, in _CACHE beside the schedules'
 
 
@@ -169,7 +170,9 @@ def _weighed(alone: StageCosts, together: StageCosts, share: Sequence[float]) ->
 
     return StageCosts(mix(alone.fwd_ms, together.fwd_ms),
                       mix(alone.bwd_input_ms, together.bwd_input_ms),
-                      mix(alone.bwd_weight_ms, together.bwd_weight_ms))  # type: ignore[arg-type]
+                      mix(alone.bwd_weight_ms, together.bwd_weight_ms),  # type: ignore[arg-type]
+                      bwd_whole_ms=mix(alone.bwd_whole_ms,  # type: ignore[arg-type]
+                                       together.bwd_whole_ms))  # type: ignore[arg-type]
 
 
 def _pairs(schedules: Sequence[str] | None) -> tuple[tuple[str, int], ...]:
@@ -288,7 +291,7 @@ def _one_stage_rank(repeats: int = 9, warmup: int = 2
     mine: list[tuple[float, StageCosts]] = []
     for i in range(warmup + repeats):
         dist.barrier()
-        (fwd, bwd, _), = _plain_times({0: module}, 0, False).values()
+        (fwd, bwd, _, _), = _plain_times({0: module}, 0, False).values()
         dist.barrier()
         start = time.perf_counter()
         runner.step(x, target=target)
@@ -316,12 +319,15 @@ def _loss(y: Any, target: Any) -> Any:
     return ((y - target) ** 2).mean()
 
 
-def _plain_times(modules: dict[int, Any], last: int, split: bool, runs: int = PLAIN_RUNS
-                 ) -> _Runs:
+def _plain_times(modules: dict[int, Any], last: int, split: bool, runs: int = PLAIN_RUNS,
+                 whole: bool = False) -> _Runs:
     """This rank's stages run ``runs`` times in a plain loop, as the runtime runs them: per
-    stage, the medians of (forward, input pass, weight pass) ms; a backward not split is all
-    input pass. The last stage's forward includes the loss; the first stage's input needs no
-    gradient (its backward is all weight work when split, as torch runs it)."""
+    stage, the medians of (forward, input pass, weight pass, backward in one pass) ms; a
+    backward not split is all input pass. The last stage's forward includes the loss; the
+    first stage's input needs no gradient (its backward is all weight work when split, as
+    torch runs it). With ``split`` and ``whole`` (a schedule that runs some backwards in one
+    pass, DualPipeV), a split stage's one pass is timed too, after a forward of its own; else
+    it is taken as the two passes."""
     import torch
     from torch.distributed.pipelining._backward import (
         stage_backward_input,
@@ -343,13 +349,21 @@ def _plain_times(modules: dict[int, Any], last: int, split: bool, runs: int = PL
                 t2 = time.perf_counter()
                 stage_backward_weight(module.parameters(), groups)
                 input_ms, weight_ms = t2 - t1, time.perf_counter() - t2
+                one_ms = input_ms + weight_ms
+                if whole:
+                    y = module(x)
+                    y = _loss(y, torch.zeros_like(y)) if s == last else y
+                    t3 = time.perf_counter()
+                    y.backward(grad)
+                    one_ms = time.perf_counter() - t3
             else:  # whole: as the input pass, or, split on the first stage, as the weight pass
                 y.backward(grad)
-                whole = time.perf_counter() - t1
-                input_ms, weight_ms = (0.0, whole) if split else (whole, 0.0)
+                one_ms = time.perf_counter() - t1
+                input_ms, weight_ms = (0.0, one_ms) if split else (one_ms, 0.0)
             for q in module.parameters():
                 q.grad = None
-            timed[s].append(((t1 - t0) * 1000.0, input_ms * 1000.0, weight_ms * 1000.0))
+            timed[s].append(((t1 - t0) * 1000.0, input_ms * 1000.0, weight_ms * 1000.0,
+                             one_ms * 1000.0))
     return {s: tuple(statistics.median(x) for x in zip(*rows))  # type: ignore[misc]
             for s, rows in timed.items()}
 
@@ -375,6 +389,8 @@ def _rank(pairs: Sequence[tuple[str, int]] = MEASURED, repeats: int = 9, warmup:
     for schedule, v in pairs:
         n = 2 * v
         split = schedule in SPLIT_BACKWARD
+        whole = split and any(a.kind == "B" for row in torch_order(
+            schedule, 2, v, _MICROBATCHES).actions for a in row)
         mine = stage_indices(n, rank, 2, v_shape=schedule in V_SCHEDULES)
         torch.manual_seed(0)
         modules = {i: _stage_module() for i in mine}
@@ -390,9 +406,9 @@ def _rank(pairs: Sequence[tuple[str, int]] = MEASURED, repeats: int = 9, warmup:
             for turn in range(dist.get_world_size()):  # each rank's stages, the others idle
                 dist.barrier()
                 if rank == turn:
-                    alone = _plain_times(modules, n - 1, split)
+                    alone = _plain_times(modules, n - 1, split, whole=whole)
             dist.barrier()
-            together = _plain_times(modules, n - 1, split)
+            together = _plain_times(modules, n - 1, split, whole=whole)
             dist.barrier()
             start = time.perf_counter()
             args = (x,) if 0 in mine else ()
@@ -418,6 +434,6 @@ def _round(n: int, step: float, alone: _Runs, together: _Runs
             every.update(ranks[k])
         per = [every[s] for s in range(n)]
         return StageCosts(tuple(c[0] for c in per), tuple(c[1] for c in per),
-                          tuple(c[2] for c in per))
+                          tuple(c[2] for c in per), bwd_whole_ms=tuple(c[3] for c in per))
 
     return max(float(t) for t, _, _ in gathered), costs(1), costs(2)

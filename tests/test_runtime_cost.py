@@ -246,3 +246,25 @@ def test_the_one_stage_fit_takes_every_rank_s_rounds(monkeypatch) -> None:
     ms, spread = measure_one_stage_action_ms()
     assert ms == pytest.approx(0.5, abs=1e-5)
     assert spread == pytest.approx((0.525 - 0.475) / 2, abs=1e-5)  # quartiles 0.475, 0.525
+
+
+@pytest.mark.parametrize("split,whole", [(False, False), (True, False), (True, True)])
+def test_plain_runs_time_the_one_pass_backward_where_the_schedule_runs_it(split: bool,
+                                                                         whole: bool) -> None:
+    """Per stage (forward, input pass, weight pass, one pass) ms: the one pass is timed apart
+    where a split schedule runs some backwards whole (DualPipeV), else it is the two passes;
+    the first stage's split backward is all weight work."""
+    from autosplit import runtime_cost
+
+    modules = {0: runtime_cost._stage_module(), 1: runtime_cost._stage_module()}
+    got = runtime_cost._plain_times(modules, 1, split, runs=1, whole=whole)
+    for s, (fwd, grad_in, grad_w, one) in got.items():
+        assert fwd > 0 and one > 0
+        if not split:
+            assert (grad_w, one) == (0.0, grad_in)
+        elif s == 0:
+            assert (grad_in, one) == (0.0, grad_w)
+        elif not whole:
+            assert one == grad_in + grad_w
+        else:
+            assert grad_in > 0 and grad_w > 0 and one != grad_in + grad_w  # timed on its own
