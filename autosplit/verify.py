@@ -10,7 +10,9 @@ on that stage (all m on a GPipe stage; :mod:`autosplit.stage_timing` times them,
 A B A B), and, on the stages of a zero-bubble schedule whose inputs need a gradient, with the
 backward in two passes, input gradient then weight gradient, as torch runs it there
 (:class:`~autosplit.stage_timing.SplitBackward`: two passes cost more than one, by 10–13 % on
-ResNet50 and GPT small, and the weight pass's share is the stage's own). Every other round a
+ResNet50 and GPT small, and the weight pass's share is the stage's own) — and in one pass too
+where the schedule runs some of that stage's backwards whole (DualPipeV's ``B`` actions:
+:attr:`~autosplit.records.Stage.whole_backward_ms`). Every other round a
 stage starts without gradients, as a step's first micro-batch does (its backward makes them),
 the others add into them; a step of m micro-batches is predicted with one of the first kind
 and m − 1 of the second (:meth:`StageTime.per_step`).
