@@ -64,7 +64,9 @@ GIVEN = " (the cut given by --balance, not autosplit's plan)"
 SLOW_RECEIVE_MS = 1.0  # a receive (posting + waiting) longer than this is counted as slow
 WARMUP = 2  # untimed steps before the timed ones, at least
 MAX_WARMUP = 60  # at most, while a step still faults in fresh memory (harness.settled)
-KINDS = ("F", "B", "W")
+KINDS = ("F", "B", "I", "W")
+"""The actions timed: forward, backward whole, input pass, weight pass (torch's
+``backward_one_chunk`` with ``full_backward`` true is B, false I)."""
 
 
 DEFAULT = ("gpt-small", "resnet50-64")
@@ -147,7 +149,8 @@ def _recording(events: list[tuple[str, int, int, float, float]]) -> None:
                 if kind != "loss" or on.is_last:  # the loss: where there is one
                     index = -1 if on is None else on.stage_index
                     chunk = args[1] if kind in KINDS else -1  # (self, chunk id, …)
-                    events.append((kind, index, int(chunk), start, time.perf_counter()))
+                    what = "I" if kind == "B" and not kwargs.get("full_backward", True) else kind
+                    events.append((what, index, int(chunk), start, time.perf_counter()))
 
         setattr(owner, name, timed)
 
@@ -398,16 +401,21 @@ def analyse(plan: Plan, ranks: list[list[Any]]) -> dict[str, Any]:
 
 def stage_actions(plan: Plan) -> dict[str, float]:
     """A verified plan's time per micro-batch of each stage's actions as the runtime names them
-    (ms): ``F<s>``; ``B<s>`` the whole backward, or, where the schedule splits it, its input
-    pass with the weight pass ``W<s>`` apart (a split stage's share of the backward)."""
+    (ms): ``F<s>``; ``B<s>`` the whole backward; where the schedule splits it, its input pass
+    ``I<s>`` and weight pass ``W<s>`` (and ``B<s>`` the one pass, where the plan has it:
+    DualPipeV)."""
     split = plan.schedule in SPLIT_BACKWARD
     out = {}
     for s in plan.stages:
         backward = s.compute_ms - s.forward_ms
         out[f"F{s.index}"] = s.forward_ms
-        out[f"B{s.index}"] = backward - s.weight_grad_ms if split else backward
-        if split:
-            out[f"W{s.index}"] = s.weight_grad_ms
+        if not split:
+            out[f"B{s.index}"] = backward
+            continue
+        out[f"I{s.index}"] = backward - s.weight_grad_ms
+        out[f"W{s.index}"] = s.weight_grad_ms
+        if s.whole_backward_ms is not None:
+            out[f"B{s.index}"] = s.whole_backward_ms
     return out
 
 
@@ -426,12 +434,13 @@ def _input_delays(plan: Plan, ranks: list[list[Any]]) -> dict[str, Any]:
         for r, rank in enumerate(ranks):
             previous = rank[k][0]
             for kind, stage, chunk, a, b in sorted(rank[k][2], key=lambda e: e[3]):
-                if kind not in ("F", "B"):
+                if kind not in ("F", "B", "I"):
                     previous = b if kind == "loss" else previous
                     continue
                 source = stage - 1 if kind == "F" else stage + 1
                 cut = min(stage, source)
-                produced = ends.get((kind, source, chunk))
+                produced = ends.get((kind, source, chunk)) if kind == "F" else (
+                    ends.get(("B", source, chunk)) or ends.get(("I", source, chunk)))
                 if produced is not None and where.get(source) != r:
                     hop = plan.stages[cut].send_ms / 2 / 1000.0
                     delay = 1000.0 * (a - max(produced + hop, previous))
@@ -448,22 +457,23 @@ def _input_delays(plan: Plan, ranks: list[list[Any]]) -> dict[str, Any]:
 def _replay(plan: Plan, durations: dict[tuple[str, int], list[float]], loss_ms: float,
             stat: Any = statistics.median) -> float:
     """The plan's schedule simulation (its cost per action, link and all-reduces after the
-    step as planned) with each stage's forward and backward as timed inside the runtime
-    (``stat`` of its timings: the median, or the mean); the last stage's forward with the
-    loss, as verification times it."""
+    step as planned) with each stage's forward, backward whole (B), input pass (I) and weight
+    pass (W) as timed inside the runtime (``stat`` of its timings: the median, or the mean);
+    the last stage's forward with the loss, as verification times it."""
     stages = []
     last = len(plan.stages) - 1
     for s in plan.stages:
-        f = durations.get(("F", s.index))
-        b = durations.get(("B", s.index))
-        if not f or not b:
+        f, b, i, w = (durations.get((kind, s.index)) for kind in "FBIW")
+        if not f or not (b or i or w):
             return float("nan")
         forward = stat(f) + (loss_ms if s.index == last else 0.0)
-        w = durations.get(("W", s.index))
-        weight = stat(w) if w else s.weight_grad_ms
-        backward = stat(b) + (weight if w else 0.0)
-        stages.append(dataclasses.replace(s, forward_ms=forward, compute_ms=forward + backward,
-                                          weight_grad_ms=min(weight, backward)))
+        whole = stat(b) if b else None
+        weight = stat(w) if w else 0.0 if whole is not None and not i else s.weight_grad_ms
+        backward = (stat(i) if i else 0.0) + weight if (i or w) else whole
+        stages.append(dataclasses.replace(
+            s, forward_ms=forward, compute_ms=forward + backward,  # type: ignore[operator]
+            weight_grad_ms=min(weight, backward),  # type: ignore[type-var]
+            whole_backward_ms=whole if (i or w) else None))
     replayed = dataclasses.replace(plan, stages=tuple(stages))
     return simulate_plan(replayed).step_ms + plan.sync_after_ms
 
@@ -575,8 +585,9 @@ def markdown(data: dict[str, Any]) -> str:
              "(together), the runtime's own stage modules run by a plain loop in the ranks "
              "(by hand: the step's forwards, then its backwards, no messages; alone and "
              "together), and inside torch's runtime."
-             + (" Where the schedule splits the backward, B is its input pass and W its "
-                "weight pass, except in the four in-rank columns, which run it whole."
+             + (" Where the schedule splits the backward, I is its input pass, W its weight "
+                "pass and B a backward run whole (DualPipeV runs both kinds); the four in-rank "
+                "columns run every backward whole."
                 if m["schedule"] in SPLIT_BACKWARD else "")), "",
             ("| action | verified | again after | in the rank, alone | in the rank, together | "
              "by hand, alone | by hand, together | in the runtime | runtime / verified |"),
