@@ -57,7 +57,7 @@ from autosplit.errors import AutosplitError
 from autosplit.graph import BlockGraph
 from autosplit.profiler import check_inputs
 from autosplit.records import Plan, Profile
-from autosplit.schedules import SPLIT_BACKWARD, torch_order
+from autosplit.schedules import SPLIT_BACKWARD, ScheduleOrder, torch_order
 from autosplit.simulator import overlap_fractions, simulate_plan
 from autosplit.stage_timing import Beside, SplitBackward, StageRun, StageTime, time_stages
 from autosplit.stages import block_ranges
@@ -78,15 +78,22 @@ long by block sums (ms), else one at a time: longer rounds would not fit the bud
 the effect was measured on such long runs (ResNet50's stages) it was within 0.5 %."""
 
 
+def _order(plan: Plan) -> ScheduleOrder | None:
+    """torch's own action order for ``plan`` (``None`` where torch's class cannot run it)."""
+    v = plan.stages_per_rank
+    try:
+        return torch_order(plan.schedule, len(plan.stages) // v, v, plan.microbatches)
+    except AutosplitError:
+        return None
+
+
 def _depths(plan: Plan) -> list[int]:
     """Per stage, the most micro-batches its schedule keeps in flight (forwards whose backward
     has not started, in torch's own order: m on every GPipe stage, 1 on 1F1B's last), or 1 where
     that many would take longer than :data:`IN_FLIGHT_CAP_MS` by block sums."""
-    v = plan.stages_per_rank
     n = len(plan.stages)
-    try:
-        order = torch_order(plan.schedule, n // v, v, plan.microbatches)
-    except AutosplitError:
+    order = _order(plan)
+    if order is None:
         return [1] * n
     live, peak = [0] * n, [1] * n
     for row in order.actions:
@@ -135,12 +142,8 @@ def _whole_items(plan: Plan, beside: bool = True) -> list[Beside]:
     """:func:`_timed_runs` with the backward whole, for a zero-bubble schedule that runs some
     backwards of a stage timed split (:func:`_timed_items`) in one pass (DualPipeV's ``B``
     actions: :attr:`~autosplit.records.Stage.whole_backward_ms`); else none."""
-    if plan.schedule not in SPLIT_BACKWARD:
-        return []
-    n, v = len(plan.stages), plan.stages_per_rank
-    try:
-        order = torch_order(plan.schedule, n // v, v, plan.microbatches)
-    except AutosplitError:
+    order = _order(plan) if plan.schedule in SPLIT_BACKWARD else None
+    if order is None:
         return []
     whole = {a.stage for row in order.actions for a in row if a.kind == "B"}
     firsts = [first for first, _ in block_ranges(plan.balance)]
@@ -155,12 +158,11 @@ def _stage_ranks(plan: Plan) -> list[int]:
     """The rank that runs each stage, as torch's class places it
     (:attr:`~autosplit.schedules.ScheduleOrder.stage_rank`; stage s on rank s mod p where
     torch's class cannot run the plan)."""
-    v = plan.stages_per_rank
-    n = len(plan.stages)
-    try:
-        return list(torch_order(plan.schedule, n // v, v, plan.microbatches).stage_rank)
-    except AutosplitError:
-        return [s % max(n // v, 1) for s in range(n)]
+    order = _order(plan)
+    if order is None:
+        n = len(plan.stages)
+        return [s % max(n // plan.stages_per_rank, 1) for s in range(n)]
+    return list(order.stage_rank)
 
 
 def _stage_times(plan: Plan, timed: Sequence[StageTime],
