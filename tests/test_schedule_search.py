@@ -107,6 +107,29 @@ def test_a_whole_backward_costs_one_pass_in_the_search_and_the_replay(schedule: 
         assert (longer > replay(order, costs).step_ms) == ("B" in kinds)
 
 
+def test_the_search_waits_for_sends_where_torch_posts_them() -> None:
+    """DualPipeV posts an overlapped forward's send after the pair's backward: the search
+    times it there, as the replay does, and stays the brute force's optimum; with every send
+    posted when its action ends the step would differ."""
+    rng = random.Random("late-sends")
+    differ = 0
+    for _ in range(12):
+        n, m = rng.randint(4, 6), rng.choice([4, 6])
+        order = torch_order("dualpipev", 2, 2, m)
+        problem = dataclasses.replace(_random_problem(rng, n, m, None),
+                                      comm_fwd_ms=tuple(rng.uniform(0.5, 3) for _ in range(n - 1)))
+        found, oracle = solve_joint(problem, order), brute_force_joint(problem, order)
+        assert found is not None and oracle is not None
+        assert found.step_ms == pytest.approx(oracle.step_ms, rel=1e-9)
+        assert found.balance == oracle.balance
+        costs = stage_costs(problem, found.balance, (False,) * order.n, order)
+        assert replay(order, costs).step_ms == pytest.approx(found.step_ms, rel=1e-9)
+        early = replay(dataclasses.replace(order, sends=()), costs).step_ms
+        assert early <= found.step_ms + 1e-9
+        differ += early < found.step_ms - 1e-9
+    assert differ > 0
+
+
 @pytest.mark.parametrize("schedule,v,p", [("gpipe", 1, 3), ("1f1b", 1, 4), ("looped-bfs", 3, 2),
                                             ("interleaved-1f1b", 3, 2), ("zbv", 2, 2)])
 def test_search_equals_brute_force_where_checkpointing_decides(schedule: str, v: int,

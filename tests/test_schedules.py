@@ -7,6 +7,7 @@ of micro-batch 0 on stage 2), in the rank's execution order.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -18,6 +19,8 @@ from test_simulator import table  # rows like "0F0 0–1, 0F1 1–2": name, star
 from autosplit.errors import ArgumentTypeError, InvalidInputError, ScheduleUnavailableError
 from autosplit.schedules import (
     SCHEDULES,
+    Action,
+    ScheduleOrder,
     StageCosts,
     Timeline,
     replay,
@@ -255,6 +258,67 @@ def test_zbv_with_transfers_free_at_the_turn_of_the_v() -> None:
     )
     assert result.step_ms == 16.0
     assert result.busy_ms == (12.0, 12.0)
+
+
+def test_a_transfer_starts_when_its_send_is_posted() -> None:
+    """p = 2, m = 2, F = 1, B = 2, 0.5 ms over the cut each way; rank 0 runs 0F0 0F1 0B0 0B1,
+    rank 1 1F0 1B0 1F1 1B1 (receives posted right before the action that needs them).
+
+    Sends posted right after their action (the default):
+
+    ========  ==================================
+    rank 0    0F0 0–1, 0F1 1–2, 0B0 5–7, 0B1 8.5–10.5
+    rank 1    1F0 1.5–2.5, 1B0 2.5–4.5, 1F1 5–6, 1B1 6–8
+    ========  ==================================
+
+    Rank 0 posting both forward sends after 0F1 (as DualPipeV posts an overlapped forward's
+    send after the pair's backward): 1F0's input moves from 2, and everything after moves by
+    one: 1F0 2.5–3.5, 1B0 3.5–5.5, 1F1 6–7, 1B1 7–9; 0B0 6–8, 0B1 9.5–11.5.
+    """
+    order = ScheduleOrder(
+        "1f1b", "by hand", 2, 1, 2, (0, 1),
+        ((Action("F", 0, 0), Action("F", 0, 1), Action("B", 0, 0), Action("B", 0, 1)),
+         (Action("F", 1, 0), Action("B", 1, 0), Action("F", 1, 1), Action("B", 1, 1))))
+    c = costs(2, 1.0, 2.0, comm_fwd_ms=(0.5,), comm_bwd_ms=(0.5,))
+    assert timeline(replay(order, c)) == table(
+        "0F0 0–1, 0F1 1–2, 0B0 5–7, 0B1 8.5–10.5",
+        "1F0 1.5–2.5, 1B0 2.5–4.5, 1F1 5–6, 1B1 6–8",
+    )
+    late = dataclasses.replace(order, sends=((("F", 0, 0, 2), ("F", 0, 1, 2)), ()))
+    result = replay(late, c)
+    assert timeline(result) == table(
+        "0F0 0–1, 0F1 1–2, 0B0 6–8, 0B1 9.5–11.5",
+        "1F0 2.5–3.5, 1B0 3.5–5.5, 1F1 6–7, 1B1 7–9",
+    )
+    assert result.step_ms == 11.5
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_sends_are_posted_where_torch_posts_them(schedule: str) -> None:
+    """Every send crossing ranks is listed once, posted right after the action that computed
+    it, except DualPipeV's overlapped pairs: the forward's send waits for the pair's backward."""
+    v = 1 if schedule in ("gpipe", "1f1b") else 2
+    order = torch_order(schedule, 2, v, 6)
+    late = 0
+    for r, row in enumerate(order.sends):
+        listed = {(what, s, i) for what, s, i, _ in row}
+        assert len(listed) == len(row)
+        for what, s, i, after in row:
+            made = order.actions[r][after - 1]
+            to = s + 1 if what == "F" else s - 1
+            assert order.stage_rank[s] == r != order.stage_rank[to]
+            if (made.stage, made.microbatch) == (s, i):
+                assert made.kind == what or (what == "G" and made.kind in ("B", "I"))
+            else:  # the backward of an overlapped pair, right after the forward
+                late += 1
+                assert what == "F" and made.kind == "B"
+                assert order.actions[r][after - 2] == Action("F", s, i)
+        crossing = {("F", a.stage, a.microbatch) if a.kind == "F" else ("G", a.stage, a.microbatch)
+                    for a in order.actions[r] if a.kind != "W"
+                    and 0 <= (to := a.stage + 1 if a.kind == "F" else a.stage - 1) < order.n
+                    and order.stage_rank[to] != r}
+        assert listed == crossing
+    assert (late > 0) == (schedule == "dualpipev")
 
 
 # -- memory ---------------------------------------------------------------------------------------

@@ -18,10 +18,11 @@ per rank and a split backward):
   (``comm_bwd_ms[s]``). The loss is part of the last stage's forward.
 * ``W(s, i)`` needs ``I(s, i)``.
 * A transfer between stages on the same rank (ZB-V's turn of the V) costs nothing; any other
-  starts once the sender's action has ended (the send is posted right after it) and the
-  receiver has posted its receive, where torch's order posts it (:attr:`ScheduleOrder.posts`:
-  when the rank has finished the actions before the post), and takes its time; it occupies
-  neither rank's compute. gloo and NCCL match a send with its receive before moving the
+  starts once the sender has posted its send and the receiver its receive, each where torch's
+  order posts it (:attr:`ScheduleOrder.sends`, :attr:`ScheduleOrder.posts`: when the rank has
+  finished the actions before the post; a send, at the latest, right after the action that
+  computed what it sends, as every runtime but DualPipeV's overlapped pairs posts it), and
+  takes its time; it occupies neither rank's compute. gloo and NCCL match a send with its receive before moving the
   bytes: measured between 2 gloo CPU workers, a receive of 6 MiB posted 50 ms after its send
   still took the whole transfer (2.2–3.0 ms).
 
@@ -270,6 +271,9 @@ def replay(order: ScheduleOrder, costs: StageCosts) -> Timeline:
     # where each rank posts its receives: ("F", s, i) stage s's input, ("G", s, i) the gradient
     # of its output, after `before` of the rank's actions (not given: right before the action)
     posted = [{(what, s, i): before for what, s, i, before in row} for row in order.posts]
+    # where each send is posted: ("F", s, i) stage s's output, ("G", s, i) the gradient of its
+    # input, after `after` of its rank's actions (not given: when the action computing it ends)
+    sent = {(what, s, i): after for row in order.sends for what, s, i, after in row}
     # end times: ("F", s, i); ("G", s, i), the input gradient (B or I); ("W", s, i)
     end: dict[tuple[str, int, int], float] = {}
     timed: list[list[TimedAction]] = [[] for _ in order.actions]
@@ -280,13 +284,20 @@ def replay(order: ScheduleOrder, costs: StageCosts) -> Timeline:
     def arrival(r: int, key: tuple[str, int, int], hop: float, receive: tuple[str, int, int]
                 ) -> float:
         """When rank r has ``key``'s output: a transfer between ranks starts once the sender
-        has finished and rank r has posted the receive (when it finished the actions before
-        the post)."""
+        has posted the send and rank r the receive (each when its rank finished the actions
+        before the post)."""
         if place[key[1]] == r:
             return end[key] + hop  # the same rank: nothing moves
         before = min(posted[r].get(receive, cursor[r]) if posted else cursor[r], cursor[r])
         post = timed[r][before - 1].end_ms if before else 0.0
-        return max(end[key], post) + hop
+        after = sent.get(key, 0)
+        send = timed[place[key[1]]][after - 1].end_ms if after else 0.0
+        return max(end[key], send, post) + hop
+
+    def available(r: int, key: tuple[str, int, int]) -> bool:
+        """Whether ``key``'s output is timed and, from another rank, its send posted."""
+        q = place[key[1]]
+        return key in end and (q == r or cursor[q] >= sent.get(key, 0))
 
     while remaining:
         progressed = False
@@ -302,7 +313,7 @@ def replay(order: ScheduleOrder, costs: StageCosts) -> Timeline:
                     needs = [(("F", s, i), 0.0, ("", s, i))]
                     if s < n - 1:
                         needs.append((("G", s + 1, i), hop_b[s], ("G", s, i)))
-                if any(key not in end for key, _, _ in needs):
+                if not all(available(r, key) for key, _, _ in needs):
                     break
                 ready = max((arrival(r, key, delay, receive) for key, delay, receive in needs),
                             default=0.0)

@@ -15,13 +15,17 @@ How the order is obtained, without a process group:
   interleaved 1F1B, interleaved zero-bubble, ZB-V, DualPipeV), keeping its compute actions.
   ``OVERLAP_F_B`` (DualPipeV) runs its sub-actions one after the other, so it is flattened.
   Its ``RECV_F`` and ``RECV_B`` actions say where each receive is posted (:attr:`ScheduleOrder.
-  posts`): torch places them as early as its lowering allows, often one action ahead.
+  posts`): torch places them as early as its lowering allows, often one action ahead. Its
+  ``SEND_F`` and ``SEND_B`` actions say where each send is posted (:attr:`ScheduleOrder.sends`):
+  right after the action that computed what is sent, except in an ``OVERLAP_F_B``, whose
+  forward's output is sent only after the pair's backward has run.
 * ``ScheduleGPipe`` and ``Schedule1F1B`` run hand-written loops, not an action list (their
   ``pipeline_order`` is documentation only, and for 1F1B's last rank it lists micro-batches
   1 … m instead of 0 … m-1 in torch 2.14). For them we run the loop itself,
   ``_step_microbatches``, once per rank with a stand-in stage that records each
   ``forward_one_chunk`` and ``backward_one_chunk`` call and has nothing to send or receive,
-  and records where the loop posts each receive (right before the action that needs it).
+  and records where the loop posts each receive (right before the action that needs it) and
+  each send (right after the action that computed it).
 
 When torch refuses (p, v, m) (e.g. 1F1B with m < p, ZB-V with v ≠ 2), its message becomes a
 :class:`~autosplit.errors.ScheduleUnavailableError`.
@@ -95,6 +99,11 @@ class ScheduleOrder:
             rank's actions. A transfer starts once its receive is posted (gloo and NCCL match
             a send with its receive before moving the bytes). Empty (an order built by hand):
             every receive is posted right before the action that needs it.
+        sends: ``sends[r]``, the sends rank r posts: ``(what, stage, microbatch, after)``,
+            ``what`` ``"F"`` for stage ``stage``'s output (to stage + 1) or ``"G"`` for the
+            gradient of its input (to stage − 1), posted after ``after`` of the rank's
+            actions. Empty (an order built by hand), or a send not listed: posted right after
+            the action that computed it.
     """
 
     schedule: str
@@ -105,6 +114,7 @@ class ScheduleOrder:
     stage_rank: tuple[int, ...]
     actions: tuple[tuple[Action, ...], ...]
     posts: tuple[tuple[tuple[str, int, int, int], ...], ...] = ()
+    sends: tuple[tuple[tuple[str, int, int, int], ...], ...] = ()
 
     @property
     def n(self) -> int:
@@ -168,14 +178,16 @@ def _torch_order(schedule: str, p: int, v: int, m: int) -> ScheduleOrder:
     try:
         if name in _SINGLE.values():
             recorded = [_record_single(cls, p, r, m) for r in range(p)]
-            actions = [done for done, _ in recorded]
-            posts = [posted for _, posted in recorded]
+            actions = [done for done, _, _ in recorded]
+            posts = [posted for _, posted, _ in recorded]
+            sends = [sent for _, _, sent in recorded]
             stage_rank = tuple(range(p))
         else:
             built = cls([_stand_in(p, v, k) for k in range(v)], m)
             rows = [built.pipeline_order_with_comms[r] for r in range(p)]
             actions = [_compute_actions(row) for row in rows]
-            posts = [_posts(row) for row in rows]
+            posts = [_comms(row, ("RECV_F", "RECV_B")) for row in rows]
+            sends = [_comms(row, ("SEND_F", "SEND_B")) for row in rows]
             stage_rank = tuple(built.stage_index_to_group_rank[s] for s in range(p * v))
     except (ValueError, AssertionError, RuntimeError) as exc:
         reason = " ".join(str(exc).split("\n\n")[0].split())
@@ -185,7 +197,7 @@ def _torch_order(schedule: str, p: int, v: int, m: int) -> ScheduleOrder:
             schedule=schedule, p=p, v=v, m=m, reason=reason,
         ) from None
     return ScheduleOrder(schedule, name, p, v, m, stage_rank, tuple(actions),
-                         tuple(tuple(row) for row in posts))
+                         tuple(tuple(row) for row in posts), tuple(tuple(row) for row in sends))
 
 
 def _stand_in(p: int, v: int, k: int, rank: int = 0) -> SimpleNamespace:
@@ -207,39 +219,49 @@ def _compute_actions(row: list[Any]) -> tuple[Action, ...]:
     return tuple(out)
 
 
-def _posts(row: list[Any]) -> tuple[tuple[str, int, int, int], ...]:
-    """The receives of one rank's lowered actions (:attr:`ScheduleOrder.posts`)."""
+def _comms(row: list[Any], kinds: tuple[str, str]) -> tuple[tuple[str, int, int, int], ...]:
+    """The receives (``kinds`` ``RECV_F``, ``RECV_B``: :attr:`ScheduleOrder.posts`) or the sends
+    (``SEND_F``, ``SEND_B``: :attr:`ScheduleOrder.sends`) of one rank's lowered actions, each
+    with the number of compute actions before it."""
     out, before = [], 0
     for a in row:
         kind = a.computation_type.value
-        if kind in ("RECV_F", "RECV_B"):
-            out.append(("F" if kind == "RECV_F" else "G", a.stage_index, a.microbatch_index,
+        if kind in kinds:
+            out.append(("F" if kind == kinds[0] else "G", a.stage_index, a.microbatch_index,
                         before))
         for sub in a.sub_actions if a.sub_actions is not None else (a,):
             before += sub.computation_type.value in ("F", "B", "I", "W")
     return tuple(out)
 
 
+_Comms = tuple[tuple[str, int, int, int], ...]
+
+
 def _record_single(cls: type, p: int, rank: int, m: int
-                   ) -> tuple[tuple[Action, ...], tuple[tuple[str, int, int, int], ...]]:
-    """Rank ``rank``'s actions and the receives it posts (:attr:`ScheduleOrder.posts`),
-    recorded by running the class's own loop on a stand-in."""
+                   ) -> tuple[tuple[Action, ...], _Comms, _Comms]:
+    """Rank ``rank``'s actions, the receives it posts (:attr:`ScheduleOrder.posts`) and the
+    sends (:attr:`ScheduleOrder.sends`), recorded by running the class's own loop on a
+    stand-in. The loop fires a send or a receive where it asks the stage for it, or later
+    with no compute between."""
     done: list[Action] = []
     posts: list[tuple[str, int, int, int]] = []
+    sends: list[tuple[str, int, int, int]] = []
     stage = _stand_in(p, 1, 0, rank)
 
-    def receive(what: str, i: int, crosses: bool) -> list[Any]:
+    def comm(into: list[tuple[str, int, int, int]], what: str, i: int, crosses: bool
+             ) -> list[Any]:
         if crosses:
-            posts.append((what, rank, i, len(done)))
+            into.append((what, rank, i, len(done)))
         return []
 
-    stage.get_fwd_recv_ops = lambda i: receive("F", i, rank > 0)
-    stage.get_bwd_recv_ops = lambda i: receive("G", i, rank < p - 1)
-    stage.get_fwd_send_ops = stage.get_bwd_send_ops = lambda i: []
+    stage.get_fwd_recv_ops = lambda i: comm(posts, "F", i, rank > 0)
+    stage.get_bwd_recv_ops = lambda i: comm(posts, "G", i, rank < p - 1)
+    stage.get_fwd_send_ops = lambda i: comm(sends, "F", i, rank < p - 1)
+    stage.get_bwd_send_ops = lambda i: comm(sends, "G", i, rank > 0)
     stage.forward_one_chunk = lambda i, *args, **kwargs: done.append(Action("F", rank, i))
     stage.backward_one_chunk = lambda i, **kwargs: done.append(Action("B", rank, i))
     stage.perform_reduce_grad = lambda *args: None
     schedule = cls(stage, m)
     schedule._initialize_stage = lambda *args, **kwargs: None  # no shapes to infer: no tensors
     schedule._step_microbatches(None, None, None, None, return_outputs=False)
-    return tuple(done), tuple(posts)
+    return tuple(done), tuple(posts), tuple(sends)

@@ -190,8 +190,14 @@ def _balances(n: int, s: int) -> np.ndarray:
 def _sequence(order: ScheduleOrder) -> list[tuple[int, str, int, int]]:
     """Every action as (rank, kind, stage, micro-batch) in the order :func:`replay` times
     them (which depends on the order only, not on the durations)."""
-    n, done, out = order.n, set(), []
+    n, done, out, place = order.n, set(), [], order.stage_rank
+    sent = {(what, s, i): after for row in order.sends for what, s, i, after in row}
     cursor = [0] * order.p
+
+    def available(r: int, key: tuple[str, int, int]) -> bool:
+        q = place[key[1]]
+        return key in done and (q == r or cursor[q] >= sent.get(key, 0))
+
     while any(c < len(row) for c, row in zip(cursor, order.actions)):
         for r, row in enumerate(order.actions):
             while cursor[r] < len(row):
@@ -203,7 +209,7 @@ def _sequence(order: ScheduleOrder) -> list[tuple[int, str, int, int]]:
                     needs = [("G", s, i)]
                 else:
                     needs = [("F", s, i)] + ([("G", s + 1, i)] if s < n - 1 else [])
-                if any(key not in done for key in needs):
+                if not all(available(r, key) for key in needs):
                     break
                 done.add(("G" if a.kind in ("B", "I") else a.kind, s, i))
                 out.append((r, a.kind, s, i))
@@ -215,10 +221,12 @@ def _steps(order: ScheduleOrder, sequence: list[tuple[int, str, int, int]],
            dur: dict[str, np.ndarray], hop_f: np.ndarray, hop_b: np.ndarray) -> np.ndarray:
     """:func:`replay`'s step for C candidates at once: ``dur[kind]`` C × S durations,
     ``hop_f``/``hop_b`` C × (S − 1) transfers (0 between stages of one rank). A transfer
-    between ranks starts once the sender has finished and the receiver has posted its receive
+    between ranks starts once the sender has posted its send (:attr:`ScheduleOrder.sends`;
+    not given: when the action computing it ends) and the receiver its receive
     (:attr:`ScheduleOrder.posts`; none given: right before the action that needs it)."""
     n, place = order.n, order.stage_rank
     posted = [{(what, s, i): before for what, s, i, before in row} for row in order.posts]
+    sent = {(what, s, i): after for row in order.sends for what, s, i, after in row}
     free = [np.zeros(len(hop_f)) for _ in range(order.p)]
     ends: list[list[np.ndarray]] = [[] for _ in range(order.p)]  # each rank's actions' ends
     end: dict[tuple[str, int, int], np.ndarray] = {}
@@ -230,7 +238,9 @@ def _steps(order: ScheduleOrder, sequence: list[tuple[int, str, int, int]],
         done = len(ends[r])
         before = min(posted[r].get(receive, done), done) if posted else done
         post = ends[r][before - 1] if before else 0.0
-        return np.maximum(end[key], post) + hop
+        after = sent.get(key, 0)
+        send = ends[place[key[1]]][after - 1] if after else end[key]
+        return np.maximum(np.maximum(end[key], send), post) + hop
 
     for r, kind, s, i in sequence:
         if kind == "F":
