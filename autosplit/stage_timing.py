@@ -26,6 +26,10 @@ torch's zero-bubble stages do (the input gradient, then the weight gradient:
 :func:`~autosplit.measurement.timed_split_backward`); its backward time is the two passes
 together and :attr:`StageTime.weight_share` the weight pass's share of it.
 
+Checkpointed: a run wrapped in :class:`Checkpointed` runs under activation checkpointing, as a
+checkpointed stage does (:mod:`autosplit.checkpointing`): its forward keeps only its inputs, its
+backward runs the forward again first, and its backward time includes that recomputation.
+
 Spreads are relative: half the interquartile range over the median (a fraction).
 """
 
@@ -42,6 +46,7 @@ from typing import Any
 import torch
 
 from autosplit import checks, fresh_process, measurement, steal
+from autosplit.checkpointing import checkpointed
 from autosplit.claims import relative_spread
 from autosplit.devices import resolve_device
 from autosplit.errors import InvalidInputError
@@ -51,7 +56,7 @@ from autosplit.neighbour import Neighbour
 from autosplit.neighbour import enabled as neighbour_enabled
 from autosplit.profiler import check_inputs, check_microbatch_sizes
 
-__all__ = ["Beside", "SplitBackward", "StageRun", "StageTime", "time_stages"]
+__all__ = ["Beside", "Checkpointed", "SplitBackward", "StageRun", "StageTime", "time_stages"]
 
 StageRun = tuple[int, int, int]
 """``(first, end, b)``: blocks ``first … end-1`` run together on a micro-batch of b."""
@@ -70,13 +75,48 @@ class SplitBackward:
     item: StageRun | Beside
 
 
-def _job(item: StageRun | Beside | SplitBackward) -> Beside:
+@dataclass(frozen=True, slots=True)
+class Checkpointed:
+    """A stage run (a bare :data:`StageRun`, a :data:`Beside` or a :class:`SplitBackward`)
+    timed under activation checkpointing, as a checkpointed stage runs: its backward runs the
+    forward again first; a key of its own, apart from the same run timed plainly."""
+
+    item: StageRun | Beside | SplitBackward
+
+
+Item = StageRun | Beside | SplitBackward | Checkpointed
+"""What :func:`time_stages` times: a run, alone or beside another, maybe wrapped."""
+
+
+def _job(item: Item) -> Beside:
     """``item`` as ``(run, beside)``: a bare run is timed alone."""
-    if isinstance(item, SplitBackward):
+    if isinstance(item, SplitBackward | Checkpointed):
         return _job(item.item)
     if isinstance(item[0], tuple):
         return item  # type: ignore[return-value]
     return item, None  # type: ignore[return-value]
+
+
+def _wrapped(item: Item, kind: type) -> bool:
+    """Whether ``item`` is wrapped in ``kind`` (:class:`SplitBackward`, :class:`Checkpointed`)."""
+    while isinstance(item, SplitBackward | Checkpointed):
+        if isinstance(item, kind):
+            return True
+        item = item.item
+    return False
+
+
+class _Recomputed(torch.nn.Module):
+    """A stage module run under activation checkpointing (:func:`~autosplit.checkpointing.
+    checkpointed`); its parameters are the module's own."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = module
+        self.run = checkpointed(module, module)
+
+    def forward(self, *args: Any) -> Any:
+        return self.run(*args)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +184,7 @@ class StageTime:
 def time_stages(
     graph: BlockGraph,
     example_inputs: Any,
-    runs: Sequence[StageRun | Beside | SplitBackward],
+    runs: Sequence[Item],
     *,
     device: str | torch.device | None = None,
     threads: int = 1,
@@ -164,7 +204,8 @@ def time_stages(
     on another core (:class:`~autosplit.neighbour.Neighbour`; on a CPU, unless
     ``AUTOSPLIT_TIME_ALONE=1``), as a plan's neighbouring worker does; a bare run, or
     ``(run, None)``, with the other cores idle. An item wrapped in :class:`SplitBackward` runs
-    its backward in two passes, as zero-bubble schedules do (the neighbour's whole).
+    its backward in two passes, as zero-bubble schedules do, one wrapped in
+    :class:`Checkpointed` under activation checkpointing (the neighbour's plainly).
 
     ``depths[item]``: how many micro-batches the run keeps in flight (d forwards, then their d
     backwards; 1, one forward and its backward, when not given); its times are per micro-batch.
@@ -216,7 +257,7 @@ def time_stages(
 def _time_here(
     graph: BlockGraph,
     inputs: tuple[torch.Tensor, ...],
-    runs: list[StageRun | Beside | SplitBackward],
+    runs: list[Item],
     *,
     device: str | torch.device | None,
     threads: int,
@@ -268,6 +309,9 @@ def _time_here(
             work = measurement.private_copy(graph, dev)
             envs = {b: measurement.stage_inputs(work, inputs, b, own, dev) for b in {r[2] for r in own}}
             segments = {r: work.extract(r[0], r[1]) for r in own}
+            recomputed = {run: dataclasses.replace(segments[run], module=_Recomputed(
+                segments[run].module)) for r, (run, _) in jobs.items()
+                if _wrapped(r, Checkpointed)}
             total = warmup + max(rounds, max_rounds)
             for k in range(total):
                 if k >= warmup + rounds:
@@ -292,8 +336,9 @@ def _time_here(
                     args = measurement.segment_args(work, envs[run[2]], seg)
                     last = loss_fn if run[1] == len(work.blocks) else None
                     window = steal.Window()
-                    f_ms, b_ms, w_ms = _in_flight(seg, args, dev, last, depths[r],
-                                                  isinstance(r, SplitBackward))
+                    f_ms, b_ms, w_ms = _in_flight(
+                        recomputed[run] if _wrapped(r, Checkpointed) else seg, args, dev, last,
+                        depths[r], _wrapped(r, SplitBackward))
                     if k >= warmup:
                         kept = not window.disturbed()
                         if kept and w_ms and sum(b_ms) > 0:

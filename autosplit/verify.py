@@ -12,7 +12,9 @@ backward in two passes, input gradient then weight gradient, as torch runs it th
 (:class:`~autosplit.stage_timing.SplitBackward`: two passes cost more than one, by 10–13 % on
 ResNet50 and GPT small, and the weight pass's share is the stage's own) — and in one pass too
 where the schedule runs some of that stage's backwards whole (DualPipeV's ``B`` actions:
-:attr:`~autosplit.records.Stage.whole_backward_ms`). Every other round a
+:attr:`~autosplit.records.Stage.whole_backward_ms`); a stage the plan checkpoints is timed
+under activation checkpointing, its backward with the recomputation
+(:class:`~autosplit.stage_timing.Checkpointed`). Every other round a
 stage starts without gradients, as a step's first micro-batch does (its backward makes them),
 the others add into them; a step of m micro-batches is predicted with one of the first kind
 and m − 1 of the second (:meth:`StageTime.per_step`).
@@ -59,7 +61,15 @@ from autosplit.profiler import check_inputs
 from autosplit.records import Plan, Profile
 from autosplit.schedules import SPLIT_BACKWARD, ScheduleOrder, torch_order
 from autosplit.simulator import overlap_fractions, simulate_plan
-from autosplit.stage_timing import Beside, SplitBackward, StageRun, StageTime, time_stages
+from autosplit.stage_timing import (
+    Beside,
+    Checkpointed,
+    Item,
+    SplitBackward,
+    StageRun,
+    StageTime,
+    time_stages,
+)
 from autosplit.stages import block_ranges
 from autosplit.units import format_ms
 
@@ -128,14 +138,18 @@ def _timed_runs(plan: Plan, beside: bool = True) -> list[Beside]:
     return out + [(r, None) for r in runs] if beside else out
 
 
-def _timed_items(plan: Plan, beside: bool = True) -> list[Beside | SplitBackward]:
+def _timed_items(plan: Plan, beside: bool = True) -> list[Item]:
     """:func:`_timed_runs`, each wrapped in :class:`SplitBackward` on a zero-bubble schedule
-    (:data:`~autosplit.schedules.SPLIT_BACKWARD`) where the stage's inputs need a gradient: all
-    stages but the model's first, whose backward torch runs whole (as weight work)."""
+    (:data:`~autosplit.schedules.SPLIT_BACKWARD`) where the stage's inputs need a gradient (all
+    stages but the model's first, whose backward torch runs whole, as weight work), and in
+    :class:`Checkpointed` where the plan checkpoints the stage."""
     runs = _timed_runs(plan, beside)
-    if plan.schedule not in SPLIT_BACKWARD:
-        return list(runs)
-    return [SplitBackward(r) if r[0][0] > 0 else r for r in runs]
+    n = len(plan.stages)
+    items: list[Item] = []
+    for k, r in enumerate(runs):
+        item: Item = SplitBackward(r) if plan.schedule in SPLIT_BACKWARD and r[0][0] > 0 else r
+        items.append(Checkpointed(item) if plan.stages[k % n].checkpoint else item)
+    return items
 
 
 def _whole_items(plan: Plan, beside: bool = True) -> list[Beside]:
@@ -208,12 +222,14 @@ def _scaled(plan: Plan, times: Sequence[StageTime], factor: int,
     stage's weight-gradient part is the share its split backward was timed with
     (:attr:`StageTime.weight_share`), else the share the search gave it; a stage timed split
     and ``whole`` too (:func:`_whole_items`) keeps that backward as its one pass
-    (:attr:`~autosplit.records.Stage.whole_backward_ms`; ``None`` otherwise)."""
+    (:attr:`~autosplit.records.Stage.whole_backward_ms`; ``None`` otherwise). A checkpointed
+    stage was timed so (:class:`Checkpointed`): its backward less its forward is the backward
+    the simulation adds the recomputation to."""
     stages = []
     for k, (s, t) in enumerate(zip(plan.stages, times)):
         scale = max(1 + factor * t.spread, 0.0)
         forward = t.forward_ms * scale
-        compute = forward + t.backward_ms * scale
+        compute = forward + max(t.backward_ms * scale - (forward if s.checkpoint else 0.0), 0.0)
         backward_before = s.compute_ms - s.forward_ms
         share = (t.weight_share if t.weight_share is not None
                  else s.weight_grad_ms / backward_before if backward_before > 0 else 0.0)
@@ -235,14 +251,15 @@ class PlanTimes:
 
     Attributes:
         times: each timed item (:data:`~autosplit.stage_timing.Beside`, or one wrapped in
-            :class:`~autosplit.stage_timing.SplitBackward`) and its time.
+            :class:`~autosplit.stage_timing.SplitBackward` or
+            :class:`~autosplit.stage_timing.Checkpointed`) and its time.
         depths: per plan name, the micro-batches in flight each stage was timed with.
         singles: per plan name, the ways one device was timed running its batch.
         beside: whether the stages of plans with several workers were timed beside a
             neighbour, and alone (:func:`_timed_runs`).
     """
 
-    times: Mapping[Beside | SplitBackward, StageTime]
+    times: Mapping[Item, StageTime]
     depths: Mapping[str, tuple[int, ...]]
     singles: Mapping[str, tuple[Beside, ...]]
     beside: bool
@@ -329,7 +346,11 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
         whole_items = _whole_items(plan, timed.beside)
         whole = _stage_times(plan, [timed.times[r].per_step(plan.microbatches)
                                     for r in whole_items], share)[0] if whole_items else None
-        if any(isinstance(r, SplitBackward) for r in items):
+        if any(isinstance(r, Checkpointed) for r in items):
+            how += ("; checkpointed stages timed under activation checkpointing, their "
+                    "backward with the recomputation")
+        if any(isinstance(r.item if isinstance(r, Checkpointed) else r, SplitBackward)
+               for r in items):
             how += ("; on stages whose inputs need a gradient, the backward in two passes, "
                     "input gradient then weight gradient, as the schedule runs it"
                     + (", and in one pass too, as it runs some" if whole else ""))

@@ -55,7 +55,7 @@ from autosplit.collectives import measure_link_bandwidth
 from autosplit.errors import AutosplitError, InvalidInputError
 from autosplit.records import Plan
 from autosplit.runtime_cost import action_costs
-from autosplit.schedules import SPLIT_BACKWARD
+from autosplit.schedules import SPLIT_BACKWARD, torch_order
 from autosplit.simulator import simulate_plan
 from autosplit.validation import KNOWN_SCHEDULES
 from autosplit.verify import verify_plans
@@ -421,16 +421,24 @@ def stage_actions(plan: Plan) -> dict[str, float]:
 
 def _input_delays(plan: Plan, ranks: list[list[Any]]) -> dict[str, Any]:
     """For every forward or backward whose input comes from a stage on the other rank: how
-    long after both its input could have arrived (the producing action's end plus the link
-    time of the plan's cut) and its rank was free (the end of the rank's previous action or
-    loss) it started (ms). The replay starts it at the later of the two, plus the cost per
-    action; what is beyond is the runtime's (posting, stalled receives)."""
+    long after both its input could have arrived (the end of the action after which the
+    sender posts the send — the producing action's, or where torch's order posts it,
+    ``ScheduleOrder.sends`` — plus the link time of the plan's cut) and its rank was free (the
+    end of the rank's previous action or loss) it started (ms). The replay starts it at the
+    later of the two, plus the cost per action; what is beyond is the runtime's (posting,
+    stalled receives)."""
     where = {e[1]: r for r, rank in enumerate(ranks) for _, _, events in rank for e in events
              if e[0] in KINDS}
+    v = plan.stages_per_rank
+    sent = {(what, s, i): after for row in torch_order(plan.schedule, len(plan.stages) // v, v,
+                                                       plan.microbatches).sends
+            for what, s, i, after in row}
     delays: list[float] = []
     per_step = [0.0] * len(ranks)
     for k in range(len(ranks[0])):
         ends = {(e[0], e[1], e[2]): e[4] for rank in ranks for e in rank[k][2] if e[0] in KINDS}
+        done = [[e[4] for e in sorted(rank[k][2], key=lambda e: e[3]) if e[0] in KINDS]
+                for rank in ranks]  # each rank's actions' ends, in order
         for r, rank in enumerate(ranks):
             previous = rank[k][0]
             for kind, stage, chunk, a, b in sorted(rank[k][2], key=lambda e: e[3]):
@@ -441,6 +449,9 @@ def _input_delays(plan: Plan, ranks: list[list[Any]]) -> dict[str, Any]:
                 cut = min(stage, source)
                 produced = ends.get((kind, source, chunk)) if kind == "F" else (
                     ends.get(("B", source, chunk)) or ends.get(("I", source, chunk)))
+                after = sent.get(("F" if kind == "F" else "G", source, chunk), 0)
+                if produced is not None and after and where.get(source) is not None:
+                    produced = max(produced, done[where[source]][after - 1])
                 if produced is not None and where.get(source) != r:
                     hop = plan.stages[cut].send_ms / 2 / 1000.0
                     delay = 1000.0 * (a - max(produced + hop, previous))
@@ -618,7 +629,8 @@ def markdown(data: dict[str, Any]) -> str:
         d = m["input_delays"]
         if d["count"]:
             lines += ["", (f"Actions whose input comes from the other rank: {d['count']}; each "
-                           "started after both its input could have arrived and its rank was "
+                           "started after both its input could have arrived (from where the "
+                           "sender posts its send) and its rank was "
                            f"free by {d['median_ms']:.2f} ms at the median, {d['mean_ms']:.2f} ms "
                            f"on average; {d['slow']} by over {s['slow_receive_ms']:g} ms"
                            + (f" (mean {d['slow_mean_ms']:.1f} ms)" if d["slow"] else "")

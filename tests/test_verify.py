@@ -14,7 +14,7 @@ from models import LongSkip, TiedLM
 from torch import nn
 
 import autosplit
-from autosplit import measurement, profiler, verify
+from autosplit import measurement, profiler, stage_timing, verify
 from autosplit.claims import half_iqr, ratio_with_spread, relative_spread, spread_text
 from autosplit.cli import main
 from autosplit.comparison import manual_plan
@@ -505,6 +505,70 @@ def test_a_split_backward_makes_the_gradients_a_whole_one_does(depth: int,
     assert all(g is not None for g in grads[0])
     for whole, two_passes in zip(*grads, strict=True):
         torch.testing.assert_close(two_passes, whole)
+
+
+def test_a_checkpointed_run_recomputes_its_forward_in_its_backward() -> None:
+    from autosplit.stage_timing import Checkpointed
+
+    torch.manual_seed(0)
+    model = LongSkip().eval()
+    graph = trace(model)
+    run = (0, len(graph.blocks), 4)
+    log: list[str] = []
+    model.inp.register_forward_hook(lambda *_: log.append("F"))  # (the recomputation
+    x = torch.randn(4, 6)  # stops early: the last layer's input is all it needs of it)
+    plain = time_stages(graph, x, [run], warmup=0, rounds=2, max_rounds=2)
+    assert log == ["F"] * 2
+    log.clear()
+    again = time_stages(graph, x, [Checkpointed(run)], warmup=0, rounds=2, max_rounds=2)
+    assert log == ["F", "F"] * 2  # each round's forward, and again in its backward
+    assert set(plain) == {run} and set(again) == {Checkpointed(run)}
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_checkpointed_run_makes_the_gradients_a_plain_one_does(split: bool) -> None:
+    from autosplit import stage_timing
+
+    torch.manual_seed(0)
+    model = LongSkip().eval()
+    graph = trace(model)
+    end = len(graph.blocks)
+    seg = graph.extract(2, end)
+    cpu = torch.device("cpu")
+    env = measurement.stage_inputs(graph, (torch.randn(4, 6),), 4, [(2, end, 4)], cpu)
+    grads = []
+    for recompute in (False, True):
+        seg.module.zero_grad(set_to_none=True)
+        args = measurement.segment_args(graph, env, seg)
+        ran = dataclasses.replace(seg, module=stage_timing._Recomputed(seg.module)) \
+            if recompute else seg
+        stage_timing._in_flight(ran, args, cpu, None, 2, split)
+        grads.append([*(a.grad for a in args), *(p.grad for p in seg.module.parameters())])
+    assert all(g is not None for g in grads[0])
+    for plain, recomputed in zip(*grads, strict=True):
+        torch.testing.assert_close(recomputed, plain)
+
+
+def test_a_checkpointed_stage_is_verified_with_its_recomputation(small, fake_clock) -> None:
+    model, x, prof = small
+    plan = autosplit.plan(prof, 2, schedule="gpipe", split_size=4)
+    marked = dataclasses.replace(plan, stages=(
+        dataclasses.replace(plan.stages[0], checkpoint=True), plan.stages[1]))
+    assert isinstance(verify._timed_items(marked)[0], stage_timing.Checkpointed)
+    assert not any(isinstance(r, stage_timing.Checkpointed) for r in verify._timed_items(plan))
+    both = verify_plans(trace(model), x, prof, {"c": marked, "p": plan}, rounds=1,
+                        max_rounds=1)
+    got = both["c"]
+    # the fake clock: a forward 1 s, a backward 1 s, the recomputation inside the backward
+    # (untimed by a fake clock): the checkpointed stage's backward less its forward is what
+    # the simulation adds the recomputation to
+    first, second = got.stages
+    assert (first.forward_ms, first.compute_ms) == (1000.0, pytest.approx(1000.0))
+    assert (second.forward_ms, second.compute_ms) == (1000.0, pytest.approx(2000.0))
+    assert "under activation checkpointing" in got.verification
+    assert "checkpointing" not in both["p"].verification
+    # the first stage's backward: the recomputation 1 s + 0 s, as the plain stage's 1 s
+    assert got.predicted_step_ms == pytest.approx(both["p"].predicted_step_ms)
 
 
 def test_verified_times_are_measured_and_round_trip(small, tmp_path) -> None:
