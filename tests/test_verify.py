@@ -478,6 +478,17 @@ def test_a_run_is_timed_whole_and_split_apart(small, fake_clock) -> None:
     assert first.backward_ms == 1000.0 and first.weight_share == 1.0
 
 
+def _skip_stage() -> tuple:
+    """LongSkip's stage from block 2 on (a skip crosses into it), and its inputs at b = 4."""
+    torch.manual_seed(0)
+    graph = trace(LongSkip().eval())
+    end = len(graph.blocks)
+    seg = graph.extract(2, end)
+    env = measurement.stage_inputs(graph, (torch.randn(4, 6),), 4, [(2, end, 4)],
+                                   torch.device("cpu"))
+    return graph, seg, env
+
+
 @pytest.mark.parametrize("depth", [1, 3])
 @pytest.mark.parametrize("with_loss", [False, True])
 def test_a_split_backward_makes_the_gradients_a_whole_one_does(depth: int,
@@ -485,13 +496,8 @@ def test_a_split_backward_makes_the_gradients_a_whole_one_does(depth: int,
     from autosplit import stage_timing
     from autosplit.losses import timing_loss
 
-    torch.manual_seed(0)
-    model = LongSkip().eval()
-    graph = trace(model)
-    end = len(graph.blocks)
-    seg = graph.extract(2, end)
+    graph, seg, env = _skip_stage()
     cpu = torch.device("cpu")
-    env = measurement.stage_inputs(graph, (torch.randn(4, 6),), 4, [(2, end, 4)], cpu)
     loss = timing_loss("mse") if with_loss else None
     grads = []
     for split in (False, True):
@@ -529,13 +535,8 @@ def test_a_checkpointed_run_recomputes_its_forward_in_its_backward() -> None:
 def test_a_checkpointed_run_makes_the_gradients_a_plain_one_does(split: bool) -> None:
     from autosplit import stage_timing
 
-    torch.manual_seed(0)
-    model = LongSkip().eval()
-    graph = trace(model)
-    end = len(graph.blocks)
-    seg = graph.extract(2, end)
+    graph, seg, env = _skip_stage()
     cpu = torch.device("cpu")
-    env = measurement.stage_inputs(graph, (torch.randn(4, 6),), 4, [(2, end, 4)], cpu)
     grads = []
     for recompute in (False, True):
         seg.module.zero_grad(set_to_none=True)
