@@ -179,40 +179,51 @@ def _stage_ranks(plan: Plan) -> list[int]:
     return list(order.stage_rank)
 
 
-def _stage_times(plan: Plan, timed: Sequence[StageTime],
-                 share: float | None = None) -> tuple[list[StageTime], str]:
+def _stage_times(plan: Plan, timed: Sequence[StageTime], share: float | None = None,
+                 whole: Sequence[StageTime] = ()
+                 ) -> tuple[list[StageTime], str, list[StageTime] | None]:
     """Each stage's time for the prediction, from ``timed`` (as :func:`_timed_runs` lists),
-    and how it was made, in words for :attr:`Plan.verification`.
+    how it was made, in words for :attr:`Plan.verification`, and the same of each stage's
+    backward run in one pass, from ``whole`` (as :func:`_whole_items` lists; ``None`` if
+    empty), weighed with the same shares.
 
     One device: its time alone. Replicas compute side by side all the time: their time beside
     each other. A pipeline's stage computes beside another rank's work only for part of the
     step (the fill, the drain, waiting for inputs): its time is its time alone plus, for the
     share of its rank's work that overlaps another rank's in the schedule's simulation
-    (:func:`~autosplit.simulator.overlap_fractions`), the difference to its time beside its
-    neighbour; the shares are simulated again from the times they give (:data:`BLEND_ROUNDS`).
-    ``share`` fixes every rank's share instead (0: alone, 1: beside).
+    (:func:`~autosplit.simulator.overlap_fractions`, with DualPipeV's ``B`` actions as the one
+    pass), the difference to its time beside its neighbour; the shares are simulated again from
+    the times they give (:data:`BLEND_ROUNDS`). ``share`` fixes every rank's share instead
+    (0: alone, 1: beside).
     """
     n = len(plan.stages)
-    together = list(timed[:n])
+    together, one = list(timed[:n]), list(whole[:n]) or None
     if not any(t.beside for t in together):
-        return together, ""
+        return together, "", one
     if n == 1:
-        return together, ", beside its replica running on another core"
-    alone = list(timed[n:])
+        return together, ", beside its replica running on another core", one
     ranks = _stage_ranks(plan)
+
+    def blend(shares: Sequence[float]) -> tuple[list[StageTime], list[StageTime] | None]:
+        def mixed(rows: Sequence[StageTime]) -> list[StageTime]:
+            return [a.blend(b, shares[ranks[s]])
+                    for s, (a, b) in enumerate(zip(rows[n:], rows[:n]))]
+        return mixed(timed), mixed(whole) if whole else None
+
     if share is not None:
         words = (f", alone and beside its neighbouring worker's stage running on another "
                  f"core, weighed {share:.0%} beside")
-        return [a.blend(b, share) for a, b in zip(alone, together)], words
-    times = alone
+        times, one = blend([share] * n)
+        return times, words, one
+    times, one = list(timed[n:]), list(whole[n:]) or None
     shares: tuple[float, ...] = ()
     for _ in range(BLEND_ROUNDS):
-        shares = overlap_fractions(simulate_plan(_scaled(plan, times, 0)))
-        times = [a.blend(b, shares[ranks[s]]) for s, (a, b) in enumerate(zip(alone, together))]
+        shares = overlap_fractions(simulate_plan(_scaled(plan, times, 0, whole=one)))
+        times, one = blend(shares)
     overlap = "/".join(f"{x:.0%}" for x in shares)
     return times, (f", alone and beside its neighbouring worker's stage running on another "
                    f"core, weighed by the share of each rank's work that overlaps another's "
-                   f"in the schedule ({overlap})")
+                   f"in the schedule ({overlap})"), one
 
 
 def _scaled(plan: Plan, times: Sequence[StageTime], factor: int,
@@ -341,11 +352,10 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
     out = {}
     for name, plan in plans.items():
         items = _timed_items(plan, timed.beside)
-        stage_times, how = _stage_times(
-            plan, [timed.times[r].per_step(plan.microbatches) for r in items], share)
-        whole_items = _whole_items(plan, timed.beside)
-        whole = _stage_times(plan, [timed.times[r].per_step(plan.microbatches)
-                                    for r in whole_items], share)[0] if whole_items else None
+        stage_times, how, whole = _stage_times(
+            plan, [timed.times[r].per_step(plan.microbatches) for r in items], share,
+            [timed.times[r].per_step(plan.microbatches)
+             for r in _whole_items(plan, timed.beside)])
         if any(isinstance(r, Checkpointed) for r in items):
             how += ("; checkpointed stages timed under activation checkpointing, their "
                     "backward with the recomputation")

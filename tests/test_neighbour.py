@@ -169,7 +169,8 @@ def test_a_pipeline_stage_is_its_time_alone_plus_the_overlapping_share_of_the_di
     plan = next(iter(plan_candidates(profile, 2, schedule="gpipe")))
     alone = [_time(30.0, False), _time(30.0, False)]
     together = [_time(36.0, True), _time(33.0, True)]
-    times, words = verify._stage_times(plan, together + alone)
+    times, words, whole = verify._stage_times(plan, together + alone)
+    assert whole is None  # GPipe runs no backward in one pass beside split ones
     shares = overlap_fractions(simulate_plan(verify._scaled(plan, times, 0)))
     assert 0 < min(shares) and max(shares) < 1  # a pipeline's ranks overlap in part
     for t, a, b, share in zip(times, alone, together, shares):
@@ -177,6 +178,36 @@ def test_a_pipeline_stage_is_its_time_alone_plus_the_overlapping_share_of_the_di
                                              rel=0.02)  # the shares simulated again once more
         assert a.compute_ms < t.compute_ms < b.compute_ms
     assert "alone and beside" in words and re.search(r"\(\d+%/\d+%\)", words)
+
+
+def test_dualpipev_weighs_its_one_pass_backwards_with_the_same_shares() -> None:
+    """DualPipeV's stages are timed split and in one pass, each alone and beside: both are
+    weighed by the shares of a simulation that runs its B actions as the one pass."""
+    x = torch.randn(8, 6)
+    profile = autosplit.profile(LongSkip(), (x,), microbatch_sizes=[2], repeats=2)
+    blocks = tuple(dataclasses.replace(b, input_grad_ms=tuple(0.7 * t for t in b.bwd_ms),
+                                       weight_grad_ms=tuple(0.5 * t for t in b.bwd_ms))
+                   for b in profile.blocks)
+    plan = autosplit.plan(dataclasses.replace(profile, blocks=blocks), 2, schedule="dualpipev",
+                          split_size=2)
+    n = len(plan.stages)
+
+    def split(ms: float, beside: bool) -> StageTime:
+        return dataclasses.replace(_time(ms, beside), weight_share=0.5)
+
+    alone, together = [split(30.0, False)] * n, [split(36.0 + s, True) for s in range(n)]
+    one_alone, one_beside = [_time(24.0, False)] * n, [_time(30.0 + s, True) for s in range(n)]
+    times, _, one = verify._stage_times(plan, together + alone, whole=one_beside + one_alone)
+    assert one is not None
+    shares = overlap_fractions(simulate_plan(verify._scaled(plan, times, 0, whole=one)))
+    ranks = verify._stage_ranks(plan)
+    for s in range(n):
+        weighed = ((times[s].compute_ms - alone[s].compute_ms)
+                   / (together[s].compute_ms - alone[s].compute_ms))
+        assert 0 < weighed < 1
+        assert weighed == pytest.approx((one[s].compute_ms - one_alone[s].compute_ms)
+                                        / (one_beside[s].compute_ms - one_alone[s].compute_ms))
+        assert weighed == pytest.approx(shares[ranks[s]], abs=0.02)
 
 
 def test_replicas_take_their_time_beside_each_other_and_one_device_alone() -> None:
@@ -187,7 +218,7 @@ def test_replicas_take_their_time_beside_each_other_and_one_device_alone() -> No
     beside = _time(36.0, True)
     assert verify._stage_times(replicated, [beside])[0] == [beside]
     alone = _time(30.0, False)
-    assert verify._stage_times(one, [alone]) == ([alone], "")
+    assert verify._stage_times(one, [alone]) == ([alone], "", None)
 
 
 def test_a_neighbour_that_dies_is_said_and_the_rest_is_timed_alone() -> None:
