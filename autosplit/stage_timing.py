@@ -56,7 +56,8 @@ from autosplit.neighbour import Neighbour
 from autosplit.neighbour import enabled as neighbour_enabled
 from autosplit.profiler import check_inputs, check_microbatch_sizes
 
-__all__ = ["Beside", "Checkpointed", "SplitBackward", "StageRun", "StageTime", "time_stages"]
+__all__ = ["Beside", "Checkpointed", "Item", "SplitBackward", "StageRun", "StageTime",
+           "time_stages"]
 
 StageRun = tuple[int, int, int]
 """``(first, end, b)``: blocks ``first … end-1`` run together on a micro-batch of b."""
