@@ -14,10 +14,10 @@ rows: a forward of 1.6–2.0 ms on one thread of the development machines' CPUs,
 small model's actions), times each rank's stages in a plain loop in the rank (:data:`PLAIN_RUNS`
 runs, the medians; each rank's alone, the other waiting, then both ranks at once; a zero-bubble
 schedule's backward in its two passes and, where it runs some whole (DualPipeV), in one pass
-too), interleaved with the steps, and fits, per schedule, the cost ``o`` that one action must have for the replay
-of torch's own order (:mod:`autosplit.schedules`) with those stage times, weighed between alone
-and together as a verified prediction weighs them, to last the measured step
-(:func:`fit_weighed_action_ms`). The planner adds ``o`` to every action of that
+too), interleaved with the steps, and fits, per schedule, the cost ``o`` that one action must
+have for the replay of torch's own order (:mod:`autosplit.schedules`) with those stage times,
+weighed between alone and together as a verified prediction weighs them, to last the measured
+step (:func:`fit_weighed_action_ms`). The planner adds ``o`` to every action of that
 schedule (``Profile.action_ms``, ``Plan.action_ms``), the median over the rounds; the fits'
 spread over the rounds (``Profile.action_spread``) widens a verified plan's predicted step
 (:func:`autosplit.verify.predict_verified`).

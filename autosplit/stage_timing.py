@@ -57,7 +57,7 @@ from autosplit.neighbour import enabled as neighbour_enabled
 from autosplit.profiler import check_inputs, check_microbatch_sizes
 
 __all__ = ["Beside", "Checkpointed", "Item", "SplitBackward", "StageRun", "StageTime",
-           "time_stages"]
+           "time_stages", "wrapped"]
 
 StageRun = tuple[int, int, int]
 """``(first, end, b)``: blocks ``first … end-1`` run together on a micro-batch of b."""
@@ -98,7 +98,7 @@ def _job(item: Item) -> Beside:
     return item, None  # type: ignore[return-value]
 
 
-def _wrapped(item: Item, kind: type) -> bool:
+def wrapped(item: Item, kind: type) -> bool:
     """Whether ``item`` is wrapped in ``kind`` (:class:`SplitBackward`, :class:`Checkpointed`)."""
     while isinstance(item, SplitBackward | Checkpointed):
         if isinstance(item, kind):
@@ -312,7 +312,7 @@ def _time_here(
             segments = {r: work.extract(r[0], r[1]) for r in own}
             recomputed = {run: dataclasses.replace(segments[run], module=_Recomputed(
                 segments[run].module)) for r, (run, _) in jobs.items()
-                if _wrapped(r, Checkpointed)}
+                if wrapped(r, Checkpointed)}
             total = warmup + max(rounds, max_rounds)
             for k in range(total):
                 if k >= warmup + rounds:
@@ -338,8 +338,8 @@ def _time_here(
                     last = loss_fn if run[1] == len(work.blocks) else None
                     window = steal.Window()
                     f_ms, b_ms, w_ms = _in_flight(
-                        recomputed[run] if _wrapped(r, Checkpointed) else seg, args, dev, last,
-                        depths[r], _wrapped(r, SplitBackward))
+                        recomputed[run] if wrapped(r, Checkpointed) else seg, args, dev, last,
+                        depths[r], wrapped(r, SplitBackward))
                     if k >= warmup:
                         kept = not window.disturbed()
                         if kept and w_ms and sum(b_ms) > 0:

@@ -69,6 +69,7 @@ from autosplit.stage_timing import (
     StageRun,
     StageTime,
     time_stages,
+    wrapped,
 )
 from autosplit.stages import block_ranges
 from autosplit.units import format_ms
@@ -359,8 +360,7 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
         if any(isinstance(r, Checkpointed) for r in items):
             how += ("; checkpointed stages timed under activation checkpointing, their "
                     "backward with the recomputation")
-        if any(isinstance(r.item if isinstance(r, Checkpointed) else r, SplitBackward)
-               for r in items):
+        if any(wrapped(r, SplitBackward) for r in items):
             how += ("; on stages whose inputs need a gradient, the backward in two passes, "
                     "input gradient then weight gradient, as the schedule runs it"
                     + (", and in one pass too, as it runs some" if whole else ""))

@@ -20,10 +20,10 @@ per rank and a split backward):
 * A transfer between stages on the same rank (ZB-V's turn of the V) costs nothing; any other
   starts once the sender has posted its send and the receiver its receive, each where torch's
   order posts it (:attr:`ScheduleOrder.sends`, :attr:`ScheduleOrder.posts`: when the rank has
-  finished the actions before the post; a send, at the latest, right after the action that
-  computed what it sends, as every runtime but DualPipeV's overlapped pairs posts it), and
-  takes its time; it occupies neither rank's compute. gloo and NCCL match a send with its receive before moving the
-  bytes: measured between 2 gloo CPU workers, a receive of 6 MiB posted 50 ms after its send
+  finished the actions before the post; a send right after the action that computed what it
+  sends, except in DualPipeV's overlapped pairs, which post the forward's send after the
+  pair's backward), and takes its time; it occupies neither rank's compute. gloo and NCCL
+  match a send with its receive before moving the bytes: measured between 2 gloo CPU workers, a receive of 6 MiB posted 50 ms after its send
   still took the whole transfer (2.2–3.0 ms).
 
 Memory in flight (bytes), per rank, summed over its stages: micro-batch i holds stage s's saved
