@@ -17,8 +17,14 @@ The model of one training step:
   measured between 2 gloo CPU workers, a receive of 6 MiB posted 50 ms after its send still
   took 2.2–3.0 ms, the whole transfer. The send is posted when the sender's op ends; torch's
   GPipe and 1F1B loops post each receive right before the op that needs it, when the device is
-  free: ``F(s, i)`` starts at ``max(free, end of F(s-1, i)) + comm_fwd_ms[s-1]``. The transfer
-  occupies neither device's compute.
+  free: ``F(s, i)`` starts at ``max(free, end of F(s-1, i)) + comm_fwd_ms[s-1]``.
+* ``transfers_on_cores`` (gloo between CPU workers, whose cores make the copies): a transfer
+  costs both ends its time of compute. The sender is busy for it right after the op whose
+  output or gradient it sends; the receiver for the part of the transfer, started at a, that
+  is made before the device is free (``clamp(free − a, 0, t)``, added to the op that needs
+  it; the receive is posted when the device's last op ends, which its own sends' copies may
+  outlast). Otherwise a transfer occupies neither device's compute (NCCL between GPUs). The
+  same model as :func:`autosplit.schedules.replay`'s.
 
 Schedules (device order of ops):
 
@@ -51,8 +57,8 @@ from autosplit.records import Plan
 from autosplit.validation import KNOWN_SCHEDULES
 
 __all__ = [
-    "SCHEDULES", "Event", "Interval", "SimResult", "overlap_fractions", "overlap_shares",
-    "schedule_order", "simulate", "simulate_plan",
+    "SCHEDULES", "Event", "Interval", "SimResult", "copies_on_cores", "overlap_fractions",
+    "overlap_shares", "schedule_order", "simulate", "simulate_plan",
 ]
 
 
@@ -165,6 +171,7 @@ def simulate(
     schedule: str = "gpipe",
     comm_fwd_ms: Sequence[float] | None = None,
     comm_bwd_ms: Sequence[float] | None = None,
+    transfers_on_cores: bool = False,
 ) -> SimResult:
     """Simulate one training step of a p-stage pipeline over m micro-batches.
 
@@ -177,6 +184,8 @@ def simulate(
             cut c (from stage c to c+1), length p - 1; default no delay.
         comm_bwd_ms: ``comm_bwd_ms[c]`` is the time to send the gradients back over cut c
             (from stage c+1 to c), length p - 1; default no delay.
+        transfers_on_cores: whether a transfer costs both devices compute (see the module
+            docstring); default off.
 
     Returns:
         The timeline, step time, per-stage busy time, bubble fraction and peak in-flight count.
@@ -200,7 +209,9 @@ def simulate(
     end: dict[tuple[str, int, int], float] = {}  # (kind, s, i) -> end time (ms)
     events: list[list[Event]] = [[] for _ in range(p)]
     cursor = [0] * p  # next op index per device
-    free = [0.0] * p  # when each device is next free (ms)
+    free = [0.0] * p  # when each device is next free, its sends' copies made (ms)
+    last = [0.0] * p  # when each device's last op ended: where it posts a receive (ms)
+    on_cores = checks.instance_of("transfers_on_cores", transfers_on_cores, bool, "True or False")
     remaining = p * 2 * m
     while remaining:
         progressed = False
@@ -209,33 +220,38 @@ def simulate(
                 kind, i = orders[s][cursor[s]]
                 # a receive is posted when the device reaches the op (torch's GPipe and 1F1B
                 # loops post it right before), and the transfer starts once it is posted
+                window: tuple[float, float] | None = None  # (start, time) of a transfer
                 if kind == "F":
-                    if s == 0:
-                        start = free[s]
-                    elif ("F", s - 1, i) in end:
-                        start = max(free[s], end["F", s - 1, i]) + cf[s - 1]
-                    else:
+                    if s and ("F", s - 1, i) not in end:
                         break
-                    duration = fwd[s]
+                    if s:
+                        window = (max(last[s], end["F", s - 1, i]), cf[s - 1])
+                    ready, duration = 0.0, fwd[s]
                 else:
-                    if ("F", s, i) not in end:
+                    if ("F", s, i) not in end or (s < p - 1 and ("B", s + 1, i) not in end):
                         break
-                    start = max(free[s], end["F", s, i])
+                    ready, duration = end["F", s, i], bwd[s]
                     if s < p - 1:
-                        if ("B", s + 1, i) not in end:
-                            break
-                        start = max(start, end["B", s + 1, i]) + cb[s]
-                    duration = bwd[s]
+                        window = (max(last[s], end["B", s + 1, i]), cb[s])
+                if window is not None:
+                    ready = max(ready, window[0] + window[1])
+                    if on_cores:  # the part of the copy made while the device was busy
+                        duration += min(max(free[s] - window[0], 0.0), window[1])
+                start = max(free[s], ready)
                 finish = start + duration
                 end[kind, s, i] = finish
-                free[s] = finish
+                last[s] = free[s] = finish
+                if on_cores and kind == "F" and s < p - 1:
+                    free[s] += cf[s]  # the copy of the send
+                elif on_cores and kind == "B" and s > 0:
+                    free[s] += cb[s - 1]
                 events[s].append(Event(s, kind, i, start, finish))  # type: ignore[arg-type]
                 cursor[s] += 1
                 remaining -= 1
                 progressed = True
         assert progressed, f"schedule {schedule!r} deadlocked at {cursor}"  # internal invariant
 
-    step = max(free)
+    step = max(last)
     busy = tuple(math.fsum(e.duration_ms for e in row) for row in events)
     peaks = []
     for row in events:
@@ -283,7 +299,15 @@ def simulate_plan(plan: Plan) -> SimResult:
         plan.schedule,
         comm,
         comm,
+        transfers_on_cores=copies_on_cores(plan),
     )
+
+
+def copies_on_cores(plan: Plan) -> bool:
+    """Whether the plan's transfers cost its ranks compute: stages on CPU workers, which
+    send to each other through gloo, their own cores copying the bytes (see the module
+    docstring)."""
+    return all(s.device.split(":")[0] == "cpu" for s in plan.stages)
 
 
 def _replayed(plan: Plan, comm: list[float]) -> SimResult:
@@ -301,6 +325,7 @@ def _replayed(plan: Plan, comm: list[float]) -> SimResult:
         bwd_whole_ms=None if all(s.whole_backward_ms is None for s in plan.stages) else tuple(
             s.compute_ms - s.forward_ms if s.whole_backward_ms is None else s.whole_backward_ms
             for s in plan.stages),
+        transfers_on_cores=copies_on_cores(plan),
     )
     timeline = simulate_schedule(plan.schedule, len(plan.stages) // v, v, plan.microbatches,
                                  costs)

@@ -123,7 +123,9 @@ def brute_force(prof: autosplit.Profile, p: int, kw: dict) -> tuple[float, int, 
             bwd = [max(t - f, 0.0) for t, f in zip(total, fwd)]
             act = prof.action_ms_of(kw["schedule"]) if p > 1 else 0.0  # per action (ms)
             fwd, bwd = [x + act for x in fwd], [x + act for x in bwd]
-            found.append((simulate(fwd, bwd, m, kw["schedule"], comm, comm).step_ms, b, bal))
+            cores = prof.device.kind == "cpu"  # gloo between CPU workers: the cores copy
+            found.append((simulate(fwd, bwd, m, kw["schedule"], comm, comm,
+                                   transfers_on_cores=cores).step_ms, b, bal))
     best = min(v for v, _, _ in found)
     return next(x for x in found if x[0] <= best * (1 + TIE_RTOL))
 

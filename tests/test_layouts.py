@@ -74,7 +74,8 @@ def _brute_force(prof, devices: int, batch: int, capacity: float | None, schedul
             fwd = [sum(blk.fwd_ms[k] for blk in stage) for stage in blocks]
             bwd = [sum(blk.bwd_ms[k] for blk in stage) for stage in blocks]
             comm = [prof.cuts[e - 1].bytes[k] / link * 1000 for e in ends[:-1]]
-            step = simulate(fwd, bwd, m, schedule, comm, comm).step_ms
+            step = simulate(fwd, bwd, m, schedule, comm, comm,  # CPU workers: cores copy
+                            transfers_on_cores=prof.device.kind == "cpu").step_ms
             grads = max(sum(blk.param_bytes for blk in stage) for stage in blocks)
             best = min(best, step + replica_sync_ms(grads, d, width))
     return best

@@ -160,13 +160,14 @@ def test_gpipe_and_1f1b_replay_equal_the_simulator(p: int, m: int, data: st.Data
     cuts = st.lists(st.floats(0, 3), min_size=p - 1, max_size=p - 1)
     cf, cb = data.draw(cuts), data.draw(cuts)
     cost = data.draw(st.sampled_from([0.0, 0.3, 2.0]))  # the runtime's, per action (ms)
+    cores = data.draw(st.booleans())  # whether the transfers cost the ranks compute
     c = StageCosts(fwd, [b * (1 - x) for b, x in zip(bwd, share)],
                    [b * x for b, x in zip(bwd, share)], activation_bytes=act,
-                   comm_fwd_ms=cf, comm_bwd_ms=cb, action_ms=cost)
+                   comm_fwd_ms=cf, comm_bwd_ms=cb, action_ms=cost, transfers_on_cores=cores)
     for schedule in ("gpipe", "1f1b") if m >= p else ("gpipe",):
         ours = simulate_schedule(schedule, p, 1, m, c)
         theirs = simulate([f + cost for f in fwd], [b + cost for b in bwd], m, schedule, cf,
-                          cb)
+                          cb, transfers_on_cores=cores)
         assert ours.step_ms == pytest.approx(theirs.step_ms, rel=1e-9, abs=1e-9)
         assert ours.busy_ms == pytest.approx(theirs.busy_ms, rel=1e-9, abs=1e-9)
         for s in range(p):  # same busy intervals; GPipe's backward labels differ (reversed)
@@ -291,6 +292,35 @@ def test_a_transfer_starts_when_its_send_is_posted() -> None:
         "1F0 2.5–3.5, 1B0 3.5–5.5, 1F1 6–7, 1B1 7–9",
     )
     assert result.step_ms == 11.5
+
+
+def test_transfers_on_the_cores_cost_the_sender_and_a_busy_receiver() -> None:
+    """GPipe, 2 ranks, 2 micro-batches: F = 2, 4 ms, B = 4, 5 ms, every transfer 2 ms, the
+    ranks' cores making the copies (gloo between CPU workers), worked by hand.
+
+    Rank 0: F(0,0) [0, 2], then its send's copy until 4; F(0,1) [4, 6], copy until 8.
+    Rank 1 posts each receive when its last action ends: F(1,0)'s transfer starts at 2,
+    [4, 8]; F(1,1)'s at 8, [10, 14]; B(1,0) [14, 19], copy until 21; B(1,1) [21, 26], copy
+    until 28. Rank 0's B(0,0): its gradient's transfer starts at 19, [21, 25]; B(0,1)'s at 26,
+    [28, 32]. Without the copies the step is 31: only B(1,1) waits for one (B(1,0)'s).
+
+    With rank 1's forward receives posted at once instead, F(1,1)'s transfer starts at 6,
+    while F(1,0) runs: rank 1 pays the 2 ms of it made before it is free at 8, F(1,1) [8, 14]
+    and the same step, 32; without the copies F(1,1) [8, 12] and the step is 29."""
+    order = torch_order("gpipe", 2, 1, 2)
+    early = dataclasses.replace(order, posts=(order.posts[0], (("F", 1, 0, 0), ("F", 1, 1, 0))))
+    costs = StageCosts((2.0, 4.0), (4.0, 5.0), comm_fwd_ms=(2.0,), comm_bwd_ms=(2.0,))
+    cores = dataclasses.replace(costs, transfers_on_cores=True)
+    spans = lambda t: [[(a.start_ms, a.end_ms) for a in row] for row in t.actions]
+    on = replay(order, cores)
+    assert spans(on) == [[(0, 2), (4, 6), (21, 25), (28, 32)],
+                         [(4, 8), (10, 14), (14, 19), (21, 26)]]
+    assert on.step_ms == 32.0 and replay(order, costs).step_ms == 31.0
+    assert simulate([2.0, 4.0], [4.0, 5.0], 2, "gpipe", [2.0], [2.0],
+                    transfers_on_cores=True).step_ms == 32.0
+    early_on, early_off = replay(early, cores), replay(early, costs)
+    assert spans(early_on)[1][1] == (8.0, 14.0) and early_on.step_ms == 32.0
+    assert spans(early_off)[1][1] == (8.0, 12.0) and early_off.step_ms == 29.0
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

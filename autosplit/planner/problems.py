@@ -138,7 +138,8 @@ def step_problem(settings: PlanSettings, profile: Profile, k: int, m: int,
     return StepProblem(tuple(fwd), tuple(bwd), half, half, m, settings.schedule,
                        problem.memory, problem.memory_first, problem.capacity,
                        problem.memory_last,
-                       action_ms=runtime_action_ms(settings, profile, replicas))
+                       action_ms=runtime_action_ms(settings, profile, replicas),
+                       transfers_on_cores=settings.transfers_on_cores)
 
 
 def runtime_action_ms(settings: PlanSettings, profile: Profile, replicas: int = 1) -> float:

@@ -128,6 +128,7 @@ def joint_problem(settings: PlanSettings, profile: Profile, k: int, m: int) -> J
         transient_bytes=tuple(block_transient_bytes(b, k) for b in blocks),
         shared=tuple((w.blocks, float(w.bytes * (factor - 1)), float(w.bytes))
                      for w in profile.shared),
+        transfers_on_cores=settings.transfers_on_cores,
     )
 
 

@@ -62,6 +62,12 @@ class PlanSettings:
     speeds: tuple[float, ...]
     profiles: tuple[Profile, ...]
 
+    @property
+    def transfers_on_cores(self) -> bool:
+        """Whether a transfer between stages costs their devices compute: CPU workers, whose
+        own cores copy what gloo sends (:func:`autosplit.simulator.copies_on_cores`)."""
+        return all(d.split(":")[0] == "cpu" for d in self.devices)
+
     @classmethod
     def from_kwargs(cls, profile: Profile, gpus: int, kwargs: Mapping[str, object]) -> PlanSettings:
         """:meth:`check` on keyword arguments passed through (``**kwargs`` of the callers).

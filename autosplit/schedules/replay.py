@@ -22,9 +22,18 @@ per rank and a split backward):
   order posts it (:attr:`ScheduleOrder.sends`, :attr:`ScheduleOrder.posts`: when the rank has
   finished the actions before the post; a send right after the action that computed what it
   sends, except in DualPipeV's overlapped pairs, which post the forward's send after the
-  pair's backward), and takes its time; it occupies neither rank's compute. gloo and NCCL
-  match a send with its receive before moving the bytes: measured between 2 gloo CPU workers, a receive of 6 MiB posted 50 ms after its send
-  still took the whole transfer (2.2–3.0 ms).
+  pair's backward), and takes its time. gloo and NCCL match a send with its receive before
+  moving the bytes: measured between 2 gloo CPU workers, a receive of 6 MiB posted 50 ms after
+  its send still took the whole transfer (2.2–3.0 ms).
+* Where the ranks' own cores make the copies (``transfers_on_cores``: gloo between CPU
+  workers), a transfer costs both ends its time of compute: the sender is busy for it right
+  after posting the send (its next action starts that much later at the earliest), and the
+  receiver for the part of the transfer's window, ``[a, a + t)`` with a its start and t its
+  time, that falls before the rank is free (``clamp(free − a, 0, t)``, added to the action
+  that needs it): it pays nothing for a transfer it was waiting for anyway. Measured between 2
+  gloo CPU workers of one thread, 24 MiB sent and received while both computed slowed each
+  rank's compute by 11 ms, the transfers' own time (2.4 GB/s). Elsewhere (NCCL between GPUs)
+  a transfer occupies neither rank's compute.
 
 Memory in flight (bytes), per rank, summed over its stages: micro-batch i holds stage s's saved
 activations ``activation_bytes[s]`` from the end of ``F(s, i)`` until the end of its last
@@ -65,7 +74,8 @@ from autosplit import checks
 from autosplit.errors import ArgumentTypeError, InvalidInputError
 from autosplit.schedules.torch_order import Kind, ScheduleOrder, torch_order
 
-__all__ = ["StageCosts", "TimedAction", "Timeline", "replay", "sends_held", "simulate_schedule"]
+__all__ = ["StageCosts", "TimedAction", "Timeline", "replay", "send_copies", "sends_held",
+           "simulate_schedule"]
 
 
 def _per(
@@ -110,6 +120,9 @@ class StageCosts:
             splits the others (DualPipeV's) runs it (ms); default: ``bwd_input_ms`` +
             ``bwd_weight_ms`` (one pass costs less than the two, by 10–13 % on ResNet50's and
             GPT small's stages).
+        transfers_on_cores: whether a transfer between ranks costs both ranks compute (the
+            ranks' cores copy it: gloo between CPU workers; see the module docstring);
+            default off.
 
     Raises:
         ArgumentTypeError, InvalidInputError: a value that is not a finite number ≥ 0, or a
@@ -132,6 +145,7 @@ class StageCosts:
     grad_bytes: tuple[float, ...] | None = None
     action_ms: float = 0.0
     bwd_whole_ms: tuple[float, ...] | None = None
+    transfers_on_cores: bool = False
 
     def __post_init__(self) -> None:
         fwd = _per("fwd_ms", self.fwd_ms, None, "stage", "ms")
@@ -166,6 +180,7 @@ class StageCosts:
             i + w for i, w in zip(fields["bwd_input_ms"], fields["bwd_weight_ms"])
         ) if self.bwd_whole_ms is None else _per("bwd_whole_ms", self.bwd_whole_ms, n, "stage",
                                                  "ms")
+        fields["transfers_on_cores"] = _flag("transfers_on_cores", self.transfers_on_cores)
         for name, value in {**fields, "checkpoint": flags}.items():
             object.__setattr__(self, name, value)
 
@@ -276,23 +291,24 @@ def replay(order: ScheduleOrder, costs: StageCosts) -> Timeline:
     sent = {(what, s, i): after for row in order.sends for what, s, i, after in row}
     # end times: ("F", s, i); ("G", s, i), the input gradient (B or I); ("W", s, i)
     end: dict[tuple[str, int, int], float] = {}
+    # what each rank's sends cost it, by the number of its actions before their posting (ms)
+    copies = send_copies(order, hop_f, hop_b) if costs.transfers_on_cores else None
     timed: list[list[TimedAction]] = [[] for _ in order.actions]
     free = [0.0] * order.p
     cursor = [0] * order.p
     remaining = sum(len(row) for row in order.actions)
 
-    def arrival(r: int, key: tuple[str, int, int], hop: float, receive: tuple[str, int, int]
-                ) -> float:
-        """When rank r has ``key``'s output: a transfer between ranks starts once the sender
-        has posted the send and rank r the receive (each when its rank finished the actions
-        before the post)."""
+    def start(r: int, key: tuple[str, int, int], receive: tuple[str, int, int]) -> float:
+        """When the transfer of ``key``'s output to rank r starts: once the sender has posted
+        the send and rank r the receive (each when its rank finished the actions before the
+        post); for a stage on rank r, when the output is there."""
         if place[key[1]] == r:
-            return end[key] + hop  # the same rank: nothing moves
+            return end[key]  # the same rank: nothing moves
         before = min(posted[r].get(receive, cursor[r]) if posted else cursor[r], cursor[r])
         post = timed[r][before - 1].end_ms if before else 0.0
         after = sent.get(key, 0)
         send = timed[place[key[1]]][after - 1].end_ms if after else 0.0
-        return max(end[key], send, post) + hop
+        return max(end[key], send, post)
 
     def available(r: int, key: tuple[str, int, int]) -> bool:
         """Whether ``key``'s output is timed and, from another rank, its send posted."""
@@ -315,27 +331,53 @@ def replay(order: ScheduleOrder, costs: StageCosts) -> Timeline:
                         needs.append((("G", s + 1, i), hop_b[s], ("G", s, i)))
                 if not all(available(r, key) for key, _, _ in needs):
                     break
-                ready = max((arrival(r, key, delay, receive) for key, delay, receive in needs),
-                            default=0.0)
+                windows = [(start(r, key, receive), hop) for key, hop, receive in needs]
+                ready = max((at + hop for at, hop in windows), default=0.0)
                 begin = max(free[r], ready)
-                finish = begin + costs.duration_ms(a.kind, s)
+                # the part of each copy made while the rank was busy (copies: on its core)
+                busy = math.fsum(min(max(free[r] - at, 0.0), hop) for at, hop in windows
+                                 ) if copies is not None else 0.0
+                finish = begin + costs.duration_ms(a.kind, s) + busy
                 mark = "G" if a.kind in ("B", "I") else a.kind
                 end[mark, s, i] = finish
-                free[r] = finish
                 timed[r].append(TimedAction(r, s, a.kind, i, begin, finish))
                 cursor[r] += 1
+                free[r] = finish + (copies[r].get(cursor[r], 0.0) if copies else 0.0)
                 remaining -= 1
                 progressed = True
         assert progressed, f"order {order.schedule!r} deadlocked at {cursor}"  # internal
     memory, peaks = _memory(order, costs, timed)
     return Timeline(
         order=order,
-        step_ms=max(free),
+        step_ms=max((row[-1].end_ms for row in timed if row), default=0.0),
         actions=tuple(tuple(row) for row in timed),
         busy_ms=tuple(math.fsum(t.end_ms - t.start_ms for t in row) for row in timed),
         memory=memory,
         peak_bytes=peaks,
     )
+
+
+def send_copies(order: ScheduleOrder, hop_f: Sequence[float], hop_b: Sequence[float]
+                ) -> list[dict[int, float]]:
+    """Per rank, the time its sends to other ranks take (ms) by where they are posted: the
+    number of the rank's actions before the posting (:attr:`ScheduleOrder.sends`; not given:
+    right after the action that computes what is sent). ``hop_f``/``hop_b``: each cut's
+    forward and backward transfer (ms; stage c's output and stage c + 1's input gradient)."""
+    place = order.stage_rank
+    sent = {(what, s, i): after for row in order.sends for what, s, i, after in row}
+    copies: list[dict[int, float]] = [{} for _ in order.actions]
+    for r, row in enumerate(order.actions):
+        for k, a in enumerate(row):
+            s = a.stage
+            if a.kind == "F" and s + 1 < order.n and place[s + 1] != r:
+                key, hop = ("F", s, a.microbatch), hop_f[s]
+            elif a.kind in ("B", "I") and s > 0 and place[s - 1] != r:
+                key, hop = ("G", s, a.microbatch), hop_b[s - 1]
+            else:
+                continue
+            after = sent.get(key, k + 1)
+            copies[r][after] = copies[r].get(after, 0.0) + hop
+    return copies
 
 
 def _memory(

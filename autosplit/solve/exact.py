@@ -111,23 +111,35 @@ def _op_order(schedule: str, m: int, p: int) -> tuple[tuple[str, int, int], ...]
 
 
 def _simulate_many(fwd: np.ndarray, bwd: np.ndarray, cf: np.ndarray, cb: np.ndarray,
-                   m: int, schedule: str) -> np.ndarray:
+                   m: int, schedule: str, on_cores: bool = False) -> np.ndarray:
     """Step times (ms) of N pipelines at once: ``fwd``/``bwd`` are p × N stage times, ``cf``/
-    ``cb`` (p − 1) × N transfer times. The same max and + as :func:`simulate`, in its order."""
+    ``cb`` (p − 1) × N transfer times, ``on_cores`` as :func:`simulate`'s
+    ``transfers_on_cores``. The same max and + as :func:`simulate`, in its order."""
     p, count = fwd.shape
-    free = np.zeros((p, count))
+    last = np.zeros((p, count))  # each device's last op's end: where it posts a receive
+    free = np.zeros((p, count))  # and when it is free, its sends' copies made (on_cores)
     end_f: dict[tuple[int, int], np.ndarray] = {}
     end_b: dict[tuple[int, int], np.ndarray] = {}
     for kind, s, i in _op_order(schedule, m, p):  # a receive posted when the device is free
+        at = hop = None
         if kind == "F":
-            start = free[s] if s == 0 else np.maximum(free[s], end_f[s - 1, i]) + cf[s - 1]
-            end_f[s, i] = free[s] = start + fwd[s]
+            ready = None
+            if s:
+                at, hop = np.maximum(last[s], end_f[s - 1, i]), cf[s - 1]
+                ready = at + hop
         else:
-            start = np.maximum(free[s], end_f[s, i])
+            ready = end_f[s, i]
             if s < p - 1:
-                start = np.maximum(start, end_b[s + 1, i]) + cb[s]
-            end_b[s, i] = free[s] = start + bwd[s]
-    return free.max(axis=0)
+                at, hop = np.maximum(last[s], end_b[s + 1, i]), cb[s]
+                ready = np.maximum(ready, at + hop)
+        start = free[s] if ready is None else np.maximum(free[s], ready)
+        end = start + (fwd[s] if kind == "F" else bwd[s])
+        if on_cores and at is not None:  # the part of the copy made while the device was busy
+            end = end + np.minimum(np.maximum(free[s] - at, 0.0), hop)
+        (end_f if kind == "F" else end_b)[s, i] = last[s] = end
+        sends = (kind == "F" and s < p - 1) or (kind == "B" and s > 0)
+        free[s] = end + (cf[s] if kind == "F" else cb[s - 1]) if on_cores and sends else end
+    return last.max(axis=0)
 
 
 def step_times(problem: StepProblem, balances: Sequence[Sequence[int]]) -> np.ndarray:
@@ -153,7 +165,8 @@ def _evaluate(problem: StepProblem, tables: Tables, bal: np.ndarray) -> np.ndarr
     fwd = tables.f[rows, bounds.T[1:]] - tables.f[rows, bounds.T[:-1]] + a
     bwd = tables.b[rows, bounds.T[1:]] - tables.b[rows, bounds.T[:-1]] + a
     ends = bounds.T[1:-1] - 1
-    return _simulate_many(fwd, bwd, tables.cf[ends], tables.cb[ends], problem.m, problem.schedule)
+    return _simulate_many(fwd, bwd, tables.cf[ends], tables.cb[ends], problem.m, problem.schedule,
+                          problem.transfers_on_cores)
 
 
 def solve_step(

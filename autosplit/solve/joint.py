@@ -60,7 +60,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from autosplit.errors import InvalidInputError
-from autosplit.schedules.replay import replay
+from autosplit.schedules.replay import replay, send_copies
 from autosplit.schedules.torch_order import ScheduleOrder
 from autosplit.solve.in_flight import InFlight, stage_transients
 from autosplit.solve.joint_problem import (
@@ -218,21 +218,25 @@ def _sequence(order: ScheduleOrder) -> list[tuple[int, str, int, int]]:
 
 
 def _steps(order: ScheduleOrder, sequence: list[tuple[int, str, int, int]],
-           dur: dict[str, np.ndarray], hop_f: np.ndarray, hop_b: np.ndarray) -> np.ndarray:
+           dur: dict[str, np.ndarray], hop_f: np.ndarray, hop_b: np.ndarray,
+           on_cores: bool = False) -> np.ndarray:
     """:func:`replay`'s step for C candidates at once: ``dur[kind]`` C × S durations,
     ``hop_f``/``hop_b`` C × (S − 1) transfers (0 between stages of one rank). A transfer
     between ranks starts once the sender has posted its send (:attr:`ScheduleOrder.sends`;
     not given: when the action computing it ends) and the receiver its receive
-    (:attr:`ScheduleOrder.posts`; none given: right before the action that needs it)."""
+    (:attr:`ScheduleOrder.posts`; none given: right before the action that needs it).
+    ``on_cores``: transfers cost both ranks compute, as
+    :attr:`~autosplit.schedules.StageCosts.transfers_on_cores` (the sender's right after its
+    posting, the receiver's for the part of the transfer made before it is free)."""
     n, place = order.n, order.stage_rank
     posted = [{(what, s, i): before for what, s, i, before in row} for row in order.posts]
     sent = {(what, s, i): after for row in order.sends for what, s, i, after in row}
+    copies = send_copies(order, hop_f.T, hop_b.T) if on_cores else None
     free = [np.zeros(len(hop_f)) for _ in range(order.p)]
     ends: list[list[np.ndarray]] = [[] for _ in range(order.p)]  # each rank's actions' ends
     end: dict[tuple[str, int, int], np.ndarray] = {}
 
-    def arrival(r: int, key: tuple[str, int, int], hop: np.ndarray,
-                receive: tuple[str, int, int]) -> np.ndarray:
+    def start(r: int, key: tuple[str, int, int], receive: tuple[str, int, int]) -> np.ndarray:
         if place[key[1]] == r:
             return end[key]  # the same rank: nothing moves
         done = len(ends[r])
@@ -240,22 +244,30 @@ def _steps(order: ScheduleOrder, sequence: list[tuple[int, str, int, int]],
         post = ends[r][before - 1] if before else 0.0
         after = sent.get(key, 0)
         send = ends[place[key[1]]][after - 1] if after else end[key]
-        return np.maximum(np.maximum(end[key], send), post) + hop
+        return np.maximum(np.maximum(end[key], send), post)
 
     for r, kind, s, i in sequence:
+        windows = []
         if kind == "F":
-            ready = arrival(r, ("F", s - 1, i), hop_f[:, s - 1], ("F", s, i)) if s else None
+            windows = [(start(r, ("F", s - 1, i), ("F", s, i)), hop_f[:, s - 1])] if s else []
+            ready = windows[0][0] + windows[0][1] if s else None
         elif kind == "W":
             ready = end["G", s, i]
         else:
             ready = end["F", s, i]
             if s < n - 1:
-                ready = np.maximum(ready, arrival(r, ("G", s + 1, i), hop_b[:, s], ("G", s, i)))
+                windows = [(start(r, ("G", s + 1, i), ("G", s, i)), hop_b[:, s])]
+                ready = np.maximum(ready, windows[0][0] + windows[0][1])
         begin = free[r] if ready is None else np.maximum(free[r], ready)
-        free[r] = begin + dur[kind][:, s]
-        ends[r].append(free[r])
-        end["G" if kind in ("B", "I") else kind, s, i] = free[r]
-    return np.max(np.stack(free), axis=0)
+        finish = begin + dur[kind][:, s]
+        if copies is not None:
+            for at, hop in windows:  # the part of the copy made while the rank was busy
+                finish = finish + np.minimum(np.maximum(free[r] - at, 0.0), hop)
+        ends[r].append(finish)
+        end["G" if kind in ("B", "I") else kind, s, i] = finish
+        free[r] = finish + copies[r][len(ends[r])] if copies and len(ends[r]) in copies[r] \
+            else finish
+    return np.max(np.stack([row[-1] if row else np.zeros(len(hop_f)) for row in ends]), axis=0)
 
 
 def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool = False,
@@ -344,7 +356,8 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
     back, grad = np.minimum(bo, go + w + o), np.minimum(bo, go)
     # the replay of every balance without recomputation: recomputing only lengthens a
     # backward and the replay's durations only add, so it bounds every mask from below
-    no_mask = _steps(order, sequence, {"F": fo, "W": w + o, "I": go, "B": bo}, hop_f, hop_b)
+    no_mask = _steps(order, sequence, {"F": fo, "W": w + o, "I": go, "B": bo}, hop_f, hop_b,
+                     problem.transfers_on_cores)
 
     def memory(rows: np.ndarray, c: np.ndarray) -> np.ndarray:
         """The rows' memory per rank (bytes), R × p, under the checkpoint mask c."""
@@ -404,7 +417,8 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
         if any(mask):
             dur = {"F": fo[rows], "W": w[rows] + o, "I": recompute[rows] + go[rows],
                    "B": recompute[rows] + bo[rows]}
-            steps = _steps(order, sequence, dur, hop_f[rows], hop_b[rows])
+            steps = _steps(order, sequence, dur, hop_f[rows], hop_b[rows],
+                           problem.transfers_on_cores)
         else:  # replayed already
             steps = no_mask[rows]
         low = steps.min()

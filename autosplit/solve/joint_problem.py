@@ -72,6 +72,8 @@ class JointProblem:
             holds one copy: the others are taken off its static bytes, and its gradient is
             counted once, on the user stage whose weight pass comes first in the rank's order
             (the pass that allocates it; the others add into it).
+        transfers_on_cores: whether a transfer between ranks costs both ranks compute (gloo
+            between CPU workers: :attr:`~autosplit.schedules.StageCosts.transfers_on_cores`).
     """
 
     fwd_ms: tuple[float, ...]
@@ -93,6 +95,7 @@ class JointProblem:
     grad_bytes: tuple[float, ...] | None = None
     action_ms: float = 0.0
     shared: tuple[tuple[tuple[int, ...], float, float], ...] = ()
+    transfers_on_cores: bool = False
 
     def __post_init__(self) -> None:
         n = len(self.fwd_ms)
@@ -192,6 +195,7 @@ def stage_costs(problem: JointProblem, balance: Sequence[int], checkpoint: Seque
                                   shared_grad_excess(problem, balance, order))),
         action_ms=problem.action_ms,
         bwd_whole_ms=total(problem.bwd_ms),
+        transfers_on_cores=problem.transfers_on_cores,
     )
 
 

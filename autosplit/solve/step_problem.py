@@ -40,6 +40,9 @@ class StepProblem:
         action_ms: what the pipeline runtime costs per action beyond its compute (ms), added
             to every stage's forward and backward (``Profile.action_ms``). The bounds of the
             unfixed stages leave it out: they stay below every completion's step.
+        transfers_on_cores: whether a transfer costs both devices compute (gloo between CPU
+            workers; :func:`autosplit.simulator.simulate`'s ``transfers_on_cores``). The
+            bounds leave it out: it only lengthens a step.
     """
 
     fwd: tuple[tuple[float, ...], ...]
@@ -55,6 +58,7 @@ class StepProblem:
     grad_bytes: tuple[float, ...] | None = None
     grad_limit: float | None = None
     action_ms: float = 0.0
+    transfers_on_cores: bool = False
 
     def __post_init__(self) -> None:
         if not (isinstance(self.action_ms, (int, float)) and math.isfinite(self.action_ms)
