@@ -271,9 +271,12 @@ def simulate(
     )
 
 
-def simulate_plan(plan: Plan) -> SimResult:
+def simulate_plan(plan: Plan, transfers_on_cores: bool | None = None) -> SimResult:
     """Simulate one training step of a plan (each stage's transfer split evenly: half for the
-    activations going forward, half for the gradients coming back).
+    activations going forward, half for the gradients coming back), its transfers costing
+    its ranks compute where ``transfers_on_cores`` says so (``None``: where its stages are
+    on CPU workers, :func:`copies_on_cores`; ``False`` for stage times that include the
+    copies already, as times taken inside torch's runtime do).
 
     GPipe and 1F1B with one stage per device and no checkpointed stage: :func:`simulate`,
     the runtime's cost per action (``Plan.action_ms``) added to every forward and backward
@@ -288,9 +291,11 @@ def simulate_plan(plan: Plan) -> SimResult:
     """
     checks.instance_of("plan", plan, Plan, "an autosplit Plan")
     comm = [s.send_ms / 2 for s in plan.stages[:-1]]
+    cores = copies_on_cores(plan) if transfers_on_cores is None else checks.instance_of(
+        "transfers_on_cores", transfers_on_cores, bool, "True, False or None")
     if (plan.schedule not in SIMULATED or plan.stages_per_rank > 1
             or any(s.checkpoint for s in plan.stages)):
-        return _replayed(plan, comm)
+        return _replayed(plan, comm, cores)
     act = plan.action_ms  # the replay's cost per action, as tests/test_schedules.py checks
     return simulate(
         [s.forward_ms + act for s in plan.stages],
@@ -299,7 +304,7 @@ def simulate_plan(plan: Plan) -> SimResult:
         plan.schedule,
         comm,
         comm,
-        transfers_on_cores=copies_on_cores(plan),
+        transfers_on_cores=cores,
     )
 
 
@@ -310,7 +315,7 @@ def copies_on_cores(plan: Plan) -> bool:
     return all(s.device.split(":")[0] == "cpu" for s in plan.stages)
 
 
-def _replayed(plan: Plan, comm: list[float]) -> SimResult:
+def _replayed(plan: Plan, comm: list[float], cores: bool) -> SimResult:
     """:func:`simulate_plan` through :mod:`autosplit.schedules` (one row per rank)."""
     from autosplit.schedules import StageCosts, simulate_schedule
 
@@ -325,7 +330,7 @@ def _replayed(plan: Plan, comm: list[float]) -> SimResult:
         bwd_whole_ms=None if all(s.whole_backward_ms is None for s in plan.stages) else tuple(
             s.compute_ms - s.forward_ms if s.whole_backward_ms is None else s.whole_backward_ms
             for s in plan.stages),
-        transfers_on_cores=copies_on_cores(plan),
+        transfers_on_cores=cores,
     )
     timeline = simulate_schedule(plan.schedule, len(plan.stages) // v, v, plan.microbatches,
                                  costs)

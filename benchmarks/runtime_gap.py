@@ -470,7 +470,9 @@ def _replay(plan: Plan, durations: dict[tuple[str, int], list[float]], loss_ms: 
     """The plan's schedule simulation (its cost per action, link and all-reduces after the
     step as planned) with each stage's forward, backward whole (B), input pass (I) and weight
     pass (W) as timed inside the runtime (``stat`` of its timings: the median, or the mean);
-    the last stage's forward with the loss, as verification times it."""
+    the last stage's forward with the loss, as verification times it. The transfers only
+    delay their receivers here: the actions' own times include the copies the ranks' cores
+    made while they ran."""
     stages = []
     last = len(plan.stages) - 1
     for s in plan.stages:
@@ -486,7 +488,7 @@ def _replay(plan: Plan, durations: dict[tuple[str, int], list[float]], loss_ms: 
             weight_grad_ms=min(weight, backward),  # type: ignore[type-var]
             whole_backward_ms=whole if (i or w) else None))
     replayed = dataclasses.replace(plan, stages=tuple(stages))
-    return simulate_plan(replayed).step_ms + plan.sync_after_ms
+    return simulate_plan(replayed, transfers_on_cores=False).step_ms + plan.sync_after_ms
 
 
 # ------------------------------------------------------------------------------ the run
