@@ -77,7 +77,9 @@ def test_vectorised_simulation_equals_the_simulator(schedule: str) -> None:
         cf = tuple(rng.random() for _ in range(n - 1))
         cb = tuple(rng.random() for _ in range(n - 1))
         act = rng.choice([0.0, rng.random()])  # the runtime's cost per action (ms)
-        problem = StepProblem(fwd, bwd, cf, cb, m, schedule, action_ms=act)
+        cores = rng.random() < 0.5  # whether the transfers cost the devices compute
+        problem = StepProblem(fwd, bwd, cf, cb, m, schedule, action_ms=act,
+                              transfers_on_cores=cores)
         balances = list(compositions(n, p))
         got = step_times(problem, balances)
         for bal, value in zip(balances, got):
@@ -86,7 +88,8 @@ def test_vectorised_simulation_equals_the_simulator(schedule: str) -> None:
             want = simulate([sum(fwd[s][a:e]) + act for s, (a, e) in enumerate(stages)],
                             [sum(bwd[s][a:e]) + act for s, (a, e) in enumerate(stages)], m,
                             schedule,
-                            [cf[e - 1] for e in bounds[1:-1]], [cb[e - 1] for e in bounds[1:-1]])
+                            [cf[e - 1] for e in bounds[1:-1]], [cb[e - 1] for e in bounds[1:-1]],
+                            transfers_on_cores=cores)
             assert value == pytest.approx(want.step_ms, rel=1e-12)
 
 

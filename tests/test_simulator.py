@@ -346,3 +346,25 @@ def test_overlap_shares_count_the_time_another_row_is_busy_too() -> None:
     # the simulation's rows give what overlap_fractions gives
     result = simulator.simulate([1.0, 2.0], [2.0, 3.0], 4, "gpipe")
     assert simulator.overlap_shares(result.events) == simulator.overlap_fractions(result)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "interleaved-1f1b"])
+def test_a_plan_on_cpu_workers_pays_its_copies_and_one_on_gpus_does_not(schedule: str) -> None:
+    """Stages on CPUs (gloo between the workers) copy their transfers on their own cores: the
+    plan's simulated step is longer than with its transfers as delays only, and the plan's
+    prediction is that longer one; the same stages on GPUs simulate as delays only."""
+    from synthetic import make_profile
+
+    import autosplit
+
+    prof = make_profile([2, 4], [[1.0, 1.0]] * 6, batch_size=8,
+                        cut_bytes_per_sample=[2 * 10**6] * 5)
+    plan = autosplit.plan(prof, 2, schedule=schedule, bandwidth_bytes_per_s=1e9)
+    assert simulator.copies_on_cores(plan)
+    on = simulator.simulate_plan(plan).step_ms
+    off = simulator.simulate_plan(plan, transfers_on_cores=False).step_ms
+    assert plan.predicted_step_ms == pytest.approx(on) and on > off
+    gpus = dataclasses.replace(plan, stages=tuple(
+        dataclasses.replace(s, device=f"cuda:{s.index % 2}") for s in plan.stages))
+    assert not simulator.copies_on_cores(gpus)
+    assert simulator.simulate_plan(gpus).step_ms == pytest.approx(off)
