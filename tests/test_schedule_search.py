@@ -494,3 +494,16 @@ def test_the_tables_mark_the_chosen_plan_and_what_verification_chose_instead() -
     rows = {line.split("  ")[0]: line for line in out.getvalue().splitlines()}
     assert f"chosen: {8 // size}×{size}, verified above" in rows["pipeline 2 stages"]
     assert "chosen" not in rows["data parallel ×2"]
+
+
+def test_the_switch_for_transfers_on_the_cores_takes_a_bool() -> None:
+    """A switch that is not True or False is refused with its name, in both problems."""
+    from autosplit.errors import ArgumentTypeError
+    from autosplit.solve.step_problem import StepProblem
+
+    rows = ((1.0, 1.0), (1.0, 1.0))
+    with pytest.raises(ArgumentTypeError, match="transfers_on_cores must be True or False"):
+        StepProblem(rows, rows, (0.0,), (0.0,), 2, "gpipe", transfers_on_cores=1)
+    problem = _random_problem(random.Random(0), 3, 2, None)
+    with pytest.raises(ArgumentTypeError, match="transfers_on_cores must be True or False"):
+        dataclasses.replace(problem, transfers_on_cores="yes")

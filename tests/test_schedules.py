@@ -404,6 +404,7 @@ def test_checkpointing_adds_the_forward_to_the_input_backward_only() -> None:
         ({"comm_fwd_ms": (1.0, 1.0)}, InvalidInputError, "comm_fwd_ms must have 1 entries"),
         ({"activation_bytes": (1.0, float("nan"))}, InvalidInputError, "activation_bytes[1]"),
         ({"checkpoint": (1, 0)}, ArgumentTypeError, "checkpoint[0] must be True or False"),
+        ({"transfers_on_cores": 1}, ArgumentTypeError, "transfers_on_cores must be True or"),
         ({"fwd_ms": "12"}, ArgumentTypeError, "fwd_ms must be a list"),
     ],
 )

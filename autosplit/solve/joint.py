@@ -265,8 +265,7 @@ def _steps(order: ScheduleOrder, sequence: list[tuple[int, str, int, int]],
                 finish = finish + np.minimum(np.maximum(free[r] - at, 0.0), hop)
         ends[r].append(finish)
         end["G" if kind in ("B", "I") else kind, s, i] = finish
-        free[r] = finish + copies[r][len(ends[r])] if copies and len(ends[r]) in copies[r] \
-            else finish
+        free[r] = finish + copies[r].get(len(ends[r]), 0.0) if copies else finish
     return np.max(np.stack([row[-1] if row else np.zeros(len(hop_f)) for row in ends]), axis=0)
 
 
