@@ -10,8 +10,7 @@ stage times alone does not see.
 :func:`measure_action_ms` runs every schedule the planner searches (or those asked for: a plan
 of one schedule needs that one's cost only) on 2 local ranks with stages that compute
 (:data:`LAYERS` linear layers of width :data:`WIDTH` and a tanh, micro-batches of :data:`ROWS`
-rows: a forward of 1.6–2.0 ms on one thread of the development machines' CPUs, the size of a
-small model's actions), times each rank's stages in a plain loop in the rank (:data:`PLAIN_RUNS`
+rows: a forward of about 7 ms on one thread of the development machines' CPUs), times each rank's stages in a plain loop in the rank (:data:`PLAIN_RUNS`
 runs, the medians; each rank's alone, the other waiting, then both ranks at once; a zero-bubble
 schedule's backward in its two passes and, where it runs some whole (DualPipeV), in one pass
 too), interleaved with the steps, and fits, per schedule, the cost ``o`` that one action must
@@ -20,32 +19,22 @@ weighed between alone and together as a verified prediction weighs them, to last
 step (:func:`fit_weighed_action_ms`). The planner adds ``o`` to every action of that
 schedule (``Profile.action_ms``, ``Plan.action_ms``), the median over the rounds; the fits'
 spread over the rounds (``Profile.action_spread``) widens a verified plan's predicted step
-(:func:`autosplit.verify.predict_verified`).
+(:func:`autosplit.verify.predict_verified`). Measured once per process
+(:func:`forget_measurements` forgets it).
 
 A plan of one stage with data-parallel replicas runs on the same runtime, one stage per
 rank: :func:`measure_one_stage_action_ms` fits its cost per action the same way, on 2 ranks
 each running a one-stage ``ScheduleGPipe`` of a measuring stage at once, as replicas do (their
-gradient synchronisation is DDP's, costed apart: :func:`autosplit.collectives.measure_allreduce`).
-On 2 CPU workers one such stage cost 0.26–0.37 ms per action: nothing next to a large model's
-step, much of a small one's.
+gradient synchronisation is DDP's, costed apart: :func:`autosplit.collectives.measure_allreduce`):
+on 2 CPU workers 0.26–0.37 ms per action.
 
 Stages that compute, not stages that cost nothing: on 2 CPU workers (AMD EPYC, one day's fits),
 stages of one 16 × 16 layer gave GPipe 0.36–0.60 ms per action and stages that compute (192 to
-1024 wide) 0.5–1.5 ms, median about 1.1; 1F1B 0.16–0.33 against 0.17–0.67 ms; ZB-V and
-DualPipeV less (0.5–0.6 against 0.2–0.7 ms): the runtime's per-action work costs more while the
-ranks compute, and its sum is no longer what a replay of empty stages sees.
+1024 wide) 0.5–1.5 ms: the runtime's per-action work costs more while the ranks compute.
 
-Steady stage times, not one run's: a verified prediction times its stages as medians over
-rounds (:mod:`autosplit.stage_timing`), so ``o`` is fitted on the same kind of figure. Fitted
-on one plain run per round, right after a step (the first run after other work is the slowest),
-``o`` came out 30–100 % lower (Intel Xeon, two runs of each taken in turns: GPipe 1.05–1.15
-against 1.37–1.70 ms, ZB-V 0.42–0.45 against 0.66–0.70), and the accuracy benchmark measured
-every pipeline of GPT small 4–12 % slower than predicted while one device was within 3 %. Inside
-torch's runtime on GPT small (``benchmarks/runtime_gap.py``, the same machine and day) the time
-outside the actions was 1.5 ms per action for GPipe, 1.0 for 1F1B and 0.7 for ZB-V: what the
-medians give. On the measuring stages the ranks barely slow each other down (a forward of
-1.6–2.0 ms alone or together), so the weighing changes ``o`` by a few percent; it keeps the
-fit the planner's own way of predicting where they would not.
+Steady stage times, not one run's: ``o`` is fitted on medians over rounds, as a verified
+prediction times its stages (:mod:`autosplit.stage_timing`); fitted on one plain run per round
+(the first run after other work is the slowest), it came out 30–100 % lower.
 """
 
 from __future__ import annotations
@@ -63,9 +52,9 @@ from autosplit.planner.schedules import SEARCHED
 from autosplit.schedules import StageCosts, simulate_schedule, torch_class_name, torch_order
 from autosplit.simulator import overlap_shares
 
-__all__ = ["LAYERS", "MEASURED", "PLAIN_RUNS", "ROWS", "WIDTH", "action_costs",
-           "fit_action_ms", "fit_weighed_action_ms", "measure_action_ms",
-           "measure_action_spread", "measure_one_stage_action_ms"]
+__all__ = ["LAYERS", "MEASURED", "PLAIN_RUNS", "ROUNDS", "ROWS", "WARMUP_ROUNDS", "WIDTH",
+           "action_costs", "fit_action_ms", "fit_weighed_action_ms", "forget_measurements",
+           "measure_action_ms", "measure_action_spread", "measure_one_stage_action_ms"]
 
 MEASURED = SEARCHED
 """The (schedule, stages per rank) pairs measured: those ``schedule="auto"`` searches."""
@@ -73,12 +62,24 @@ MEASURED = SEARCHED
 _MICROBATCHES = 8
 WIDTH = 768
 """Width of the measuring stages' linear layers."""
-LAYERS = 4
-"""Linear layers (each followed by a tanh) in one measuring stage."""
+LAYERS = 16
+"""Linear layers (each followed by a tanh) in one measuring stage. The cost grows with the
+actions' length: a receive posted while the peer computes waits until the peer's
+communication thread gets its core (3–8 ms inside ``_batch_p2p`` beside 23–45 ms actions,
+0.1–3 ms beside 2–5 ms ones). GPipe's fits with 4, 8, 16, 32 and 64 layers (actions of 4, 8,
+17, 33 and 67 ms; Intel Xeon, one run): 4.2, 5.0, 7.6, 8.1 and 14.3 ms; GPT small's pipelines
+(actions of 20–45 ms) measured 8–13 % above a prediction with 4 layers' 2.0–2.3 ms."""
+ONE_STAGE_LAYERS = 4
+"""Layers of the one-stage runtime's measuring stage (it sends nothing)."""
 ROWS = 32
 """Rows of one micro-batch of the measuring stages."""
 PLAIN_RUNS = 3
 """Plain runs of the measuring stages per round, alone and together: each figure's median."""
+ROUNDS = 10
+"""Timed rounds per schedule, their fits' median taken (one round's fit is noisy: GPipe's
+spread over 1.4–8.1 ms in 16 rounds on 16 layers; Intel Xeon)."""
+WARMUP_ROUNDS = 3
+"""Untimed rounds first: a process's first rounds fitted up to twice the later ones."""
 BLEND_ROUNDS = 2
 """How often the overlaps are replayed again from the costs they weighed (as
 :data:`autosplit.verify.BLEND_ROUNDS`)."""
@@ -204,7 +205,8 @@ def _fits(backend: str, timeout_s: float, schedules: Sequence[str] | None
     if missing:
         from autosplit.distributed import launch
 
-        rounds = launch(_rank, 2, missing, backend=backend, timeout_s=timeout_s)[0]
+        rounds = launch(_rank, 2, missing, ROUNDS, WARMUP_ROUNDS, LAYERS, backend=backend,
+                        timeout_s=timeout_s)[0]
         known.update({
             schedule: [fit_weighed_action_ms(schedule, v, _MICROBATCHES, step, alone, together)
                        for step, alone, together in rounds[schedule]]
@@ -250,6 +252,12 @@ def action_costs(backend: str = "gloo", timeout_s: float = 120.0,
             "action_spread": measure_action_spread(backend, timeout_s, schedules)}
 
 
+def forget_measurements() -> None:
+    """Forget the costs this process measured: the next call measures them again (profiles
+    meant to be independent, taken in one process, each take their own)."""
+    _CACHE.clear()
+
+
 def measure_one_stage_action_ms(backend: str = "gloo", timeout_s: float = 120.0
                                 ) -> tuple[float, float]:
     """torch's runtime cost per action of a one-stage pipeline, as a plan's data-parallel
@@ -284,7 +292,7 @@ def _one_stage_rank(repeats: int = 9, warmup: int = 2
     rank, world = dist.get_rank(), dist.get_world_size()
     alone = [dist.new_group([r]) for r in range(world)][rank]  # every rank makes every group
     torch.manual_seed(rank)
-    module = _stage_module()
+    module = _stage_module(ONE_STAGE_LAYERS)
     stage = pipelining.PipelineStage(module, 0, 1, torch.device("cpu"), group=alone)
     runner = pipelining.ScheduleGPipe(stage, n_microbatches=_MICROBATCHES, loss_fn=_loss)
     x = torch.randn(_MICROBATCHES * ROWS, WIDTH)
@@ -306,12 +314,13 @@ def _one_stage_rank(repeats: int = 9, warmup: int = 2
     return [r for ranks in gathered for r in ranks] if rank == 0 else None
 
 
-def _stage_module() -> Any:
-    """One measuring stage: :data:`LAYERS` × (linear of :data:`WIDTH`, tanh)."""
+def _stage_module(count: int | None = None) -> Any:
+    """One measuring stage: ``count`` (default :data:`LAYERS`) × (linear of :data:`WIDTH`,
+    tanh)."""
     import torch
 
     layers: list[Any] = []
-    for _ in range(LAYERS):
+    for _ in range(LAYERS if count is None else count):
         layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh()]
     return torch.nn.Sequential(*layers)
 
@@ -369,7 +378,8 @@ def _plain_times(modules: dict[int, Any], last: int, split: bool, runs: int = PL
             for s, rows in timed.items()}
 
 
-def _rank(pairs: Sequence[tuple[str, int]] = MEASURED, repeats: int = 9, warmup: int = 2
+def _rank(pairs: Sequence[tuple[str, int]] = MEASURED, repeats: int = ROUNDS,
+          warmup: int = WARMUP_ROUNDS, layers: int = LAYERS
           ) -> dict[str, list[tuple[float, StageCosts, StageCosts]]] | None:
     """Time every (schedule, v) of ``pairs`` on the measuring stages, each step right after
     plain runs of every stage, each rank's alone (the other ranks waiting), then every rank's
@@ -394,7 +404,7 @@ def _rank(pairs: Sequence[tuple[str, int]] = MEASURED, repeats: int = 9, warmup:
             schedule, 2, v, _MICROBATCHES).actions for a in row)
         mine = stage_indices(n, rank, 2, v_shape=schedule in V_SCHEDULES)
         torch.manual_seed(0)
-        modules = {i: _stage_module() for i in mine}
+        modules = {i: _stage_module(layers) for i in mine}
         stages = [pipelining.PipelineStage(modules[i], i, n, device) for i in mine]
         runner = getattr(pipelining, torch_class_name(schedule, v))(
             stages if v > 1 else stages[0], n_microbatches=_MICROBATCHES, loss_fn=_loss)

@@ -76,7 +76,7 @@ from autosplit.collectives import measure_link_bandwidth
 from autosplit.comparison import baseline_plans, manual_plan
 from autosplit.planner import plan_candidates, plan_with_balance
 from autosplit.records import Plan, Profile
-from autosplit.runtime_cost import action_costs
+from autosplit.runtime_cost import action_costs, forget_measurements
 from autosplit.verified_choice import verify_and_choose
 
 TORCHGPIPE_ROW = "torchgpipe"
@@ -118,7 +118,8 @@ def profile_case(case: Case, p: int, args: argparse.Namespace, device: torch.dev
     profile = autosplit.profile(model, inputs, device=device, include=include,
                                 microbatch_sizes=args.sizes, budget_s=args.profile_budget)
     if not args.smoke:  # the runtime's cost per action and the link, as `autosplit plan` does
-        profile = dataclasses.replace(profile, **action_costs(),
+        forget_measurements()  # each profile its own, as each `autosplit plan` measures its own
+        profile = dataclasses.replace(profile, **action_costs(schedules=("gpipe",)),
                                       link_bytes_per_s=measure_link_bandwidth())
     profile_s = time.perf_counter() - start
     candidates, others, notes = plans_of(case, profile, model, inputs, device)
@@ -152,8 +153,10 @@ def estimate_s(cases: Sequence[Case], args: argparse.Namespace) -> float:
     profile's timed rounds at about 6 configurations (pipelines ~0.6 of one device's step) and
     the agreement's at 2 pipelines."""
     planning = args.profiles * (args.profile_budget + args.verify_budget + 10)
-    steps = sum(c.step_s * (args.profiles * (1 + 0.6 * 5) + 0.6 * 2) for c in cases)
-    return len(cases) * planning + (args.rounds + 1) * steps * 1.15  # 15 %: retakes, set-up
+    steps = sum(c.step_s * args.profiles * (1 + 0.6 * 5) for c in cases)
+    together = sum(c.step_s * 0.6 * 2 for c in cases)
+    return len(cases) * planning + ((args.rounds + 1) * steps
+                                    + (args.agreement_rounds + 1) * together) * 1.15  # retakes
 
 
 def measure_group(group: Group, predicted: dict[str, float], args: argparse.Namespace
@@ -162,8 +165,8 @@ def measure_group(group: Group, predicted: dict[str, float], args: argparse.Name
     each label's spread and timings, and the other processes' load."""
     lead_ms = args.lead_in * 1000  # a step under it: as long again before each timing
     guess = sum(ms + (lead_ms if ms < lead_ms else 0.0) for ms in
-                (predicted[c.label] for c in group.configs)) * (args.rounds + 1) / 1000 * 1.2
-    print(f"  measuring {len(group.configs)} configurations, {args.rounds} rounds + warm-up "
+                (predicted[c.label] for c in group.configs)) * (group.rounds + 1) / 1000 * 1.2
+    print(f"  measuring {len(group.configs)} configurations, {group.rounds} rounds + warm-up "
           f"(about {guess:.0f} s by the predictions) …", flush=True)
     got = measure([group], nprocs=2, backend="gloo", timeout_s=args.timeout)[group.name]
     return {"measured": {label: {**spread(times), "seconds": times}
@@ -181,8 +184,8 @@ def measure_agreement(case: Case, profiles: Sequence[dict[str, Any]], configs: d
         return None
     print(f"{case.label}: the {len(chosen)} plans of its profiles together …", flush=True)
     group = Group(f"{case.label}, agreement", case.spec,
-                  tuple(configs[row["label"]] for row in chosen.values()), rounds=args.rounds,
-                  warmup=1, **load_options(args))
+                  tuple(configs[row["label"]] for row in chosen.values()),
+                  rounds=args.agreement_rounds, warmup=1, **load_options(args))
     predicted = {row["label"]: row["predicted_ms"] for row in chosen.values()}
     return measure_group(group, predicted, args)
 
@@ -225,7 +228,8 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
         "settings": {
             "machine": machine(), "command": args.command, "smoke": args.smoke,
             "devices": "2 CPU workers of 1 thread each, one process per stage (gloo), GPipe",
-            "profiles": args.profiles, "rounds": args.rounds, "warmup_rounds": 1,
+            "profiles": args.profiles, "rounds": args.rounds,
+            "agreement_rounds": args.agreement_rounds, "warmup_rounds": 1,
             "steps_per_timing": 1, "lead_in_s": args.lead_in,
             "settle_rounds": args.settle_rounds,
             "more_rounds": args.more_rounds, "max_spread": args.max_spread,
@@ -330,12 +334,17 @@ def markdown(data: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = benchmark_parser(__doc__, [c.name for c in default_cases()])
     parser.add_argument("--profiles", type=int, default=3, help="independent profiles per model")
+    parser.add_argument("--agreement-rounds", type=int, default=15, dest="agreement_rounds",
+                        help="timed rounds of the profiles' distinct plans together (default "
+                             "15: plans about 1 %% apart, each round's spread about 1 %%)")
     args = parser.parse_args(argv)
     if args.profiles < 1:
         parser.error("--profiles must be positive")
+    if args.agreement_rounds < 1:
+        parser.error("--agreement-rounds must be positive")
     cases = chosen_cases(parser, args, argv, "accuracy.py", default_cases, smoke_cases)
     if args.smoke:
-        args.profiles = min(args.profiles, 2)
+        args.profiles, args.agreement_rounds = min(args.profiles, 2), 1
     print(f"{', '.join(c.label for c in cases)}; {args.profiles} profiles, {args.rounds} rounds: "
           f"about {estimate_s(cases, args) / 60:.0f} min on 2 quiet CPU cores", flush=True)
     if TORCHGPIPE is None:

@@ -40,6 +40,18 @@ def _seed_and_quiet() -> None:
     warnings.filterwarnings("ignore", message=".*CPU stand-ins.*")
 
 
+@pytest.fixture(autouse=True)
+def _quick_runtime_costs(monkeypatch) -> None:
+    """The runtime's cost per action measured on smaller stages over fewer rounds than
+    ``autosplit plan`` takes (the suite's time: the defaults took 2 min per measurement of
+    every schedule); what is measured is not asserted, only how."""
+    from autosplit import runtime_cost
+
+    monkeypatch.setattr(runtime_cost, "LAYERS", 4)
+    monkeypatch.setattr(runtime_cost, "ROUNDS", 5)
+    monkeypatch.setattr(runtime_cost, "WARMUP_ROUNDS", 2)
+
+
 def loss_of(output: Any) -> torch.Tensor:
     """A loss that touches every floating output element with a different weight."""
     total = torch.zeros(())

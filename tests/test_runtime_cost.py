@@ -166,9 +166,13 @@ def test_the_fixed_schedules_search_and_a_given_split_carry_the_cost(schedule: s
     assert autosplit.plan(costly, 1, schedule=schedule).action_ms == 0.0
 
 
-def test_measured_on_two_ranks() -> None:
+def test_measured_on_two_ranks(monkeypatch) -> None:
     # stages that compute, on 2 gloo ranks: the runtime's messages and bookkeeping cost some
-    # time beyond the stages' own (0 only where a schedule's replay already lasted as long)
+    # time beyond the stages' own (0 only where a schedule's replay already lasted as long);
+    # the suite's smaller stages and fewer rounds (tests/conftest.py)
+    from autosplit import runtime_cost
+
+    monkeypatch.setattr(runtime_cost, "_CACHE", {})
     measured = dict(measure_action_ms())
     assert set(measured) == {schedule for schedule, _ in MEASURED}
     assert all(0.0 <= ms < 1000.0 for ms in measured.values())
@@ -192,8 +196,10 @@ def test_only_the_schedules_asked_for_are_measured(monkeypatch) -> None:
     monkeypatch.setattr(runtime_cost, "_CACHE", {})
     launched: list[tuple[tuple[str, int], ...]] = []
 
-    def fake(fn, nprocs, pairs, **kwargs):
+    def fake(fn, nprocs, pairs, rounds, warmup, layers, **kwargs):
         assert fn is runtime_cost._rank and nprocs == 2
+        assert (rounds, warmup, layers) == (runtime_cost.ROUNDS, runtime_cost.WARMUP_ROUNDS,
+                                            runtime_cost.LAYERS)
         launched.append(tuple(pairs))
         zero = StageCosts((0.0,) * 2, (0.0,) * 2, (0.0,) * 2)
         return {0: {name: [(100.0, zero, zero), (100.0, zero, zero), (120.0, zero, zero)]
@@ -212,6 +218,9 @@ def test_only_the_schedules_asked_for_are_measured(monkeypatch) -> None:
     assert list(both) == ["gpipe", "1f1b"] and both["1f1b"] == dict(costs["action_ms"])["1f1b"]
     assert dict(measure_action_ms(schedules="gpipe")) == {"gpipe": both["gpipe"]}  # one name
     assert len(launched) == 2
+    runtime_cost.forget_measurements()  # then measured again, as a new process would
+    assert [name for name, _ in measure_action_ms(schedules="gpipe")] == ["gpipe"]
+    assert launched[2:] == [(("gpipe", 1),)]
     # a profile with some schedules measured gives the others the largest cost it has
     prof = dataclasses.replace(make_profile([2], [[1.0]] * 2, batch_size=4), **costs)
     assert prof.action_ms_of("zbv") == prof.action_ms_of("1f1b")
