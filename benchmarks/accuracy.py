@@ -2,8 +2,9 @@
 workers, for several independent profiles of each model.
 
 For each model, ``--profiles`` independent profiles (``autosplit.profile``, one CPU worker of one
-thread, with torch's pipeline runtime's cost per action measured as ``autosplit plan`` measures
-it); for each profile the plans below, predicted by autosplit from that profile:
+thread, with torch's pipeline runtime's cost per action of GPipe measured in each profile as
+``autosplit plan --schedule gpipe`` measures it); for each profile the plans below, predicted
+by autosplit from that profile:
 
 * autosplit's plan, made as ``autosplit plan`` makes it: the best candidates by block sums
   (``plan_candidates``), their stages and those of every other plan timed as they run
@@ -23,8 +24,9 @@ minutes; a profile's prediction is compared with its own timed rounds, a few min
 process per stage (``harness.py``: two gloo ranks, GPipe, interleaved rounds A B … B A after a
 warm-up round and untimed rounds until no plan's steps fault in fresh memory, a timing
 disturbed by other processes taken again); then the distinct plans
-autosplit chose from the profiles, timed together, for the agreement. Reported: the median and p90
-of |predicted − measured| / measured over every (profile, plan); each profile's predicted ratio
+autosplit chose from the profiles, timed together over ``--agreement-rounds`` rounds (15: two
+plans about 1 % apart, each round's spread about 1 %), for the agreement. Reported: the median
+and p90 of |predicted − measured| / measured over every (profile, plan); each profile's predicted ratio
 autosplit / other plan against the measured ratio, with that ratio's own spread over the paired
 rounds (each round times both plans) and how many errors exceed it; whether the profiles gave the
 same plan (or plans within 1 % measured). Models (``--models``): ResNet50 (B=120, 3×128×128),
