@@ -10,17 +10,18 @@ stage times alone does not see.
 :func:`measure_action_ms` runs every schedule the planner searches (or those asked for: a plan
 of one schedule needs that one's cost only) on 2 local ranks with stages that compute
 (:data:`LAYERS` linear layers of width :data:`WIDTH` and a tanh, micro-batches of :data:`ROWS`
-rows: a forward of about 7 ms on one thread of the development machines' CPUs), times each rank's stages in a plain loop in the rank (:data:`PLAIN_RUNS`
-runs, the medians; each rank's alone, the other waiting, then both ranks at once; a zero-bubble
-schedule's backward in its two passes and, where it runs some whole (DualPipeV), in one pass
-too), interleaved with the steps, and fits, per schedule, the cost ``o`` that one action must
-have for the replay of torch's own order (:mod:`autosplit.schedules`) with those stage times,
-weighed between alone and together as a verified prediction weighs them, to last the measured
-step (:func:`fit_weighed_action_ms`). The planner adds ``o`` to every action of that
-schedule (``Profile.action_ms``, ``Plan.action_ms``), the median over the rounds; the fits'
-spread over the rounds (``Profile.action_spread``) widens a verified plan's predicted step
-(:func:`autosplit.verify.predict_verified`). Measured once per process
-(:func:`forget_measurements` forgets it).
+rows: a forward of about 7 ms on one thread of the development machines' CPUs), times each
+rank's stages in a plain loop in the rank (:data:`PLAIN_RUNS` runs, the medians; each rank's
+alone, the other waiting, then both ranks at once; a zero-bubble schedule's backward in its two
+passes and, where it runs some whole (DualPipeV), in one pass too), interleaved with the
+steps, and fits, per schedule, the cost ``o`` that one action must have for the replay of
+torch's own order (:mod:`autosplit.schedules`) with those stage times, weighed between
+alone and together as a verified prediction weighs them, to last the measured step
+(:func:`fit_weighed_action_ms`). The planner adds ``o`` to every action of that schedule
+(``Profile.action_ms``, ``Plan.action_ms``), the median over the rounds; the fits' spread
+over the rounds (``Profile.action_spread``) widens a verified plan's predicted step
+(:func:`autosplit.verify.predict_verified`). Measured once per process (and forgotten:
+:func:`forget_measurements`).
 
 A plan of one stage with data-parallel replicas runs on the same runtime, one stage per
 rank: :func:`measure_one_stage_action_ms` fits its cost per action the same way, on 2 ranks
@@ -69,8 +70,7 @@ communication thread gets its core (3–8 ms inside ``_batch_p2p`` beside 23–4
 0.1–3 ms beside 2–5 ms ones). GPipe's fits with 4, 8, 16, 32 and 64 layers (actions of 4, 8,
 17, 33 and 67 ms; Intel Xeon, one run): 4.2, 5.0, 7.6, 8.1 and 14.3 ms; GPT small's pipelines
 (actions of 20–45 ms) measured 8–13 % above a prediction with 4 layers' 2.0–2.3 ms."""
-ONE_STAGE_LAYERS = 4
-"""Layers of the one-stage runtime's measuring stage (it sends nothing)."""
+ONE_STAGE_LAYERS = 4  # the one-stage runtime's measuring stage (it sends nothing)
 ROWS = 32
 """Rows of one micro-batch of the measuring stages."""
 PLAIN_RUNS = 3
