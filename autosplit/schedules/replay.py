@@ -71,7 +71,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autosplit import checks
-from autosplit.errors import ArgumentTypeError, InvalidInputError
+from autosplit.errors import InvalidInputError
 from autosplit.schedules.torch_order import Kind, ScheduleOrder, torch_order
 
 __all__ = ["StageCosts", "TimedAction", "Timeline", "replay", "send_copies", "sends_held",
@@ -202,12 +202,6 @@ class StageCosts:
         return recompute + self.bwd_input_ms[s] + self.action_ms
 
 
-def _flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ArgumentTypeError(f"{name} must be True or False, got {checks.show(value)}")
-    return value
-
-
 @dataclass(frozen=True, slots=True)
 class TimedAction:
     """One action of the simulated step.
@@ -259,6 +253,10 @@ class Timeline:
         if self.step_ms <= 0:
             return 0.0
         return 1.0 - math.fsum(self.busy_ms) / (len(self.busy_ms) * self.step_ms)
+
+
+def _flag(name: str, value: object) -> bool:
+    return checks.instance_of(name, value, bool, "True or False")
 
 
 def simulate_schedule(schedule: str, p: int, v: int, m: int, costs: StageCosts) -> Timeline:

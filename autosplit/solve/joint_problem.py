@@ -15,7 +15,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autosplit.errors import ArgumentTypeError, InvalidInputError
+from autosplit import checks
+from autosplit.errors import InvalidInputError
 from autosplit.schedules.replay import StageCosts
 from autosplit.schedules.torch_order import ScheduleOrder
 
@@ -119,9 +120,7 @@ class JointProblem:
                     math.isfinite(x) and x >= 0 for x in sizes):
                 raise InvalidInputError(f"shared: blocks {blocks} of {n}, bytes {sizes}: each "
                                         "needs blocks in range and two byte counts ≥ 0")
-        if not isinstance(self.transfers_on_cores, bool):
-            raise ArgumentTypeError(f"transfers_on_cores must be True or False, got "
-                                    f"{self.transfers_on_cores!r}")
+        checks.instance_of("transfers_on_cores", self.transfers_on_cores, bool, "True or False")
         if not (math.isfinite(self.action_ms) and self.action_ms >= 0):
             raise InvalidInputError(f"action_ms must be a finite number ≥ 0, got "
                                     f"{self.action_ms}")

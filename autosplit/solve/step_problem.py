@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autosplit.errors import ArgumentTypeError, InvalidInputError
+from autosplit import checks
+from autosplit.errors import InvalidInputError
 from autosplit.simulator import SCHEDULES
 
 __all__ = ["StepProblem", "StepSolution"]
@@ -61,9 +62,7 @@ class StepProblem:
     transfers_on_cores: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.transfers_on_cores, bool):
-            raise ArgumentTypeError(f"transfers_on_cores must be True or False, got "
-                                    f"{self.transfers_on_cores!r}")
+        checks.instance_of("transfers_on_cores", self.transfers_on_cores, bool, "True or False")
         if not (isinstance(self.action_ms, (int, float)) and math.isfinite(self.action_ms)
                 and self.action_ms >= 0):
             raise InvalidInputError(f"action_ms must be a finite number ≥ 0 (ms), got "
