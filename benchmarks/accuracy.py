@@ -9,7 +9,7 @@ by autosplit from that profile:
 * autosplit's plan, made as ``autosplit plan`` makes it: the best candidates by block sums
   (``plan_candidates``), their stages and those of every other plan timed as they run
   (``autosplit.verified_choice.verify_and_choose``), the fastest verified candidate kept
-  (among those within noise of it, the best by block sums);
+  (among those within noise or 3 % of it, the best by block sums);
 * the hand split where the model file has one (examples/resnet50.py's ``MANUAL_SPLIT``);
 * uniform block counts and balanced parameter bytes (``baseline_plans``);
 * torchgpipe 0.0.7's ``balance_by_time`` (``torchgpipe_peer.py``, optional) at the split size of

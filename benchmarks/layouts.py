@@ -9,7 +9,7 @@ best pipelines by block sums (``plan_candidates``), both with the schedule searc
 command searches it (``schedule="auto"``: GPipe, 1F1B and the schedules of 2 stages per rank,
 such as looped BFS), all verified together stage by stage
 (``autosplit.verified_choice.verify_and_choose``), the fastest verified plan (among those
-within noise of it, the best by block sums) being autosplit's choice.
+within noise or 3 % of it, the best by block sums) being autosplit's choice.
 Each model's plans are measured right after they are verified (before the next model is
 profiled: the machine's drift between prediction and measurement is that of minutes),
 interleaved on 2 gloo ranks (``harness.py``: ``Trainer`` per rank, DDP along the

@@ -113,7 +113,7 @@ def command_choice(graph: Any, inputs: Any, profile: Profile, memory: int | None
                    budget_s: float) -> tuple[Plan, str]:
     """autosplit's choice as ``autosplit plan`` makes it: the best pipelines of
     ``schedule="auto"`` at the three best micro-batch sizes by block sums, their stages timed as
-    they run and the fastest verified one kept (among those within noise, the best by block sums:
+    they run and the fastest verified one kept (among those within noise or 3 %, the best by block sums:
     ``autosplit.verified_choice``); returned as planned (block sums), to be timed again with
     every other plan, with how it was chosen (the first session's figures, in words)."""
     candidates = plan_candidates(profile, 2, top_k=3, schedule="auto", memory_per_gpu=memory)

@@ -25,7 +25,7 @@ from autosplit.plan_text import one_device_way
 from autosplit.planner import plan_candidates
 from autosplit.records import Plan, Profile
 from autosplit.simulator import simulate_plan
-from autosplit.verified_choice import steady_choice, verify_and_choose
+from autosplit.verified_choice import RESOLVED_RATIO, steady_choice, verify_and_choose
 from autosplit.verify import time_stages, verify_plans
 
 # ------------------------------------------------------------------------ claims (hand numbers)
@@ -346,6 +346,22 @@ def test_a_clear_difference_chooses_the_fastest(small) -> None:
     assert steady_choice(first, planned) == ("2", ("2",))
 
 
+@pytest.mark.parametrize("spread", [None, 0.001])
+def test_a_difference_under_the_resolved_ratio_goes_to_the_block_sums(small, spread) -> None:
+    """A first session that puts a candidate ahead by less than the accuracy claimed for a
+    verified ratio (RESOLVED_RATIO), however small its spread, leaves the choice to the block
+    sums; just over it, the faster verified is chosen."""
+    _, _, prof = small
+    by_size = {c.split_size: c for c in plan_candidates(prof, 2, top_k=3)}
+    planned = {"2": _timed(by_size[2], 110.0, None), "4": _timed(by_size[4], 100.0, None)}
+    under = 100.0 * (1 + RESOLVED_RATIO) - 0.01
+    first = {"2": _timed(by_size[2], 100.0, spread), "4": _timed(by_size[4], under, spread)}
+    assert steady_choice(first, planned) == ("4", ("2", "4"))
+    over = 100.0 * (1 + RESOLVED_RATIO) + 0.01
+    first = {"2": _timed(by_size[2], 100.0, spread), "4": _timed(by_size[4], over, spread)}
+    assert steady_choice(first, planned) == ("2", ("2",))
+
+
 def test_candidates_within_noise_go_to_the_best_by_block_sums_whichever_was_faster(
         small) -> None:
     """Two profiles of one model whose first sessions drew the two candidates' order the
@@ -354,12 +370,12 @@ def test_candidates_within_noise_go_to_the_best_by_block_sums_whichever_was_fast
     by_size = {c.split_size: c for c in plan_candidates(prof, 2, top_k=3)}
     planned = {"2": _timed(by_size[2], 105.0, None), "4": _timed(by_size[4], 100.0, None),
                "8": _timed(by_size[8], 90.0, None)}
-    for two_ms, four_ms in [(100.0, 103.0), (103.0, 100.0)]:
+    for two_ms, four_ms in [(100.0, 105.0), (105.0, 100.0)]:
         first = {"2": _timed(by_size[2], two_ms, 0.03), "4": _timed(by_size[4], four_ms, 0.03),
                  "8": _timed(by_size[8], 150.0, 0.03)}  # first by block sums, clearly slower
         assert steady_choice(first, planned) == ("4", ("2", "4"))
-    # without a spread the measurements tell nothing apart: the fastest
-    first = {"2": _timed(by_size[2], 100.0, None), "4": _timed(by_size[4], 101.0, None)}
+    # without a spread, only a difference under RESOLVED_RATIO is left to the block sums
+    first = {"2": _timed(by_size[2], 100.0, None), "4": _timed(by_size[4], 104.0, None)}
     assert steady_choice(first, planned) == ("2", ("2",))
     # equal block sums: the faster verified
     level = {n: _timed(p, 100.0, None) for n, p in planned.items()}

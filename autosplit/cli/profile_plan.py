@@ -111,7 +111,7 @@ def _chosen_plan(args: argparse.Namespace, source: Any, model: Any, inputs: Any,
     The candidates are the best pipelines of ``--gpus`` stages by block sums and, with
     ``layouts``, the best plan of every layout with replicas; all are timed stage by stage
     together (unless ``--no-verify``) and the fastest verified one is chosen (among those
-    within noise of it, the best by block sums:
+    within noise or 3 % of it, the best by block sums:
     :func:`autosplit.verified_choice.steady_choice`). Beside it: the hand split, and the best
     pipeline when the choice has replicas.
     """
