@@ -37,9 +37,10 @@ __all__ = ["RESOLVED_RATIO", "steady_choice", "verify_and_choose"]
 
 RESOLVED_RATIO = 0.03
 """The smallest difference between two verified steps (a fraction of the faster) that the
-choice acts on alone. A verified ratio is claimed within ±3 % of the measured one (README,
-"Accuracy"), and the accuracy benchmark measured its errors at 1–3 % in the median, up to
-4.4–7.4 % from run to run, wider than one session's spread of 0.5–2 %: one profile of
+choice acts on alone. A verified ratio is claimed within ±3 % of the measured one (the
+README's Results, "How far the predictions hold"), and benchmarks/accuracy.py measured its
+errors at 1–3 % in the median and up to 4.4–7.4 % per run, wider than one session's spread
+of 0.5–2 %: one profile of
 ResNet101 chose b = 12 on a session that put it clearly ahead of b = 16 (the choice of the
 other two profiles, and first by block sums in all three), and b = 16 then measured 4 %
 faster."""
