@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autosplit.claims import ratio_with_spread, spread_text
+from autosplit.claims import PREDICTION_ERROR, ratio_with_spread, spread_text
 from autosplit.units import format_bytes, format_ms
 
 __all__ = ["plan_text", "summary_lines", "checkpoint_text", "one_device_way"]
@@ -61,7 +61,7 @@ def summary_lines(plan: Any) -> list[str]:
     p = len(plan.stages) // getattr(plan, "stages_per_rank", 1)  # ranks
     claim = ratio_with_spread(
         plan.single_device_ms, plan.single_device_spread, plan.predicted_step_ms,
-        plan.step_spread,
+        plan.step_spread, error=PREDICTION_ERROR,
     ) if plan.single_device_ms > 0 and plan.predicted_step_ms > 0 else None
     over_one = claim.text if claim else "–"
     how = "verified stage times" if plan.verification else "block sums"

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from autosplit.claims import ratio_with_spread, spread_text
+from autosplit.claims import PREDICTION_ERROR, ratio_with_spread, spread_text
 from autosplit.plan_text import checkpoint_text
 from autosplit.records import Plan
 from autosplit.units import format_bytes, format_ms
@@ -62,7 +62,8 @@ def print_plan(console: Console, plan: Plan,
     lines = plan.summary_lines()
     for k, (label, other) in enumerate(references):
         claim = ratio_with_spread(
-            other.predicted_step_ms, other.step_spread, plan.predicted_step_ms, plan.step_spread
+            other.predicted_step_ms, other.step_spread, plan.predicted_step_ms, plan.step_spread,
+            error=PREDICTION_ERROR,
         )
         lines.insert(
             3 + k, f"vs {label}: {claim.text} ({format_ms(other.predicted_step_ms)}"
@@ -132,11 +133,13 @@ def _measured_cell(measured: float | Sequence[float] | None) -> str:
 
 
 def _vs_best(plan: Plan, best: Plan) -> str:
-    """How much slower than the best plan, or "within noise" when the spreads overlap."""
+    """How much slower than the best plan, or "within noise" when the spreads and a predicted
+    ratio's error (:data:`~autosplit.claims.PREDICTION_ERROR`) allow the two to be equal."""
     if plan is best:
         return "best"
     claim = ratio_with_spread(
-        plan.predicted_step_ms, plan.step_spread, best.predicted_step_ms, best.step_spread
+        plan.predicted_step_ms, plan.step_spread, best.predicted_step_ms, best.step_spread,
+        error=PREDICTION_ERROR,
     )
     if claim.within_noise:
         return "within noise"

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autosplit import checks, fresh_process, neighbour
-from autosplit.claims import ratio_with_spread
+from autosplit.claims import PREDICTION_ERROR, ratio_with_spread
 from autosplit.devices import resolve_device
 from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph
@@ -35,12 +35,13 @@ from autosplit.verify import _stage_runs, _timed_runs, verify_plans
 
 __all__ = ["RESOLVED_RATIO", "steady_choice", "verify_and_choose"]
 
-RESOLVED_RATIO = 0.03
+RESOLVED_RATIO = PREDICTION_ERROR
 """The smallest difference between two verified steps (a fraction of the faster) that the
-choice acts on alone. A verified ratio is claimed within ±3 % of the measured one (the
-README's Results, "How far the predictions hold"), and benchmarks/accuracy.py measured its
-errors at 1–3 % in the median and up to 4.4–7.4 % per run, wider than one session's spread
-of 0.5–2 %: one profile of ResNet101 chose b = 12 on a session that put it clearly ahead of
+choice acts on alone: the error a printed ratio of two verified steps allows
+(:data:`autosplit.claims.PREDICTION_ERROR`). A verified ratio is claimed within ±3 % of the
+measured one (the README's Results, "How far the predictions hold"), and
+benchmarks/accuracy.py measured its errors at 1–3 % in the median and up to 4.4–7.4 % per
+run, wider than one session's spread of 0.5–2 %: one profile of ResNet101 chose b = 12 on a session that put it clearly ahead of
 b = 16 (the choice of the other two profiles, and first by block sums in all three), and
 b = 16 then measured 4 % faster."""
 

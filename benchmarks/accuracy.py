@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -74,11 +75,13 @@ from torchgpipe_peer import INSTALL_TORCHGPIPE, TORCHGPIPE, balance_by_time, tor
 
 import autosplit
 from autosplit.allocator import restart_keeping_freed_memory
+from autosplit.claims import PREDICTION_ERROR
 from autosplit.collectives import measure_link_bandwidth
 from autosplit.comparison import baseline_plans, manual_plan
 from autosplit.planner import plan_candidates, plan_with_balance
 from autosplit.records import Plan, Profile
 from autosplit.runtime_cost import action_costs, forget_measurements
+from autosplit.simulator import simulate_plan
 from autosplit.verified_choice import verify_and_choose
 
 TORCHGPIPE_ROW = "torchgpipe"
@@ -104,9 +107,11 @@ def plans_of(case: Case, profile: Profile, model: Any, inputs: tuple[torch.Tenso
 
 def plan_row(plan: Plan, block_sum_ms: float, names: Sequence[str]) -> dict[str, Any]:
     ends = [sum(plan.balance[: i + 1]) for i in range(len(plan.balance) - 1)]
+    bare = simulate_plan(dataclasses.replace(plan, action_ms=0.0)).step_ms + plan.sync_after_ms
     return {"balance": list(plan.balance), "split_size": plan.split_size,
             "cut_before": [names[e] for e in ends], "predicted_ms": plan.predicted_step_ms,
-            "step_spread": plan.step_spread, "block_sum_ms": block_sum_ms}
+            "step_spread": plan.step_spread, "block_sum_ms": block_sum_ms,
+            "action_ms": plan.action_ms, "without_actions_ms": bare}
 
 
 def profile_case(case: Case, p: int, args: argparse.Namespace, device: torch.device
@@ -220,11 +225,7 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
                  "hand": None if case.hand is None else
                  {"cut_before": list(case.hand[0]), "split_size": case.hand[1]},
                  "profiles": profiles, "agreement_measured": together}
-        model["step_errors"], model["ratio_errors"] = errors(model)
-        steps = [e["error"] for e in model["step_errors"]]
-        model["median_error"], model["p90_error"] = quantile(steps, 0.5), quantile(steps, 0.9)
-        model["agreement"] = agreement(model)
-        models.append(model)
+        models.append(scored(model))
     steps = [e["error"] for m in models for e in m["step_errors"]]
     return {
         "settings": {
@@ -250,6 +251,32 @@ def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
 
 def _pct(x: float) -> str:
     return f"{x:+.1%}"
+
+
+def _interval(e: dict[str, Any]) -> str:
+    """The printed interval of a ratio, "(outside)" when the measured ratio is not in it."""
+    if e.get("within_printed") is None:
+        return "–"
+    return (f"{e['printed_low']:.3f}–{e['printed_high']:.3f}"
+            + ("" if e["within_printed"] else " (outside)"))
+
+
+def scored(model: dict[str, Any]) -> dict[str, Any]:
+    """``model`` (its profiles' predictions and timings) with its errors and agreement."""
+    model = dict(model)
+    model["step_errors"], model["ratio_errors"] = errors(model)
+    steps = [e["error"] for e in model["step_errors"]]
+    model["median_error"], model["p90_error"] = quantile(steps, 0.5), quantile(steps, 0.9)
+    model["agreement"] = agreement(model)
+    return model
+
+
+def rederive(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (an accuracy.json) with its errors, agreement and goals computed again from the
+    predictions and timings it holds (``--render``: a results file written before a figure
+    was reported; nothing is measured)."""
+    models = [scored(m) for m in data["models"]]
+    return {**data, "models": models, "goals": goals(models)}
 
 
 def _ratio_spread(e: dict[str, Any]) -> str:
@@ -316,6 +343,11 @@ def markdown(data: dict[str, Any]) -> str:
         lines += ["", (f"Ratio errors larger than their measured ratio's own spread (half the "
                        f"interquartile range of the per-round ratios, each round timing both "
                        f"plans): {resolved[0]}; the others are within what the rounds resolve.")]
+    held = [g["within_printed"] for g in data["goals"] if g.get("within_printed")]
+    if held:
+        lines += ["", (f"Measured ratios inside the interval autosplit prints for them (both "
+                       f"plans' verified spreads and ±{PREDICTION_ERROR:.0%} for a ratio of "
+                       f"two predictions, `autosplit.claims.PREDICTION_ERROR`): {held[0]}.")]
     for m in data["models"]:
         lines += ["", f"## {m['model']} ({m['input']})", ""] + measured_table(m)
         lines += ["", "| profile | plan | predicted ms | measured ms | error |",
@@ -323,14 +355,31 @@ def markdown(data: dict[str, Any]) -> str:
         lines += [f"| {e['profile']} | {e['plan']} | {e['predicted_ms']:.0f} | "
                   f"{e['measured_ms']:.0f} | {e['error']:.1%} |" for e in m["step_errors"]]
         lines += ["", f"Step error: median {m['median_error']:.1%}, p90 {m['p90_error']:.1%}.", "",
-                  ("| profile | autosplit / | predicted ratio | measured ratio | ± (paired "
-                   "rounds) | error |"),
-                  "|---|---|---|---|---|---|"]
+                  ("| profile | autosplit / | predicted ratio | printed interval | measured "
+                   "ratio | ± (paired rounds) | error |"),
+                  "|---|---|---|---|---|---|---|"]
         lines += [f"| {e['profile']} | {e['plan']} | {e['predicted_ratio']:.3f} | "
-                  f"{e['measured_ratio']:.3f} | {_ratio_spread(e)} | {_pct(e['error'])} |"
-                  for e in m["ratio_errors"]]
+                  f"{_interval(e)} | {e['measured_ratio']:.3f} | {_ratio_spread(e)} | "
+                  f"{_pct(e['error'])} |" for e in m["ratio_errors"]]
         lines += ["", agreement_sentence(m)]
     return "\n".join(lines) + "\n"
+
+
+def render(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--render``: the results of a saved run, their figures derived again, under ``--out``
+    (never over the file read)."""
+    if args.out is None:
+        parser.error("--render needs --out (a folder other than the file's)")
+    target = args.out / "accuracy.json"
+    if target.resolve() == args.render.resolve():
+        parser.error(f"--out {args.out} would overwrite --render {args.render}")
+    try:
+        data = json.loads(args.render.read_text())
+    except (OSError, ValueError) as e:
+        parser.error(f"--render {args.render}: {e}")
+    args.smoke = False
+    data = rederive(data)
+    write_and_show(args, "accuracy.py", data, markdown(data))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -339,7 +388,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--agreement-rounds", type=int, default=15, dest="agreement_rounds",
                         help="timed rounds of the profiles' distinct plans together (default "
                              "15: plans about 1 %% apart, each round's spread about 1 %%)")
+    parser.add_argument("--render", type=Path, metavar="JSON",
+                        help="measure nothing: compute the errors and goals of this "
+                             "accuracy.json again and write them under --out")
     args = parser.parse_args(argv)
+    if args.render is not None:
+        render(parser, args)
+        return
     if args.profiles < 1:
         parser.error("--profiles must be positive")
     if args.agreement_rounds < 1:

@@ -19,6 +19,8 @@ from common import load_example
 from harness import ModelSpec
 from torch import nn
 
+from autosplit.claims import PREDICTION_ERROR, ratio_with_spread
+
 ONE = "one device"
 AUTO = "autosplit"
 HAND = "hand split"
@@ -142,8 +144,23 @@ def errors(model: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, 
             ratios.append({"profile": p + 1, "plan": name, "predicted_ratio": predicted,
                            "measured_ratio": actual, "error": error,
                            "measured_ratio_spread": noise,
-                           "beyond_noise": bool(abs(error) > noise)})
+                           "beyond_noise": bool(abs(error) > noise),
+                           **printed_interval(auto, row, actual)})
     return steps, ratios
+
+
+def printed_interval(auto: dict[str, Any], other: dict[str, Any], measured: float
+                     ) -> dict[str, Any]:
+    """The interval of the ratio autosplit / other plan that autosplit prints (both plans'
+    verified spreads and a predicted ratio's error, ``PREDICTION_ERROR``: "vs one device",
+    "vs hand split", "vs best" read the same interval the other way round) and whether the
+    measured ratio lies in it; ``None`` where a plan has no spread (not verified)."""
+    if auto.get("step_spread") is None or other.get("step_spread") is None:
+        return {"printed_low": None, "printed_high": None, "within_printed": None}
+    claim = ratio_with_spread(auto["predicted_ms"], auto["step_spread"], other["predicted_ms"],
+                              other["step_spread"], error=PREDICTION_ERROR)
+    return {"printed_low": claim.low, "printed_high": claim.high,
+            "within_printed": bool(claim.low <= measured <= claim.high)}
 
 
 def paired_spread(first: Sequence[float], second: Sequence[float]) -> float:
@@ -203,6 +220,9 @@ def goals(models: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out = [{"goal": g, "value": v, "target": t, "met": bool(v <= limit)} for g, v, t, limit in rows]
     beyond = [e for m in models for e in m["ratio_errors"] if e["beyond_noise"]]
     out[-1]["beyond_noise"] = f"{len(beyond)} of {len(ratios)}"  # errors the rounds resolve
+    held = [e["within_printed"] for m in models for e in m["ratio_errors"]
+            if e.get("within_printed") is not None]
+    out[-1]["within_printed"] = f"{sum(held)} of {len(held)}"  # the printed claims that held
     worst = min(agreeing, key=lambda a: a[0] / a[1]) if agreeing else (0, 0)
     out.append({"goal": "profiles giving the same plan (or within 1 % measured), worst model",
                 "value": f"{worst[0]} of {worst[1]}", "target": "all of them",

@@ -243,6 +243,49 @@ def test_accuracy_benchmark_smoke(tmp_path) -> None:
             assert e["measured_ratio_spread"] == 0.0  # one round: nothing to pair
             assert e["beyond_noise"] == (e["error"] != 0.0)
     assert "± (paired rounds)" in text and "Ratio errors larger than" in text
+    for model in models.values():  # the interval autosplit prints, where both were verified
+        for e in model["ratio_errors"]:
+            if e["within_printed"] is not None:
+                assert e["printed_low"] <= e["predicted_ratio"] <= e["printed_high"]
+                assert e["within_printed"] == (
+                    e["printed_low"] <= e["measured_ratio"] <= e["printed_high"])
+    # the figures derived again from the saved results, nothing measured: the same report
+    again = tmp_path / "again"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy.py"), "--render",
+                           str(tmp_path / "accuracy_smoke.json"), "--out", str(again)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    rendered = json.loads((again / "accuracy.json").read_text())
+    assert rendered["goals"] == data["goals"] and rendered["models"] == data["models"]
+    assert (again / "accuracy.md").read_text() == text
+
+
+def test_accuracy_render_never_overwrites_the_file_it_reads(tmp_path) -> None:
+    saved = tmp_path / "accuracy.json"
+    saved.write_text("{}")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy.py"), "--render",
+                           str(saved), "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 2 and "would overwrite" in done.stderr
+    assert saved.read_text() == "{}"
+
+
+def test_a_ratio_holds_when_the_measured_one_is_inside_the_printed_interval() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from accuracy_cases import printed_interval
+
+    from autosplit.claims import PREDICTION_ERROR
+
+    auto = {"predicted_ms": 300.0, "step_spread": 0.01}
+    one = {"predicted_ms": 400.0, "step_spread": 0.01}
+    got = printed_interval(auto, one, 0.70)
+    # 0.75 at ± 1 % each, widened by the prediction's error: about 0.713 … 0.789
+    assert got["printed_low"] == pytest.approx(0.75 * 0.99 / 1.01 / (1 + PREDICTION_ERROR))
+    assert got["printed_high"] == pytest.approx(0.75 * 1.01 / 0.99 * (1 + PREDICTION_ERROR))
+    assert got["within_printed"] is False
+    assert printed_interval(auto, one, 0.72)["within_printed"] is True
+    unverified = printed_interval(auto, {"predicted_ms": 400.0, "step_spread": None}, 0.75)
+    assert unverified == {"printed_low": None, "printed_high": None, "within_printed": None}
 
 
 def test_one_device_runs_its_batch_as_its_prediction_does() -> None:

@@ -15,7 +15,13 @@ from torch import nn
 
 import autosplit
 from autosplit import measurement, profiler, stage_timing, verify
-from autosplit.claims import half_iqr, ratio_with_spread, relative_spread, spread_text
+from autosplit.claims import (
+    PREDICTION_ERROR,
+    half_iqr,
+    ratio_with_spread,
+    relative_spread,
+    spread_text,
+)
 from autosplit.cli import main
 from autosplit.comparison import manual_plan
 from autosplit.cost import single_device_ms
@@ -66,6 +72,35 @@ def test_a_spread_above_the_median_leaves_everything_open() -> None:
     assert claim.text == "within noise (×1.50, ×0.56 … ∞)"
     claim = ratio_with_spread(300.0, 0.1, 100.0, 1.4)  # 270 / 240 at worst: still faster
     assert not claim.within_noise and claim.text == "at least ×1.12 faster"
+
+
+def test_a_predicted_ratio_carries_the_prediction_error_beyond_the_spreads() -> None:
+    bare = ratio_with_spread(150.0, 0.02, 100.0, 0.02)
+    claim = ratio_with_spread(150.0, 0.02, 100.0, 0.02, error=0.03)
+    assert claim.ratio == bare.ratio
+    assert claim.low == pytest.approx(bare.low / 1.03)
+    assert claim.high == pytest.approx(bare.high * 1.03)
+    assert claim.text == "×1.50 ± 0.10 faster"  # ± 0.06 without
+    # 4 % apart with 0.5 % spreads: told apart by the timings, not by a prediction
+    assert not ratio_with_spread(104.0, 0.005, 100.0, 0.005).within_noise
+    close = ratio_with_spread(104.0, 0.005, 100.0, 0.005, error=PREDICTION_ERROR)
+    assert close.within_noise and close.text.startswith("within noise (×1.04")
+    assert not ratio_with_spread(110.0, 0.005, 100.0, 0.005, error=PREDICTION_ERROR).within_noise
+
+
+def test_the_prediction_error_does_not_apply_without_spreads() -> None:
+    claim = ratio_with_spread(152.0, None, 100.0, 0.01, error=PREDICTION_ERROR)
+    assert claim.low == claim.high == pytest.approx(1.52) and "not verified" in claim.text
+
+
+def test_the_choice_acts_on_the_error_a_printed_ratio_allows() -> None:
+    assert RESOLVED_RATIO == PREDICTION_ERROR
+
+
+@pytest.mark.parametrize("error", [-0.01, float("inf"), float("nan")])
+def test_claims_refuse_an_impossible_error(error: float) -> None:
+    with pytest.raises(ValueError, match="error"):
+        ratio_with_spread(150.0, 0.02, 100.0, 0.02, error=error)
 
 
 @pytest.mark.parametrize("args", [(0.0, 0.1, 1.0, 0.1), (1.0, float("inf"), 1.0, 0.1),
