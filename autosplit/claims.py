@@ -42,9 +42,11 @@ class Claim:
     Attributes:
         text: what to print, e.g. ``"×1.52 ± 0.05 faster"`` or ``"within noise (×1.02 …)"``.
         ratio: a / b.
-        low: the smallest ratio the spreads allow (``ratio`` when the spread is unknown).
-        high: the largest ratio the spreads allow.
-        within_noise: the interval contains 1: the measurements do not tell a from b.
+        low: the smallest ratio the spreads (and the ratio's ``error``) allow (``ratio`` when
+            a spread is unknown).
+        high: the largest ratio they allow.
+        within_noise: the interval contains 1: the measurements (and, for a predicted ratio,
+            the prediction's accuracy) do not tell a from b.
         known: both spreads were known (the interval means something).
     """
 
