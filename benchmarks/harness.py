@@ -6,8 +6,9 @@ model on one device on rank 0, interleaved round by round (A B C, C B A, …) af
 warm-up rounds, and more of them until no configuration's step faults in fresh memory
 (:func:`settled`), a short step after untimed steps of its own (``Group.lead_in_s``). A timing is
 the slowest rank's wall time from a common barrier; one during which other processes took more
-than a share of the machine's CPU time (``/proc/stat``'s busy time minus the ranks' own) is
-taken again, every rank deciding alike on rank 0's reading.
+than a share of the machine's CPU time (``/proc/stat``'s busy time minus the ranks' own), or
+whose steps faulted in fresh memory on a rank, is taken again, every rank deciding alike on
+rank 0's reading.
 
 Also here: :class:`ModelSpec` (a model and its batch, rebuilt identically in every process),
 :func:`stage_check` (each stage of a plan timed alone in this process), :func:`summary`
@@ -117,9 +118,10 @@ class Group:
     ``settle_rounds`` more: training's steady state reuses its memory, and the first tens of
     steps may not (the big-vocabulary model's head cut, 2 ranks at b = 16: 16,000 pages, its
     65 MB of logits, faulted in on some of its first ~30 steps, each then 150–190 ms longer
-    than its ~280 ms step; none after). With ``refine``, the ``refine`` fastest configurations by
-    median (and those in ``keep``) are timed ``refine_rounds`` more times afterwards,
-    interleaved among themselves. With ``memory``, each plan's peak tensor memory per rank is
+    than its ~280 ms step; none after). A timed run that still faults in fresh memory is
+    taken again too, at once (within the same ``retries``). With ``refine``, the ``refine``
+    fastest configurations by median (and those in ``keep``) are timed ``refine_rounds`` more
+    times afterwards, interleaved among themselves. With ``memory``, each plan's peak tensor memory per rank is
     measured afterwards, untimed (:func:`peak_memory`). With ``more_rounds``, timed rounds go on
     after the ``rounds`` while a configuration's timings spread by more than ``max_spread``
     (half their interquartile range over their median, the slowest rank's), at most
@@ -292,15 +294,22 @@ def add_machine_load(load: dict[str, Any], marks: dict[str, Any],
         load["others_share"] = load["others_cpu_s"] / (load["wall_s"] * (os.cpu_count() or 1))
 
 
-def _checked(runner: Any, group: Group, rank: int, label: str) -> tuple[float, float, int]:
+def _checked(runner: Any, group: Group, rank: int, label: str,
+             faults: Any = lambda: 0) -> tuple[float, float, int]:
     """Time ``runner`` once; while other processes or the hypervisor take more than
     ``group.max_others`` of the machine's CPU time during the timing (:func:`disturbance`),
     time it again (at most ``group.retries`` times, after a pause that lets the other job
-    pass). Every rank takes the same decision: the ranks' own
-    CPU time is gathered and rank 0's reading of the machine's decides.
+    pass); and while a rank's timed steps faulted in fresh memory (``faults()``: the pages
+    the timing faulted in on this rank; not :func:`settled`), time it again at once: such a
+    timing is not training's steady state (one step of the big-vocabulary model that faulted
+    in its 65 MB of logits took 1.3 s beside 0.35 s, and moved a median of five). Every rank
+    takes the same decision: the ranks' own CPU time and faults are gathered and rank 0's
+    reading of the machine's decides.
 
-    Returns (seconds on this rank, the share lost to others in the kept timing, retries)."""
+    Returns (seconds on this rank, the share lost to others in the kept timing, the timings
+    taken again for the others' load, those taken again for fresh memory)."""
     cores = os.cpu_count() or 1
+    retaken = [0, 0]  # disturbed, faulted
     for attempt in range(group.retries + 1):
         before, own = steal.cpu_seconds(), time.process_time()
         start = time.perf_counter()
@@ -311,20 +320,27 @@ def _checked(runner: Any, group: Group, rank: int, label: str) -> tuple[float, f
         used = (None if before is None or after is None
                 else (after[0] - before[0], after[1] - before[1]))
         gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, (own, used, wall))
+        dist.all_gather_object(gathered, (own, used, wall, faults()))
         # decide on gathered values only (rank 0's clock and reading), so that every rank
         # decides alike: a rank that retook a timing alone would wait for its peer forever
+        fresh = not settled([g[3] for g in gathered])
         if gathered[0][1] is None:
-            return seconds, math.nan, attempt
-        busy, stolen = gathered[0][1]
-        share, judged = disturbance(busy, stolen, sum(g[0] for g in gathered), gathered[0][2],
-                                    cores)
-        if share <= group.max_others or not judged or attempt == group.retries:
-            return seconds, share, attempt
+            share, judged = math.nan, False
+        else:
+            busy, stolen = gathered[0][1]
+            share, judged = disturbance(busy, stolen, sum(g[0] for g in gathered),
+                                        gathered[0][2], cores)
+        disturbed = judged and share > group.max_others
+        if not (disturbed or fresh) or attempt == group.retries:
+            break
+        retaken[0 if disturbed else 1] += 1
         if rank == 0:
-            print(f"  {group.name}: {label}: other processes or the hypervisor took {share:.0%} "
-                  "of the CPU, timing it again", flush=True)
-        time.sleep(1.0 + attempt)
+            why = (f"other processes or the hypervisor took {share:.0%} of the CPU"
+                   if disturbed else "its steps faulted in fresh memory")
+            print(f"  {group.name}: {label}: {why}, timing it again", flush=True)
+        if disturbed:
+            time.sleep(1.0 + attempt)
+    return seconds, share, retaken[0], retaken[1]
 
 
 def disturbance(busy_s: float, stolen_s: float, ranks_cpu_s: float, wall_s: float,
@@ -367,7 +383,7 @@ def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count:
     times: dict[str, list[float]] = {label: [] for label in labels}
     faults: dict[str, list[int]] = {label: [] for label in labels}
     shares: list[float] = []
-    retried = 0
+    retried = retaken_fresh = 0
     marks = start_marks()
     r = 0
     while r < count or (r < count + group.more_rounds
@@ -376,11 +392,13 @@ def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count:
         start = time.perf_counter()
         for label in order:
             run = functools.partial(runners[label], leads.get(label, 0))
-            seconds, share, retries = _checked(run, group, rank, label)
+            seconds, share, retries, fresh = _checked(
+                run, group, rank, label, functools.partial(getattr, runners[label], "faults"))
             times[label].append(seconds)
             faults[label].append(runners[label].faults)
             shares.append(share)
             retried += retries
+            retaken_fresh += fresh
         r += 1
         if rank == 0:
             extra = f" (more: timings spread over {group.max_spread:.0%})" if r > count else ""
@@ -395,7 +413,8 @@ def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count:
     judged = [x for x in shares if not math.isnan(x)]
     load: dict[str, Any] = {
         "wall_s": wall, "ranks_cpu_s": sum(g[1] for g in gathered), "timings": len(shares),
-        "retried": retried, "max_others": group.max_others, "steal_counted": True,
+        "retried": retried, "retaken_fresh": retaken_fresh,
+        "max_others": group.max_others, "steal_counted": True,
         "kept_over_limit": sum(x > group.max_others for x in judged),
         "max_kept_share": max(judged, default=math.nan),
         "settling_rounds": settling, "unsettled": faulted,
@@ -485,7 +504,7 @@ def _run_group(group: Group, device: torch.device, rank: int) -> dict[str, Any]:
         chosen = [lb for lb in labels if lb in chosen]  # original order
         refined, refine_load, _ = _rounds(group, chosen, runners, group.refine_rounds, 0, rank,
                                           "refine round", leads)
-        summed = ("wall_s", "ranks_cpu_s", "timings", "retried", "kept_over_limit",
+        summed = ("wall_s", "ranks_cpu_s", "timings", "retried", "retaken_fresh", "kept_over_limit",
                   "machine_cpu_s", "steal_s", "others_cpu_s", "faulted_timings", "extra_rounds")
         load = {k: load[k] + refine_load[k] if k in summed else load[k]
                 for k in load if k in refine_load}
@@ -581,7 +600,8 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
                         help="retake a timing during which other processes used more than this "
                              "share of the machine's CPU time (default 0.10)")
     parser.add_argument("--retries", type=_count, default=3,
-                        help="at most this many retakes per timing (default 3; 0: never)")
+                        help="at most this many retakes per timing, for the others' load or "
+                             "fresh memory (default 3; 0: never)")
     parser.add_argument("--lead-in", type=float, default=1.0, metavar="S", dest="lead_in",
                         help="a configuration whose step is shorter than S seconds runs untimed "
                              "steps of its own for S seconds before each timing (default 1.0; "

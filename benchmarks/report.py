@@ -68,6 +68,9 @@ def settling_words(load: dict[str, Any]) -> str:
     if load.get("extra_rounds"):
         text += (f"; {plural(load['extra_rounds'], 'more timed round')}: a configuration's "
                  "timings spread by more than the limit")
+    if load.get("retaken_fresh"):
+        text += (f"; {load['retaken_fresh']} timing(s) whose steps faulted in fresh memory taken "
+                 "again")
     if load.get("faulted_timings"):
         text += (f"; {load['faulted_timings']} of the {load['timings']} kept timings faulted in "
                  "fresh memory")

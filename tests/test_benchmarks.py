@@ -455,25 +455,32 @@ def test_lead_in_steps_fill_the_lead_in_with_the_configurations_own_steps() -> N
     assert lead_in_steps(1.0, float("inf")) == 0  # no step seen
 
 
-SETTLING_SCRIPT = """
+FRESH_RUNNER = """
 import json, mmap, sys
 sys.path.insert(0, sys.argv[1])
 import torch.distributed as dist
 from harness import Group, ModelSpec, _rounds, page_faults
 
-def runner(fresh_runs):
-    # a configuration whose first fresh_runs runs touch 4 MiB of fresh pages, the others none
+def fresh_runner(fresh):
+    # a configuration whose runs for which fresh(call number) holds touch 4 MiB of fresh
+    # pages and take 0.5 s, the others touch none and take 0.01 s
     def run(lead=0):
         run.calls += 1
         before = page_faults()
-        if run.calls <= fresh_runs:
+        touched = fresh(run.calls)
+        if touched:
             block = mmap.mmap(-1, 4 << 20)
             block.write(b"x" * (4 << 20))
             block.close()
         run.faults = page_faults() - before
-        return 0.01
+        return 0.5 if touched else 0.01
     run.calls, run.faults = 0, 0
     return run
+"""
+
+SETTLING_SCRIPT = FRESH_RUNNER + """
+def runner(fresh_runs):  # its first fresh_runs runs fault
+    return fresh_runner(lambda call: call <= fresh_runs)
 
 if __name__ == "__main__":
     dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], 1), rank=0, world_size=1)
@@ -516,6 +523,45 @@ def test_untimed_rounds_go_on_until_no_step_faults_in_fresh_memory(tmp_path) -> 
                             "calls": 1 + 2}
     assert got["no warm-up"] == {"settling_rounds": 0, "unsettled": [], "faulted_timings": 2,
                                  "calls": 2}
+
+
+RETAKE_SCRIPT = FRESH_RUNNER + """
+def runner(fresh_calls):  # the runs numbered in fresh_calls fault
+    return fresh_runner(lambda call: call in fresh_calls)
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], 1), rank=0, world_size=1)
+    out = {}
+    # call 1: the warm-up; 2 and 3: the timed rounds; call 3 faults (and 4 too for "twice")
+    for name, fresh, retries in (("retaken", {3}, 3), ("twice", {3, 4}, 3), ("kept", {3}, 0),
+                                 ("limit", {3, 4, 5}, 1)):
+        group = Group(name, ModelSpec("resnet18", 2), (), rounds=2, warmup=1, retries=retries)
+        runners = {"A": runner(fresh)}
+        times, load, _ = _rounds(group, ["A"], runners, 2, 1, 0, "round")
+        out[name] = {k: load[k] for k in ("retaken_fresh", "faulted_timings", "retried")}
+        out[name].update(calls=runners["A"].calls, times=times["A"])
+    dist.destroy_process_group()
+    print(json.dumps(out))
+"""
+
+
+def test_a_timing_whose_steps_fault_in_fresh_memory_is_taken_again(tmp_path) -> None:
+    """After settling, a timed run that faults in fresh memory on a rank is timed again (within
+    the retries), and the load says so; with no retries left it is kept and counted."""
+    got = _one_rank_script(tmp_path, RETAKE_SCRIPT)
+    assert got["retaken"] == {"retaken_fresh": 1, "faulted_timings": 0, "retried": 0,
+                              "calls": 4, "times": [0.01, 0.01]}
+    assert got["twice"] == {"retaken_fresh": 2, "faulted_timings": 0, "retried": 0,
+                            "calls": 5, "times": [0.01, 0.01]}
+    assert got["kept"] == {"retaken_fresh": 0, "faulted_timings": 1, "retried": 0,
+                           "calls": 3, "times": [0.01, 0.5]}
+    assert got["limit"] == {"retaken_fresh": 1, "faulted_timings": 1, "retried": 0,
+                            "calls": 4, "times": [0.01, 0.5]}
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from report import settling_words
+
+    assert "1 timing(s) whose steps faulted in fresh memory taken again" in settling_words(
+        {"retaken_fresh": 1})
 
 
 MORE_ROUNDS_SCRIPT = """
