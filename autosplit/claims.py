@@ -95,6 +95,7 @@ def ratio_with_spread(
     """
     a = _check("a_ms", a_ms, 0.0)
     b = _check("b_ms", b_ms, 0.0)
+    widen = 1 + _check("error", error, 0.0)
     if a <= 0 or b <= 0:
         raise ValueError(f"times must be > 0 ms, got {a_ms!r} and {b_ms!r}")
     ratio = a / b
@@ -105,7 +106,6 @@ def ratio_with_spread(
                      ratio, ratio, ratio, False, False)
     sa = _check("a_spread", a_spread, 0.0)
     sb = _check("b_spread", b_spread, 0.0)
-    widen = 1 + _check("error", error, 0.0)
     low = max(a * (1 - sa), 0.0) / (b * (1 + sb)) / widen
     high = a * (1 + sa) / (b * (1 - sb)) * widen if sb < 1 else math.inf
     if low <= 1.0 <= high:

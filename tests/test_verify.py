@@ -101,6 +101,8 @@ def test_the_choice_acts_on_the_error_a_printed_ratio_allows() -> None:
 def test_claims_refuse_an_impossible_error(error: float) -> None:
     with pytest.raises(ValueError, match="error"):
         ratio_with_spread(150.0, 0.02, 100.0, 0.02, error=error)
+    with pytest.raises(ValueError, match="error"):  # checked without spreads too
+        ratio_with_spread(150.0, None, 100.0, 0.02, error=error)
 
 
 @pytest.mark.parametrize("args", [(0.0, 0.1, 1.0, 0.1), (1.0, float("inf"), 1.0, 0.1),
