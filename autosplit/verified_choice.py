@@ -41,9 +41,9 @@ choice acts on alone: the error a printed ratio of two verified steps allows
 (:data:`autosplit.claims.PREDICTION_ERROR`). A verified ratio is claimed within ±3 % of the
 measured one (the README's Results, "How far the predictions hold"), and
 benchmarks/accuracy.py measured its errors at 1–3 % in the median and up to 4.4–10 % per
-run, wider than one session's spread of 0.5–2 %: one profile of ResNet101 chose b = 12 on a session that put it clearly ahead of
-b = 16 (the choice of the other two profiles, and first by block sums in all three), and
-b = 16 then measured 4 % faster."""
+run, wider than one session's spread of 0.5–2 %: one profile of ResNet101 chose b = 12 on a
+session that put it clearly ahead of b = 16 (the choice of the other two profiles, and first
+by block sums in all three), and b = 16 then measured 4 % faster."""
 
 
 def verify_and_choose(

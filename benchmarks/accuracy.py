@@ -378,7 +378,10 @@ def render(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     except (OSError, ValueError) as e:
         parser.error(f"--render {args.render}: {e}")
     args.smoke = False
-    data = rederive(data)
+    try:
+        data = rederive(data)
+    except (KeyError, TypeError, AttributeError, IndexError) as e:
+        parser.error(f"--render {args.render}: not an accuracy.json ({type(e).__name__}: {e})")
     write_and_show(args, "accuracy.py", data, markdown(data))
 
 

@@ -26,7 +26,7 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,8 +121,8 @@ class Group:
     than its ~280 ms step; none after). A timed run that still faults in fresh memory is
     taken again too, at once (within the same ``retries``). With ``refine``, the ``refine``
     fastest configurations by median (and those in ``keep``) are timed ``refine_rounds`` more
-    times afterwards, interleaved among themselves. With ``memory``, each plan's peak tensor memory per rank is
-    measured afterwards, untimed (:func:`peak_memory`). With ``more_rounds``, timed rounds go on
+    times afterwards, interleaved among themselves. With ``memory``, each plan's peak tensor
+    memory per rank is measured afterwards, untimed (:func:`peak_memory`). With ``more_rounds``, timed rounds go on
     after the ``rounds`` while a configuration's timings spread by more than ``max_spread``
     (half their interquartile range over their median, the slowest rank's), at most
     ``more_rounds`` more: whole rounds, every configuration alike, so that rounds stay paired
@@ -295,7 +295,7 @@ def add_machine_load(load: dict[str, Any], marks: dict[str, Any],
 
 
 def _checked(runner: Any, group: Group, rank: int, label: str,
-             faults: Any = lambda: 0) -> tuple[float, float, int]:
+             faults: Callable[[], int] = lambda: 0) -> tuple[float, float, int, int]:
     """Time ``runner`` once; while other processes or the hypervisor take more than
     ``group.max_others`` of the machine's CPU time during the timing (:func:`disturbance`),
     time it again (at most ``group.retries`` times, after a pause that lets the other job
@@ -504,8 +504,8 @@ def _run_group(group: Group, device: torch.device, rank: int) -> dict[str, Any]:
         chosen = [lb for lb in labels if lb in chosen]  # original order
         refined, refine_load, _ = _rounds(group, chosen, runners, group.refine_rounds, 0, rank,
                                           "refine round", leads)
-        summed = ("wall_s", "ranks_cpu_s", "timings", "retried", "retaken_fresh", "kept_over_limit",
-                  "machine_cpu_s", "steal_s", "others_cpu_s", "faulted_timings", "extra_rounds")
+        summed = ("wall_s", "ranks_cpu_s", "timings", "retried", "retaken_fresh",
+                  "kept_over_limit", "machine_cpu_s", "steal_s", "others_cpu_s", "faulted_timings", "extra_rounds")
         load = {k: load[k] + refine_load[k] if k in summed else load[k]
                 for k in load if k in refine_load}
         load["max_kept_share"] = max(load["max_kept_share"], refine_load["max_kept_share"])

@@ -268,6 +268,12 @@ def test_accuracy_render_never_overwrites_the_file_it_reads(tmp_path) -> None:
                           timeout=60, check=False)
     assert done.returncode == 2 and "would overwrite" in done.stderr
     assert saved.read_text() == "{}"
+    out = tmp_path / "out"  # a file that is not an accuracy.json: one line, nothing written
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy.py"), "--render",
+                           str(saved), "--out", str(out)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 2 and "not an accuracy.json" in done.stderr
+    assert "Traceback" not in done.stderr and not out.exists()
 
 
 def test_a_ratio_holds_when_the_measured_one_is_inside_the_printed_interval() -> None:
