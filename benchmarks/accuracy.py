@@ -64,6 +64,7 @@ from accuracy_cases import (
     goals,
     plan_key,
     quantile,
+    repeated_ratios,
     smoke_cases,
     spread,
 )
@@ -268,6 +269,7 @@ def scored(model: dict[str, Any]) -> dict[str, Any]:
     steps = [e["error"] for e in model["step_errors"]]
     model["median_error"], model["p90_error"] = quantile(steps, 0.5), quantile(steps, 0.9)
     model["agreement"] = agreement(model)
+    model["repeated_ratios"] = repeated_ratios(model)
     return model
 
 
@@ -321,6 +323,23 @@ def agreement_sentence(m: dict[str, Any]) -> str:
     return f"autosplit's plan from the {a['profiles']} profiles: {same} ({'; '.join(a['plans'])})."
 
 
+def repeated_sentence(data: dict[str, Any]) -> list[str]:
+    """How far the same two plans' measured ratio moved between the profiles' windows (none
+    where no two profiles measured the same two plans)."""
+    rows = [(m["model"], r) for m in data["models"] for r in m.get("repeated_ratios", [])]
+    if not rows:
+        return []
+    model, worst = max(rows, key=lambda x: x[1]["best_single"])
+    beyond = sum(r["best_single"] > GOALS["ratio"] for _, r in rows)
+    return ["", (f"The same two plans measured in several profiles' windows, minutes apart: "
+                 f"{plural(len(rows), 'ratio')}, whose measured values moved by up to "
+                 f"{worst['range']:.1%} between windows ({model}, autosplit / "
+                 f"{' = '.join(worst['plans'])}: "
+                 f"{', '.join(f'{x:.3f}' for x in worst['measured'])}); no one number is within "
+                 f"±{GOALS['ratio']:.0%} of every window's value for {beyond} of them, whatever "
+                 "predicted it (benchmarks/reproducibility.py measures this directly).")]
+
+
 def markdown(data: dict[str, Any]) -> str:
     s = data["settings"]
     lines = [
@@ -348,6 +367,7 @@ def markdown(data: dict[str, Any]) -> str:
         lines += ["", (f"Measured ratios inside the interval autosplit prints for them (both "
                        f"plans' verified spreads and ±{PREDICTION_ERROR:.0%} for a ratio of "
                        f"two predictions, `autosplit.claims.PREDICTION_ERROR`): {held[0]}.")]
+    lines += repeated_sentence(data)
     for m in data["models"]:
         lines += ["", f"## {m['model']} ({m['input']})", ""] + measured_table(m)
         lines += ["", "| profile | plan | predicted ms | measured ms | error |",

@@ -174,6 +174,32 @@ def paired_spread(first: Sequence[float], second: Sequence[float]) -> float:
     return (q3 - q1) / 2 / mid
 
 
+def repeated_ratios(model: dict[str, Any]) -> list[dict[str, Any]]:
+    """The measured ratios autosplit / other plan of the same two plans (by :func:`plan_key`,
+    whatever each profile named the other: ``plans``) measured in more than one profile's
+    window, each with its windows' range, max / min − 1, and the smallest error one number
+    reaches on all of them, √(max/min) − 1: how far the measured ratio itself moves between
+    windows minutes apart, whatever predicted it."""
+    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for e in model["ratio_errors"]:
+        plans = model["profiles"][e["profile"] - 1]["plans"]
+        auto, other = plans[AUTO], plans[e["plan"]]
+        key = (tuple(auto["balance"]), auto["split_size"], tuple(other["balance"]),
+               other["split_size"])
+        row = seen.setdefault(key, {"plans": [], "profiles": [], "measured": []})
+        if e["plan"] not in row["plans"]:
+            row["plans"].append(e["plan"])
+        if e["profile"] not in row["profiles"]:  # plans alike in a profile: one measurement
+            row["profiles"].append(e["profile"])
+            row["measured"].append(e["measured_ratio"])
+    out = []
+    for row in seen.values():
+        if len(row["measured"]) > 1:
+            high, low = max(row["measured"]), min(row["measured"])
+            out.append({**row, "range": high / low - 1, "best_single": math.sqrt(high / low) - 1})
+    return out
+
+
 def distinct_choices(profiles: Sequence[dict[str, Any]]
                      ) -> dict[tuple[tuple[int, ...], int], dict[str, Any]]:
     """autosplit's plan of each profile, once per distinct plan (by :func:`plan_key`): the
@@ -223,6 +249,10 @@ def goals(models: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     held = [e["within_printed"] for m in models for e in m["ratio_errors"]
             if e.get("within_printed") is not None]
     out[-1]["within_printed"] = f"{sum(held)} of {len(held)}"  # the printed claims that held
+    repeated = [r for m in models for r in m.get("repeated_ratios", [])]
+    out[-1]["repeated"] = {"ratios": len(repeated),
+                           "beyond_goal": sum(r["best_single"] > GOALS["ratio"] for r in repeated),
+                           "best_single": max((r["best_single"] for r in repeated), default=0.0)}
     worst = min(agreeing, key=lambda a: a[0] / a[1]) if agreeing else (0, 0)
     out.append({"goal": "profiles giving the same plan (or within 1 % measured), worst model",
                 "value": f"{worst[0]} of {worst[1]}", "target": "all of them",

@@ -18,9 +18,12 @@ from harness import add_load_arguments
 
 
 def benchmark_parser(doc: str | None, names: Sequence[str],
-                     default: Sequence[str] | None = None) -> argparse.ArgumentParser:
+                     default: Sequence[str] | None = None, verify: bool = True,
+                     profile_budget: float = 40.0) -> argparse.ArgumentParser:
     """A parser with the shared options; ``names`` are the models ``--models`` may name,
-    ``default`` those it runs without ``--models`` (``None``: all of them)."""
+    ``default`` those it runs without ``--models`` (``None``: all of them); ``verify=False``:
+    no ``--verify-budget`` (a script that verifies nothing); ``profile_budget``: the default
+    of ``--profile-budget`` (s; autosplit's 40)."""
     parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     chosen = list(names if default is None else default)
@@ -29,10 +32,11 @@ def benchmark_parser(doc: str | None, names: Sequence[str],
     parser.add_argument("--models", nargs="+", choices=names, default=chosen,
                         metavar="MODEL", help=f"the models to run ({which})")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per plan (default 5)")
-    parser.add_argument("--profile-budget", type=float, default=40.0,
-                        help="each profile's budget (s; autosplit's default 40)")
-    parser.add_argument("--verify-budget", type=float, default=60.0,
-                        help="each verification's budget (s; autosplit's default 60)")
+    parser.add_argument("--profile-budget", type=float, default=profile_budget,
+                        help=f"each profile's budget (s; default {profile_budget:g})")
+    if verify:
+        parser.add_argument("--verify-budget", type=float, default=60.0,
+                            help="each verification's budget (s; autosplit's default 60)")
     parser.add_argument("--timeout", type=float, default=900.0, help="process-group timeout (s)")
     add_load_arguments(parser)
     parser.add_argument("--smoke", action="store_true", help="toy models in seconds (tests)")
