@@ -109,11 +109,38 @@ def test_reproducibility_benchmark_smoke(tmp_path) -> None:
     assert "## Summary" in text and "| ResNet18 | autosplit / one device | 2 |" in text
 
 
-def test_reproducibility_refuses_one_window_and_never_writes_smoke_to_results() -> None:
-    script = str(ROOT / "benchmarks" / "reproducibility.py")
-    for extra, said in ((["--windows", "1"], "--windows must be 2 or more"),
-                        (["--smoke", "--out", str(ROOT / "benchmarks" / "results")],
-                         "--smoke never writes to benchmarks/results")):
-        done = subprocess.run([sys.executable, script, *extra], capture_output=True, text=True,
-                              timeout=60, check=False)
-        assert done.returncode == 2 and said in done.stderr.strip().splitlines()[-1]
+def test_reproducibility_refuses_one_window_and_never_writes_smoke_to_results(capsys) -> None:
+    from reproducibility import main
+
+    for argv, said in ((["--windows", "1"], "--windows must be 2 or more"),
+                       (["--smoke", "--out", str(ROOT / "benchmarks" / "results")],
+                        "--smoke never writes to benchmarks/results")):
+        with pytest.raises(SystemExit) as exited:  # before anything is measured
+            main(argv)
+        assert exited.value.code == 2
+        assert said in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_the_accuracy_report_says_how_far_the_same_ratio_moved_between_windows() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmark_accuracy_report",
+                                                  ROOT / "benchmarks" / "accuracy.py")
+    assert spec and spec.loader
+    accuracy = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = accuracy
+    spec.loader.exec_module(accuracy)
+
+    def data(*measured: list[float]) -> dict[str, Any]:
+        rows = [{"plans": ["one device"], "profiles": [1, 2, 3], "measured": m,
+                 "range": max(m) / min(m) - 1, "best_single": math.sqrt(max(m) / min(m)) - 1}
+                for m in measured]
+        return {"models": [{"model": "Big vocabulary", "repeated_ratios": rows}]}
+
+    (wide,) = accuracy.repeated_sentence(data([1.028, 1.056, 0.990], [0.80, 0.81]))[1:]
+    assert "2 ratios, whose measured values moved by up to 6.7% between windows" in wide
+    assert "(Big vocabulary, autosplit / one device: 1.028, 1.056, 0.990)" in wide
+    assert "for 1 of them no one number is within ±3% of every window's value" in wide
+    (narrow,) = accuracy.repeated_sentence(data([0.80, 0.81]))[1:]
+    assert "one number is within ±3% of every window's value of each" in narrow
+    assert accuracy.repeated_sentence({"models": [{"model": "M", "repeated_ratios": []}]}) == []
