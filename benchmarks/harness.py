@@ -122,8 +122,8 @@ class Group:
     taken again too, at once (within the same ``retries``). With ``refine``, the ``refine``
     fastest configurations by median (and those in ``keep``) are timed ``refine_rounds`` more
     times afterwards, interleaved among themselves. With ``memory``, each plan's peak tensor
-    memory per rank is measured afterwards, untimed (:func:`peak_memory`). With ``more_rounds``, timed rounds go on
-    after the ``rounds`` while a configuration's timings spread by more than ``max_spread``
+    memory per rank is measured afterwards, untimed (:func:`peak_memory`). With
+    ``more_rounds``, timed rounds go on after the ``rounds`` while a configuration's timings spread by more than ``max_spread``
     (half their interquartile range over their median, the slowest rank's), at most
     ``more_rounds`` more: whole rounds, every configuration alike, so that rounds stay paired
     (the big-vocabulary head cut's 5 timings in one accuracy run: 291, 485, 296, 337, 659 ms,
@@ -505,7 +505,8 @@ def _run_group(group: Group, device: torch.device, rank: int) -> dict[str, Any]:
         refined, refine_load, _ = _rounds(group, chosen, runners, group.refine_rounds, 0, rank,
                                           "refine round", leads)
         summed = ("wall_s", "ranks_cpu_s", "timings", "retried", "retaken_fresh",
-                  "kept_over_limit", "machine_cpu_s", "steal_s", "others_cpu_s", "faulted_timings", "extra_rounds")
+                  "kept_over_limit", "machine_cpu_s", "steal_s", "others_cpu_s",
+                  "faulted_timings", "extra_rounds")
         load = {k: load[k] + refine_load[k] if k in summed else load[k]
                 for k in load if k in refine_load}
         load["max_kept_share"] = max(load["max_kept_share"], refine_load["max_kept_share"])

@@ -123,8 +123,9 @@ def window_summary(ratios: Sequence[float], goal: float = GOAL) -> dict[str, Any
     ``goal`` of the previous window's ratio as the prediction (from the second window on) and of
     the median of the other windows (hindsight); the smallest largest error of any one number,
     √(max/min) − 1 (the geometric middle of the range)."""
+    ratios = list(ratios)
     if not ratios or min(ratios) <= 0:
-        raise ValueError(f"ratios must be positive and at least one; got {list(ratios)}")
+        raise ValueError(f"ratios must be positive and at least one; got {ratios}")
     previous = [ratios[k - 1] / ratios[k] - 1 for k in range(1, len(ratios))]
     others = [statistics.median(ratios[:k] + ratios[k + 1:]) / ratios[k] - 1
               for k in range(len(ratios))] if len(ratios) > 1 else []
@@ -136,7 +137,7 @@ def window_summary(ratios: Sequence[float], goal: float = GOAL) -> dict[str, Any
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
             "range": max(ratios) / min(ratios) - 1,
             "best_single": math.sqrt(max(ratios) / min(ratios)) - 1,
-            "previous_window": scored(previous), "other_windows": scored(list(others))}
+            "previous_window": scored(previous), "other_windows": scored(others)}
 
 
 def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:

@@ -122,14 +122,7 @@ def test_reproducibility_refuses_one_window_and_never_writes_smoke_to_results(ca
 
 
 def test_the_accuracy_report_says_how_far_the_same_ratio_moved_between_windows() -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("benchmark_accuracy_report",
-                                                  ROOT / "benchmarks" / "accuracy.py")
-    assert spec and spec.loader
-    accuracy = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = accuracy
-    spec.loader.exec_module(accuracy)
+    import accuracy
 
     def data(*measured: list[float]) -> dict[str, Any]:
         rows = [{"plans": ["one device"], "profiles": [1, 2, 3], "measured": m,
