@@ -13,12 +13,13 @@ import copy
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import fx, nn
 
 from autosplit import checks
+from autosplit.capture.layers import Granularity, block_key, entered_paths
 from autosplit.errors import ArgumentTypeError, TraceError
 
 __all__ = [
@@ -32,8 +33,6 @@ __all__ = [
     "symbolic_trace",
 ]
 
-Granularity = Literal["block", "layer"]
-_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +72,10 @@ def leaf_module_list(leaf_modules: Iterable[type[nn.Module] | str]) -> tuple[Any
     return checks.sequence_of("leaf_modules", leaf_modules, entry, allow_empty=True)
 
 
-def symbolic_trace(model: nn.Module, leaves: tuple[type[nn.Module] | str, ...]) -> fx.GraphModule:
+def symbolic_trace(model: nn.Module, leaves: tuple[type[nn.Module] | str, ...],
+                   defaults: dict[str, Any] | None = None) -> fx.GraphModule:
+    """``model`` traced by torch.fx, without entering ``leaves``; the forward's parameters in
+    ``defaults`` are traced at those values (constants, not inputs of the graph)."""
     leaf_types = tuple(x for x in leaves if isinstance(x, type))
     leaf_names = {x for x in leaves if isinstance(x, str)}
 
@@ -84,11 +86,28 @@ def symbolic_trace(model: nn.Module, leaves: tuple[type[nn.Module] | str, ...]) 
             return super().is_leaf_module(m, qualname)
 
     tracer = _Tracer()
-    graph = tracer.trace(model)
+    graph = tracer.trace(model, concrete_args=defaults or None)
+    constants = defaults or {}
+    for node in [n for n in graph.nodes if n.op == "placeholder"]:
+        name = str(node.target).rsplit("_", 1)[0]  # fx names a constant's placeholder "x_1"
+        if name not in constants or node.target in constants:
+            continue
+        for user in list(node.users):  # fx checks that a call passes the constant again
+            if getattr(user.target, "__name__", "") == "_assert_is_none":
+                graph.erase_node(user)
+            else:
+                user.args, user.kwargs = fx.node.map_arg(
+                    (user.args, user.kwargs), lambda n, p=node, v=constants[name]: v if n is p else n)
+        graph.erase_node(node)
     return fx.GraphModule(tracer.root, graph, type(model).__name__)
 
 
 def module_path(gm: fx.GraphModule, node: fx.Node) -> str:
+    """The module ``node`` ran in: its ``meta["autosplit_path"]`` when the capture set one
+    (torch.export), else the called module, the owner of the attribute, or the innermost
+    module of its ``nn_module_stack``."""
+    if "autosplit_path" in node.meta:
+        return str(node.meta["autosplit_path"])
     if node.op == "call_module":
         return str(node.target)
     if node.op == "get_attr":
@@ -97,21 +116,6 @@ def module_path(gm: fx.GraphModule, node: fx.Node) -> str:
     if stack:
         return str(list(stack.values())[-1][0])
     return ""
-
-
-def _block_key(model: nn.Module, path: str, granularity: Granularity) -> str:
-    if granularity == "layer" or not path:
-        return path
-    prefix = ""
-    for part in path.split("."):
-        prefix = f"{prefix}.{part}" if prefix else part
-        try:
-            sub = model.get_submodule(prefix)
-        except AttributeError:
-            return prefix
-        if not isinstance(sub, _CONTAINERS):
-            return prefix
-    return path
 
 
 def owned_params(
@@ -141,10 +145,11 @@ def group_blocks(model: nn.Module, gm: fx.GraphModule, granularity: Granularity)
     """Group graph nodes into blocks (see the module docstring)."""
     runs: list[tuple[str, list[fx.Node]]] = []
     pending: list[fx.Node] = []  # root-level ops before any keyed node
+    entered = entered_paths(model)
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
-        key = _block_key(model, module_path(gm, node), granularity)
+        key = block_key(entered, module_path(gm, node), granularity)
         if not key:
             (runs[-1][1] if runs else pending).append(node)
         elif runs and runs[-1][0] == key:

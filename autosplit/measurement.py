@@ -134,7 +134,7 @@ def private_copy(graph: BlockGraph, dev: torch.device) -> BlockGraph:
     module.train(graph.module.training)
     for p in module.parameters():
         p.grad = None
-    return BlockGraph(module, graph.blocks, graph.model_name, graph.traced)
+    return graph.with_module(module)
 
 
 def _wall(dev: torch.device) -> float:

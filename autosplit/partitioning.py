@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +19,10 @@ import torch
 from torch import nn
 
 from autosplit import checks
+from autosplit.capture.signature import call_arguments
 from autosplit.cost import OPTIMIZER_STATE, SCHEDULES
 from autosplit.devices import default_devices, measure_link_bandwidth, resolve_device
-from autosplit.errors import InvalidInputError
+from autosplit.errors import InvalidInputError, TraceError
 from autosplit.graph import BlockGraph, Granularity, leaf_module_list, trace
 from autosplit.pipeline import PipelinedModule, checkpoint_flags
 from autosplit.planner import memory_sizes
@@ -60,6 +61,7 @@ class PartitionOptions:
 def partition(
     model: nn.Module,
     example_inputs: Any = None,
+    example_kwargs: dict[str, Any] | None = None,
     *,
     gpus: int | None = None,
     devices: Sequence[str | torch.device] | None = None,
@@ -85,7 +87,10 @@ def partition(
 
     Args:
         model: the model to split.
-        example_inputs: a tensor or tuple of tensors with the batch in dimension 0.
+        example_inputs: a tensor or tuple of the positional inputs of one call, tensors with
+            the batch in dimension 0.
+        example_kwargs: the keyword inputs of that call (``{"attention_mask": mask,
+            "labels": ids}``); the pipelined module is called the same way.
         gpus: number of stages; default ``len(devices)``, else the CUDA device count when ≥ 2,
             else 2 (CPU stand-ins, with a warning).
         devices: one device per stage, e.g. ``["cuda:0", "cuda:1"]`` or ``["cpu", "cpu"]``.
@@ -144,24 +149,37 @@ def partition(
         profile_options=tuple((profile_options or {}).items()),
         verify=checks.instance_of("verify", verify, bool, "True or False"),
     )
-    inputs = None if example_inputs is None or plan is not None else check_inputs(example_inputs)
-    graph = trace(model, granularity=granularity, leaf_modules=leaf_modules,
-                  example_inputs=inputs)
+    given = example_inputs is not None or bool(example_kwargs)
+    args, kwargs = call_arguments(example_inputs, example_kwargs)
+    capture = functools.partial(trace, model, granularity=granularity, leaf_modules=leaf_modules)
     if plan is not None:
         require_pipeline_only(plan, "partition()")
+        if not given:
+            try:
+                graph = capture()
+            except TraceError:  # torch.export captures the model from its first call
+                return PipelinedModule(
+                    model, devs, split_size=split_size, checkpoint=checkpoint,
+                    planner=functools.partial(_capture_for_plan, capture, plan))
+        else:
+            graph = capture(example_inputs=args, example_kwargs=kwargs)
         return PipelinedModule(model, devs, graph=graph, plan=plan, split_size=split_size,
                                checkpoint=checkpoint)
-    if len(devs) > len(graph.blocks):
-        raise InvalidInputError(
-            f"gpus={len(devs)} is more than the model's {len(graph.blocks)} blocks: use at "
-            f"most {len(graph.blocks)} devices, or granularity='layer' for finer blocks"
-        )
-    if inputs is not None:
-        made = plan_for_batch(graph, inputs, devs, options)
-        return PipelinedModule(model, devs, graph=graph, plan=made, split_size=split_size,
+    if not given:
+        try:
+            traced: BlockGraph | Callable[..., BlockGraph] = capture()
+        except TraceError:  # torch.export captures the model from its first call
+            traced = capture
+        if isinstance(traced, BlockGraph):
+            _check_stages(len(devs), traced)
+        planner = functools.partial(_graph_and_plan, traced, devices=devs, options=options)
+        return PipelinedModule(model, devs, split_size=split_size, planner=planner,
                                checkpoint=checkpoint)
-    planner = functools.partial(_graph_and_plan, graph, devices=devs, options=options)
-    return PipelinedModule(model, devs, split_size=split_size, planner=planner,
+    graph = capture(example_inputs=args, example_kwargs=kwargs)
+    inputs = check_inputs(graph.signature.flatten(args, kwargs, graph.model_name))
+    _check_stages(len(devs), graph)
+    made = plan_for_batch(graph, inputs, devs, options)
+    return PipelinedModule(model, devs, graph=graph, plan=made, split_size=split_size,
                            checkpoint=checkpoint)
 
 
@@ -209,15 +227,37 @@ def plan_for_batch(
     return best
 
 
+def _check_stages(stages: int, graph: BlockGraph) -> None:
+    if stages > len(graph.blocks):
+        raise InvalidInputError(
+            f"gpus={stages} is more than the model's {len(graph.blocks)} blocks: use at "
+            f"most {len(graph.blocks)} devices, or granularity='layer' for finer blocks"
+        )
+
+
 def _graph_and_plan(
-    graph: BlockGraph,
-    inputs: tuple[torch.Tensor, ...],
+    capture: BlockGraph | Callable[..., BlockGraph],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
     *,
     devices: Sequence[torch.device],
     options: PartitionOptions,
 ) -> tuple[BlockGraph, Plan]:
-    """The planner of a lazily planned module: plan on its first batch."""
+    """The planner of a lazily planned module: capture (unless traced already) and plan on
+    its first batch."""
+    if isinstance(capture, BlockGraph):
+        graph = capture
+    else:
+        graph = capture(example_inputs=args, example_kwargs=kwargs)
+        _check_stages(len(devices), graph)
+    inputs = check_inputs(graph.signature.flatten(args, kwargs, graph.model_name))
     return graph, plan_for_batch(graph, inputs, devices, options)
+
+
+def _capture_for_plan(capture: Callable[..., BlockGraph], plan: Plan, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> tuple[BlockGraph, Plan]:
+    """The planner of a module given a plan that only torch.export captures: its first call."""
+    return capture(example_inputs=args, example_kwargs=kwargs), plan
 
 
 def _devices(

@@ -19,6 +19,7 @@ policy is :func:`autosplit.partition` (:mod:`autosplit.partitioning`), which may
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,8 +36,9 @@ from autosplit.stages import StageLayout, concat, move, run_stage, split, stage_
 
 __all__ = ["PipelinedModule", "Planner", "checkpoint_flags"]
 
-Planner = Callable[[tuple[torch.Tensor, ...]], tuple[BlockGraph, Plan]]
-"""Policy called on the first batch of a lazily planned module: ``inputs -> (graph, plan)``."""
+Planner = Callable[[tuple[Any, ...], dict[str, Any]], tuple[BlockGraph, Plan]]
+"""Policy called on the first batch of a lazily planned module:
+``(args, kwargs) -> (graph, plan)``."""
 
 
 class PipelinedModule(nn.Module):
@@ -84,6 +86,7 @@ class PipelinedModule(nn.Module):
         self.devices = list(devices)
         self._planner = planner
         self._graph: BlockGraph | None = None
+        self._by_mode: dict[bool, BlockGraph] = {}  # captures in the other mode, kept
         self._layout: StageLayout | None = None
         self._segments: list[Segment] = []
         self._borrowed: dict[int, dict[str, nn.Parameter]] = {}
@@ -157,28 +160,39 @@ class PipelinedModule(nn.Module):
         self._plan = plan
         self._planner = None
 
-    def forward(self, *inputs: torch.Tensor) -> Any:
-        """Run the batch through the pipeline in micro-batches of ``split_size``.
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the batch through the pipeline in micro-batches of ``split_size``; the output
+        is the model's own type (a tensor, tuple, dict, ModelOutput …), with the model's own
+        loss, where it returns one, the mean of the micro-batches' losses weighted by rows.
 
         Raises:
-            InvalidInputError: the wrong number of inputs, or inputs that are not tensors
-                with one batch dimension 0.
+            InvalidInputError: inputs that are not those of the captured call (another
+                number, a keyword missing or unknown), or tensors without one batch
+                dimension 0.
             CutValueError: a value that is not a tensor crosses a cut (see
                 :mod:`autosplit.stages`).
         """
         if self._plan is None:
             assert self._planner is not None
-            self._build(*self._planner(check_inputs(inputs)))
+            self._build(*self._planner(args, kwargs))
+        assert self._graph is not None and self._plan is not None
+        mode = self.module.training
+        if self._graph.training is not None and self._graph.training != mode:
+            other = self._by_mode.pop(mode, None) or _in_mode(self._graph, mode)
+            self._by_mode[not mode] = self._graph
+            self._build(other, self._plan)
         layout = self._layout
         assert layout is not None and self._graph is not None
-        if len(inputs) != len(layout.inputs):
+        flat = self._graph.signature.flatten(args, kwargs, self._graph.model_name)
+        if len(flat) != len(layout.inputs):
             raise InvalidInputError(
                 f"{self._graph.model_name} takes {len(layout.inputs)} inputs "
-                f"({', '.join(layout.inputs)}), got {len(inputs)}"
+                f"({', '.join(layout.inputs)}), got {len(flat)}"
             )
         split_size = self.split_size
         assert split_size is not None
-        values: list[tuple[Any, ...]] = split(check_inputs(inputs), split_size)
+        values: list[tuple[Any, ...]] = split(check_inputs(flat), split_size)
+        rows = [int(v[0].shape[0]) for v in values]
         m, p = len(values), len(self._segments)
         for tick in range(m + p - 1):
             for s in reversed(range(p)):
@@ -186,7 +200,7 @@ class PipelinedModule(nn.Module):
                 if 0 <= i < m:
                     values[i] = self._run_stage(s, values[i])
         last = self.devices[-1]
-        return concat([layout.output.build(move(v, last)) for v in values])
+        return concat([layout.output.build(move(v, last)) for v in values], rows)
 
     def _run_stage(self, s: int, received: tuple[Any, ...]) -> tuple[Any, ...]:
         module = self._segments[s].module
@@ -212,6 +226,15 @@ class PipelinedModule(nn.Module):
             f"split_size={self.split_size}"
             + (f", checkpoint={list(self._checkpoint)}" if any(self._checkpoint) else "")
         )
+
+
+def _in_mode(graph: BlockGraph, training: bool) -> BlockGraph:
+    """``graph`` captured again in the mode ``training`` (torch.export fixes dropout and
+    BatchNorm to the mode of the capture; the blocks, and so the plan, stay the same)."""
+    from autosplit.graph import _recapture
+
+    assert graph.capture is not None
+    return _recapture(dataclasses.replace(graph.capture, training=training))
 
 
 def checkpoint_flags(value: Any) -> bool | tuple[bool, ...] | None:

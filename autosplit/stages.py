@@ -14,18 +14,21 @@ re-derives them. For stage s (blocks ``first … end-1``):
 
 The rules decided here, once:
 
-* **Only tensors cross stages.** A value of another type (an ``int`` from ``x.size(0)``, a
-  shape, a list) that crosses a cut, or that is a computed leaf of the model's output, raises
-  :class:`CutValueError` naming the value, the block that made it and the cut. Constants in
-  the output structure (``return x, None``) are kept as they are.
+* **Only tensors cross stages.** A size (an ``int`` from ``x.size(0)``, a shape) is computed
+  again in the stage that uses it (:mod:`autosplit.capture.values`), and no cut lies where
+  another kind of value is live. A value of another type that still reaches a cut, or that
+  is a computed leaf of the model's output, raises :class:`CutValueError` naming the value,
+  the block that made it and the cut. Constants in the output structure
+  (``return x, None``) are kept as they are.
 * **Micro-batches** (:func:`split`): every tensor leaf is split along dimension 0 with
   ``tensor.split(b)``; non-tensor leaves are repeated; 0-d tensors and leaves of different
   row counts are refused. With ``count`` the batch must hold exactly ``count · b`` rows
   (torch.distributed.pipelining needs equal micro-batches).
 * **Outputs** (:func:`concat`): the micro-batches' outputs are concatenated leaf by leaf
-  along dimension 0. A 0-d output tensor (a loss computed inside the model) is refused: it
-  has no batch dimension to concatenate, and averaging it would be wrong for uneven
-  micro-batches — compute the loss outside the model.
+  along dimension 0. A 0-d floating output (the model's own loss, a mean over rows) is the
+  mean of the micro-batches' losses weighted by their rows: the full batch's loss when every
+  row weighs the same (a loss over tokens that ignores padding weighs rows by their tokens,
+  and then differs by that weighting).
 """
 
 from __future__ import annotations
@@ -332,12 +335,17 @@ def move(value: Any, device: torch.device) -> Any:
     return pytree.tree_map_only(torch.Tensor, one, value)
 
 
-def concat(per_microbatch: Sequence[Any]) -> Any:
+def concat(per_microbatch: Sequence[Any], rows: Sequence[int] | None = None) -> Any:
     """The micro-batches' outputs joined leaf by leaf along dimension 0 (see the module
     docstring: non-tensor leaves are constants, taken from the first micro-batch).
 
+    A 0-dimensional floating leaf (the model's own loss, a mean over its rows) becomes the
+    mean of the micro-batches' values weighted by their ``rows``: the full batch's loss
+    where every row weighs the same.
+
     Raises:
-        InvalidInputError: an output leaf is a 0-dimensional tensor.
+        InvalidInputError: a 0-dimensional output leaf that is not floating, or one without
+            ``rows``.
     """
     flat = [pytree.tree_flatten(out) for out in per_microbatch]
     joined = []
@@ -345,10 +353,15 @@ def concat(per_microbatch: Sequence[Any]) -> Any:
         first = leaves[0]
         if isinstance(first, torch.Tensor):
             if first.dim() == 0:
-                raise InvalidInputError(
-                    f"output leaf {position} is a 0-dimensional tensor; pipelined outputs must "
-                    "have a batch dimension 0 (compute the loss outside the model)"
-                )
+                if rows is None or not first.is_floating_point():
+                    raise InvalidInputError(
+                        f"output leaf {position} is a 0-dimensional tensor; pipelined outputs "
+                        "must have a batch dimension 0 or be a floating loss"
+                    )
+                total = float(sum(rows))
+                joined.append(sum(x * (r / total) for x, r in zip(leaves, rows))
+                              if len(leaves) > 1 else first)
+                continue
             joined.append(torch.cat(leaves) if len(leaves) > 1 else first)
         else:
             joined.append(first)
@@ -360,19 +373,11 @@ def concat(per_microbatch: Sequence[Any]) -> Any:
 
 def _boundary(graph: BlockGraph, first: int, end: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(reads, makes) of blocks ``first … end-1``, as :meth:`BlockGraph.extract` orders them."""
-    names = {n for b in graph.blocks[first:end] for n in b.nodes}
-    nodes = [n for n in graph.module.graph.nodes if n.name in names]
-    reads: list[str] = []
-    for node in nodes:
-        for arg in node.all_input_nodes:
-            if arg.name not in names and arg.name not in reads:
-                reads.append(arg.name)
-    makes = [n.name for n in nodes if any(u.name not in names for u in n.users)]
-    return tuple(reads), tuple(makes)
+    return graph.boundary(first, end)
 
 
 def _output_layout(graph: BlockGraph) -> OutputLayout:
-    leaves, spec = pytree.tree_flatten(graph.output_structure())
+    leaves, spec = graph.output_leaves()
     names = tuple(x.name if isinstance(x, fx.Node) else None for x in leaves)
     constants = tuple(None if isinstance(x, fx.Node) else x for x in leaves)
     return OutputLayout(spec, names, constants)

@@ -1,0 +1,250 @@
+"""The torch.export front end: a model that torch.fx cannot trace, captured from one call.
+
+``torch.export.export(..., strict=False)`` runs the model's own Python once on fake tensors, so
+decorated forwards, optional parameters left at their defaults, ``torch._assert``, control flow
+on shapes and keyword inputs all work; Hugging Face transformers tests its models for exactly
+this. The exported graph is then rewritten into a plain ``fx.GraphModule`` that the rest of
+autosplit runs like a traced one:
+
+- parameters and buffers become ``get_attr`` nodes on the model's own tensors (one next to
+  each operation that reads them, so a tied weight is read where it is used, never sent);
+- every node carries ``meta["autosplit_path"]``, the module it ran in (from the export's
+  ``nn_module_stack``), which groups it into a block;
+- dimension 0 of every input is dynamic (the batch), so one capture runs every micro-batch
+  size; a size it needs (``x.size(0)``) is read from a tensor beside its use wherever one has
+  it (:func:`_local_sizes`), and otherwise rebuilt on the far side of a cut;
+- ``meta["autosplit_kind"]`` says what each value is: ``"tensor"``, ``"size"`` (an integer
+  computed from shapes) or ``"other"`` (a list, ``None`` …), which may not cross a cut.
+
+The capture is of the mode the model is in (``model.training``): dropout and BatchNorm are
+fixed to it, and :class:`~autosplit.graph.BlockGraph` records which.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+from autosplit.capture.signature import InputSignature
+from autosplit.errors import TraceError
+
+__all__ = ["export_graph", "hf_defaults"]
+
+_KEEP_META = ("nn_module_stack", "stack_trace", "autosplit_path", "autosplit_kind")
+_SIZE_OPS = {
+    torch.ops.aten.sym_size.int, torch.ops.aten.sym_numel.default,
+    torch.ops.aten.sym_stride.int, torch.ops.aten.sym_storage_offset.default,
+}
+
+
+def hf_defaults(model: nn.Module, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword inputs a Hugging Face style forward gets unless the call gives them:
+    ``use_cache=False`` (a cache is inference state, not a training output)."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"use_cache": False} if "use_cache" in params and "use_cache" not in kwargs else {}
+
+
+def export_graph(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any],
+                 ) -> tuple[fx.GraphModule, InputSignature, pytree.TreeSpec]:
+    """Capture ``model(*args, **kwargs)`` with torch.export: (graph module on the model's own
+    parameters, the call's signature, the output's pytree structure).
+
+    Raises:
+        TraceError: torch.export cannot capture the model (the message names the construct).
+    """
+    defaults = hf_defaults(model, kwargs)
+    call_kwargs = {**kwargs, **defaults}
+    call_args = tuple(args)
+    flat, spec = pytree.tree_flatten((call_args, call_kwargs))
+    batch = next((int(x.shape[0]) for x in flat if isinstance(x, torch.Tensor) and x.dim()), 0)
+    if batch == 1:  # a batch of 1 would be specialised: capture with 2 rows
+        flat = [torch.cat([x, x]) if isinstance(x, torch.Tensor) and x.dim() else x for x in flat]
+        call_args, call_kwargs = pytree.tree_unflatten(flat, spec)
+    dynamic = _dynamic_batch(model, call_args, call_kwargs)
+    try:
+        ep = torch.export.export(model, call_args, call_kwargs, dynamic_shapes=dynamic,
+                                 strict=False)
+    except Exception as exc:
+        raise TraceError(f"torch.export cannot capture {type(model).__name__}: "
+                         f"{_first_line(exc)}") from exc
+    gm = _rebuild(model, ep)
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    signature = InputSignature.of(args, {**kwargs, **defaults}, names, defaults)
+    return gm, signature, ep.call_spec.out_spec
+
+
+def _dynamic_batch(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """torch.export's ``dynamic_shapes``: dimension 0 of every tensor input is the batch."""
+    def dims(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return {0: torch.export.Dim.AUTO} if value.dim() else None
+        if isinstance(value, (tuple, list)):
+            return type(value)(dims(v) for v in value)
+        if isinstance(value, dict):
+            return {k: dims(v) for k, v in value.items()}
+        return None
+
+    try:
+        bound = inspect.signature(model.forward).bind(*args, **kwargs).arguments
+    except TypeError as exc:
+        raise TraceError(f"{type(model).__name__}.forward does not take the example inputs: "
+                         f"{exc}") from exc
+    return {name: dims(value) for name, value in bound.items()}
+
+
+def _rebuild(model: nn.Module, ep: Any) -> fx.GraphModule:
+    """The exported program as a GraphModule whose parameters are ``model``'s own."""
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    sig = ep.graph_signature
+    kinds = {s.arg.name: s for s in sig.input_specs}
+    attrs: dict[str, Any] = {}
+    lifted: dict[str, str] = {}  # placeholder → attribute target
+    first_name = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    for name, spec in kinds.items():
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            tensor = model.get_parameter(spec.target) \
+                if spec.kind == InputKind.PARAMETER else model.get_buffer(spec.target)
+            target = first_name.get(id(tensor), spec.target)  # a tied weight by its first name
+            lifted[name] = target
+            attrs[target] = tensor
+        elif spec.kind == InputKind.CONSTANT_TENSOR:
+            target = f"_autosplit_constants.{spec.target.replace('.', '_')}"
+            lifted[name] = target
+            attrs[target] = ep.constants[spec.target]
+        elif spec.kind != InputKind.USER_INPUT:
+            raise TraceError(f"torch.export gave {type(model).__name__} an input of kind "
+                             f"{spec.kind.name}, which autosplit cannot run")
+    bad = [s for s in sig.output_specs if s.kind != OutputKind.USER_OUTPUT]
+    if bad:
+        raise TraceError(f"{type(model).__name__} mutates {bad[0].target!r} in a way autosplit "
+                         f"cannot split ({bad[0].kind.name})")
+
+    graph = fx.Graph()
+    env: dict[fx.Node, Any] = {}
+    for node in ep.graph.nodes:
+        if node.op == "placeholder":
+            if node.name in lifted:
+                continue
+            arg = kinds[node.name].arg
+            if not hasattr(arg, "name") or type(arg).__name__ == "ConstantArgument":
+                env[node] = arg.value  # a value fixed at capture (use_cache=False)
+                continue
+            new = graph.placeholder(node.name)
+            new.meta.update(node.meta)
+            new.meta["autosplit_path"] = ""
+            env[node] = new
+        elif node.op == "output":
+            graph.output(fx.node.map_arg(node.args[0], lambda n: env[n]))
+        else:
+            path = _path_of(model, node)
+            args = fx.node.map_arg((node.args, node.kwargs),
+                                   lambda n, p=path: _value(graph, env, lifted, n, p))
+            new = graph.create_node(node.op, node.target, args[0], args[1], node.name)
+            new.meta.update(node.meta)
+            new.meta["autosplit_path"] = path
+            env[node] = new
+    _local_sizes(graph)
+    for node in graph.nodes:
+        node.meta["autosplit_kind"] = _kind(node)
+        for key in [k for k in node.meta if k not in _KEEP_META]:
+            del node.meta[key]
+    graph.eliminate_dead_code(is_impure_node=lambda n: n.op != "get_attr"
+                              and not _is_size_op(n))
+    graph.lint()
+    gm = fx.GraphModule(attrs, graph, type(model).__name__)
+    return gm
+
+
+def _value(graph: fx.Graph, env: dict[fx.Node, Any], lifted: Mapping[str, str],
+           node: fx.Node, path: str) -> Any:
+    if node.name not in lifted:
+        return env[node]
+    attr = graph.get_attr(lifted[node.name])
+    attr.meta.update(node.meta)
+    attr.meta["autosplit_path"] = path
+    return attr
+
+
+def _path_of(model: nn.Module, node: fx.Node) -> str:
+    """The innermost module of ``model`` the node ran in ("" for the model itself)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    for path, _ in reversed(list(stack.values())):
+        if not path:
+            continue
+        try:
+            model.get_submodule(path)
+        except AttributeError:
+            continue
+        return str(path)
+    return ""
+
+
+def _is_size_op(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target in _SIZE_OPS
+
+
+def _local_sizes(graph: fx.Graph) -> None:
+    """Read each size where it is used: a use of ``sym_size(x, d)`` that has a tensor argument
+    with the same size in some dimension reads it from that tensor instead."""
+    for node in list(graph.nodes):
+        if not (_is_size_op(node) and node.target is torch.ops.aten.sym_size.int):
+            continue
+        value = node.meta.get("val")
+        if not isinstance(value, torch.SymInt):
+            continue
+        for user in list(node.users):
+            local = _tensor_with_size(user, node, value)
+            if local is None:
+                continue
+            with graph.inserting_before(user):
+                size = graph.call_function(torch.ops.aten.sym_size.int, local)
+            size.meta.update({"val": value, "autosplit_path": user.meta.get("autosplit_path", ""),
+                              "nn_module_stack": user.meta.get("nn_module_stack", {})})
+            user.replace_input_with(node, size)
+
+
+def _tensor_with_size(user: fx.Node, size: fx.Node, value: torch.SymInt,
+                      ) -> tuple[fx.Node, int] | None:
+    expr = value.node.expr
+    for arg in user.all_input_nodes:
+        if arg is size:
+            continue
+        val = arg.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            for dim, s in enumerate(val.shape):
+                if isinstance(s, torch.SymInt) and s.node.expr == expr:
+                    return arg, dim
+    return None
+
+
+_SIZE_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
+
+
+def _kind(node: fx.Node) -> str:
+    if node.op in ("placeholder", "get_attr"):
+        return "tensor"
+    value = node.meta.get("val")
+    if isinstance(value, torch.Tensor):
+        return "tensor"
+    if isinstance(value, _SIZE_TYPES) and (
+            _is_size_op(node) or (node.op == "call_function"
+                                  and getattr(node.target, "__module__", "") in
+                                  ("_operator", "math", "torch", "torch.fx.experimental.sym_node"))):
+        return "size"
+    return "other"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
