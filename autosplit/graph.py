@@ -120,6 +120,12 @@ class BlockGraph:
                           capture=self.capture)
 
     @property
+    def returns_loss(self) -> bool:
+        """Whether the model's output holds a 0-dimensional floating tensor (its own loss)."""
+        leaves, _ = self.output_leaves()
+        return any(isinstance(x, fx.Node) and x.meta.get("autosplit_scalar") for x in leaves)
+
+    @property
     def training(self) -> bool | None:
         """The mode the graph was captured in where the capture fixed it (torch.export fixes
         dropout and BatchNorm to it), else ``None`` (a traced graph follows the model's)."""

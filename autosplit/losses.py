@@ -12,6 +12,10 @@ Losses by name (:data:`LOSSES`):
 * ``"mse"`` — :func:`tutorial_loss`: the PyTorch model-parallel tutorial's MSE of every
   floating output against a target of the same shape (one-hot labels in ``autosplit run``;
   the profiler uses zeros, which cost the same);
+* ``"model"`` — the model's own loss (:func:`model_loss`): the 0-dimensional floating
+  tensor the model returns (a Hugging Face model called with ``labels=``); its cost is in the
+  last block already, and the backward starts from it. The default for a model that
+  returns one (:func:`default_loss`);
 * ``"none"`` — no loss: the last block's backward starts from a gradient of ones (older
   profiles, and the analytic estimates, are of this kind).
 """
@@ -27,9 +31,10 @@ from torch.utils import _pytree as pytree
 
 from autosplit.errors import InvalidInputError
 
-__all__ = ["LOSSES", "check_loss", "timing_loss", "tutorial_loss"]
+__all__ = ["LOSSES", "check_loss", "default_loss", "model_loss", "timing_loss",
+           "tutorial_loss"]
 
-LOSSES = ("mse", "none")
+LOSSES = ("mse", "none", "model")
 """The losses a profile can include in its last block's times."""
 
 
@@ -64,6 +69,28 @@ def tutorial_loss(output: Any, target: Any) -> torch.Tensor:
     return torch.stack(losses).sum()
 
 
+def model_loss(output: Any, target: Any = None) -> torch.Tensor:
+    """The model's own loss in its output: the first 0-dimensional floating tensor leaf
+    (``target`` is not used: the model computed the loss from its own inputs).
+
+    Raises:
+        InvalidInputError: the output holds no such tensor.
+    """
+    for x in pytree.tree_leaves(output):
+        if isinstance(x, torch.Tensor) and x.dim() == 0 and x.is_floating_point():
+            return x
+    raise InvalidInputError(
+        "the model returns no loss (a 0-dimensional floating tensor): pass its labels (a "
+        "Hugging Face model computes its loss when called with labels=), or train with "
+        "another loss"
+    )
+
+
+def default_loss(returns_loss: bool) -> str:
+    """``"model"`` for a model that returns its own loss, else the tutorial's ``"mse"``."""
+    return "model" if returns_loss else "mse"
+
+
 def timing_loss(name: str) -> Callable[[Any], torch.Tensor] | None:
     """``loss(outputs) -> scalar`` that costs what the named loss costs in training, for
     timing the last block with it; ``None`` for ``"none"``.
@@ -73,6 +100,8 @@ def timing_loss(name: str) -> Callable[[Any], torch.Tensor] | None:
     """
     if check_loss(name) == "none":
         return None
+    if name == "model":
+        return model_loss
     targets: dict[tuple[Any, ...], torch.Tensor] = {}
 
     def loss(output: Any) -> torch.Tensor:

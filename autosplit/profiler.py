@@ -29,10 +29,11 @@ import torch
 from torch import nn
 
 from autosplit import checks, fresh_process
+from autosplit.capture.signature import call_arguments
 from autosplit.devices import describe_device, resolve_device
 from autosplit.errors import ArgumentTypeError, InvalidInputError
 from autosplit.graph import BlockGraph, Granularity, trace
-from autosplit.losses import check_loss, timing_loss
+from autosplit.losses import check_loss, default_loss, timing_loss
 from autosplit.measurement import (
     Deadline,
     Progress,
@@ -172,7 +173,8 @@ def profile(
     granularity: Granularity = "block",
     leaf_modules: Sequence[type[nn.Module] | str] = (),
     progress: Progress | None = None,
-    loss: str = "mse",
+    loss: str | None = None,
+    example_kwargs: dict[str, Any] | None = None,
 ) -> Profile:
     """Profile ``model`` block by block; the model itself is left untouched.
 
@@ -197,8 +199,10 @@ def profile(
         granularity: see :func:`autosplit.graph.trace`.
         leaf_modules: see :func:`autosplit.graph.trace`.
         progress: ``progress(done, total, what)`` after each measurement.
-        loss: the training loss timed with the last block (:data:`autosplit.losses.LOSSES`;
-            ``"mse"``, the loss ``autosplit run`` trains with); ``"none"`` leaves it out.
+        loss: the training loss timed with the last block (:data:`autosplit.losses.LOSSES`):
+            default the model's own (``"model"``) where it returns one, else the tutorial's
+            ``"mse"`` (the losses ``autosplit run`` trains with); ``"none"`` leaves it out.
+        example_kwargs: keyword inputs of the example call (``{"labels": ids}``).
 
     Raises:
         ArgumentTypeError: an argument of the wrong type (a model that is not an ``nn.Module``,
@@ -207,14 +211,18 @@ def profile(
             above the batch, an unknown device), or the model fails on a micro-batch.
         TraceError: the model cannot be traced.
     """
-    inputs = check_inputs(example_inputs)
+    args, kwargs = call_arguments(example_inputs, example_kwargs)
+    if not kwargs:
+        args = check_inputs(args)
     _check_options(stages, warmup, repeats, threads, budget_s, progress)
     checks.optional(checks.positive_int, "max_repeats", max_repeats)
-    check_loss(loss)
-    graph = trace(model, granularity=granularity, leaf_modules=leaf_modules, example_inputs=inputs)
+    if loss is not None:
+        check_loss(loss)
+    graph = trace(model, granularity=granularity, leaf_modules=leaf_modules, example_inputs=args,
+                  example_kwargs=kwargs)
     return profile_graph(
         graph,
-        inputs,
+        check_inputs(graph.signature.flatten(args, kwargs, graph.model_name)),
         device=device,
         microbatch_sizes=microbatch_sizes,
         stages=stages,
@@ -243,7 +251,7 @@ def profile_graph(
     budget_s: float | None = 40.0,
     include: Sequence[int] = (),
     progress: Progress | None = None,
-    loss: str = "mse",
+    loss: str | None = None,
 ) -> Profile:
     """Profile an already traced model (see :func:`profile` for the arguments).
 
@@ -254,7 +262,7 @@ def profile_graph(
     _check_options(stages, warmup, repeats, threads, budget_s, progress)
     checks.optional(checks.positive_int, "max_repeats", max_repeats)
     batch = int(inputs[0].shape[0])  # the cheap checks here, before a process starts
-    check_loss(loss)
+    loss = check_loss(loss) if loss is not None else default_loss(graph.returns_loss)
     if microbatch_sizes is not None:
         check_microbatch_sizes(microbatch_sizes, batch)
     check_microbatch_sizes(include, batch, "include", allow_empty=True)

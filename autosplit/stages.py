@@ -231,11 +231,14 @@ def graph_for_plan(
     *,
     granularity: Granularity | None = None,
     leaf_modules: Sequence[type[nn.Module] | str] = (),
+    example_inputs: Any = None,
+    example_kwargs: dict[str, Any] | None = None,
 ) -> BlockGraph:
     """Trace ``model`` the way ``plan`` was made and check that the plan is this model's.
 
     ``granularity=None`` tries ``"block"`` and then ``"layer"`` and keeps the one whose
-    fingerprint is the plan's.
+    fingerprint is the plan's. A model only torch.export captures needs the example call
+    (``example_inputs``, ``example_kwargs``) it is run with.
 
     Raises:
         PlanMismatchError: the plan was made for another model, or its stages do not hold
@@ -244,7 +247,8 @@ def graph_for_plan(
     choices: Sequence[Granularity] = (granularity,) if granularity else ("block", "layer")
     graph = None
     for choice in choices:
-        graph = trace(model, granularity=choice, leaf_modules=leaf_modules)
+        graph = trace(model, granularity=choice, leaf_modules=leaf_modules,
+                      example_inputs=example_inputs, example_kwargs=example_kwargs)
         if graph.fingerprint == plan.fingerprint:
             break
     assert graph is not None

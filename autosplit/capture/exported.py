@@ -35,7 +35,8 @@ from autosplit.errors import TraceError
 
 __all__ = ["export_graph", "hf_defaults"]
 
-_KEEP_META = ("nn_module_stack", "stack_trace", "autosplit_path", "autosplit_kind")
+_KEEP_META = ("nn_module_stack", "stack_trace", "autosplit_path", "autosplit_kind",
+              "autosplit_scalar")
 _SIZE_OPS = {
     torch.ops.aten.sym_size.int, torch.ops.aten.sym_numel.default,
     torch.ops.aten.sym_stride.int, torch.ops.aten.sym_storage_offset.default,
@@ -155,6 +156,9 @@ def _rebuild(model: nn.Module, ep: Any) -> fx.GraphModule:
     _local_sizes(graph)
     for node in graph.nodes:
         node.meta["autosplit_kind"] = _kind(node)
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_floating_point():
+            node.meta["autosplit_scalar"] = True
         for key in [k for k in node.meta if k not in _KEEP_META]:
             del node.meta[key]
     graph.eliminate_dead_code(is_impure_node=lambda n: n.op != "get_attr"

@@ -112,6 +112,9 @@ class Trainer:
             them when it needs to (``autosplit run`` does so once, after its steps).
         granularity, leaf_modules: how the plan's model was traced (default: found from the
             plan's fingerprint).
+        example_inputs, example_kwargs: one call of the model, as :meth:`step` is given it:
+            a model that only torch.export captures (a Hugging Face model, keyword inputs)
+            is captured from it.
 
     Raises:
         PlanMismatchError: the plan is not this model's, or ranks hold different plans.
@@ -135,6 +138,8 @@ class Trainer:
         reduce_loss: bool = True,
         granularity: Granularity | None = None,
         leaf_modules: Sequence[type[nn.Module] | str] = (),
+        example_inputs: Any = None,
+        example_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise InvalidInputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -153,7 +158,11 @@ class Trainer:
         self.scale_grads = scale_grads
         self.reduce_loss = reduce_loss
         self.device = torch.device(device) if device is not None else _default_device(group)
-        graph = graph_for_plan(model, plan, granularity=granularity, leaf_modules=leaf_modules)
+        graph = graph_for_plan(model, plan, granularity=granularity, leaf_modules=leaf_modules,
+                               example_inputs=example_inputs, example_kwargs=example_kwargs)
+        self.signature = graph.signature
+        self.returns_loss = graph.returns_loss
+        self._model_name = graph.model_name
         self._check_agreement(plan, graph.fingerprint, group)
         self.place = mesh_place(plan.replicas, self.device, group, mesh, plan.placement)
         self.group = self.place.pipeline_group
@@ -258,14 +267,17 @@ class Trainer:
         moved = move(mine, self.device)
         return split(moved, plan.split_size, count=plan.microbatches, what=what)
 
-    def step(self, inputs: Any = None, targets: Any = None) -> torch.Tensor | None:
+    def step(self, inputs: Any = None, targets: Any = None, *,
+             kwargs: dict[str, Any] | None = None) -> torch.Tensor | None:
         """One pipelined training step on every rank: zero grads, forward/backward, optimizer.
 
         Args:
-            inputs: a tensor or tuple of tensors with B = d·m·b rows (needed on stage 0's
-                ranks; with d replicas, each takes its B/d rows).
+            inputs: a tensor or tuple of the model's positional inputs, with B = d·m·b rows
+                (needed on stage 0's ranks; with d replicas, each takes its B/d rows).
             targets: a tensor or a structure of tensors with B rows (needed on the last
-                stage's ranks); each micro-batch's slice goes to ``loss_fn``.
+                stage's ranks); each micro-batch's slice goes to ``loss_fn``. ``None`` hands
+                ``loss_fn`` ``None`` (a model that computes its own loss from its labels).
+            kwargs: the model's keyword inputs (``attention_mask``, ``labels`` …), B rows each.
 
         Returns:
             On the last stage's ranks, the loss: the mean of the m·d micro-batch losses (this
@@ -274,17 +286,19 @@ class Trainer:
         """
         arg_mbs = None
         if self.holds_first:
-            if inputs is None:
+            if inputs is None and not kwargs:
                 raise InvalidInputError(f"rank {self.rank} runs stage 0: step() needs the inputs")
-            inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
-            arg_mbs = [tuple(mb) for mb in self._split(inputs, "inputs")]
+            inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs or ())
+            flat = self.signature.flatten(inputs, kwargs, self._model_name)
+            arg_mbs = [tuple(mb) for mb in self._split(flat, "inputs")]
         target_mbs = None
         if self.holds_last:
-            if targets is None:
+            if targets is None and not self.returns_loss:
                 raise InvalidInputError(
                     f"rank {self.rank} runs the last stage: step() needs the targets"
                 )
-            self._loss.targets = self._split(targets, "targets")
+            self._loss.targets = (self._split(targets, "targets") if targets is not None
+                                  else [None] * self.plan.microbatches)
             target_mbs = [torch.tensor(i) for i in range(self.plan.microbatches)]
         if self.schedule is None:
             self._build(arg_mbs)
