@@ -293,9 +293,11 @@ class BlockGraph:
         """The model's output as (leaves: ``fx.Node`` or constants, pytree structure), in the
         model's own output type (a ModelOutput, dict, namedtuple …)."""
         structure = self.output_structure()
-        if self.output_spec is not None:
+        if self.output_spec is not None and self.capture is not None \
+                and self.capture.front == "export":
             return list(structure), self.output_spec
-        return pytree.tree_flatten(_plain(structure))
+        leaves, spec = pytree.tree_flatten(_plain(structure))
+        return leaves, self.output_spec or spec
 
     def output_structure(self) -> Any:
         """The graph's output argument: a (nested) structure of ``fx.Node`` objects."""
@@ -404,7 +406,8 @@ def trace(
         except Exception as exc:  # noqa: BLE001 - fx raises many kinds of errors from user code
             fx_error = exc
         else:
-            graph = _grouped(model, gm, granularity, name, recipe(front="fx"))
+            spec = _output_spec(model, args, gm) if given else None
+            graph = _grouped(model, gm, granularity, name, recipe(front="fx"), output_spec=spec)
             if not graph.blocked_cuts() or not given:
                 return graph
     if front == "fx" and fx_error is not None:
@@ -470,6 +473,30 @@ def _defaults_beyond(model: nn.Module, given: int | None) -> dict[str, Any]:
     skip = given if given is not None else sum(p.default is p.empty for p in positional)
     return {p.name: p.default for p in positional[skip:] if p.default is not p.empty
             and not isinstance(p.default, torch.Tensor)}
+
+
+def _output_spec(model: nn.Module, args: tuple[Any, ...], gm: fx.GraphModule,
+                 ) -> pytree.TreeSpec | None:
+    """The model's own output structure where torch.fx's graph lost its type (fx returns an
+    ``OrderedDict`` or a dict subclass as a plain dict): from one run of two rows in eval mode
+    without gradients (the model's state and random numbers are left as they were); ``None``
+    where the graph's structure is the model's."""
+    structure = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    if not any(isinstance(x, dict) for x in pytree.tree_flatten(
+            structure, is_leaf=lambda x: isinstance(x, dict))[0]):
+        return None
+    was = model.training
+    try:
+        model.eval()
+        with torch.no_grad(), torch.random.fork_rng():
+            out = model(*(x[:2] if isinstance(x, torch.Tensor) and x.dim() else x for x in args))
+    except Exception:  # noqa: BLE001 - then the traced structure stands
+        return None
+    finally:
+        model.train(was)
+    leaves, spec = pytree.tree_flatten(out)
+    traced, _ = pytree.tree_flatten(_plain(structure))
+    return spec if len(leaves) == len(traced) else None
 
 
 def _reason(exc: BaseException) -> str:

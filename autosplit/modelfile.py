@@ -1,7 +1,9 @@
 """Load a model file: a Python file (or module) that says how to build a model and its inputs.
 
 A model file defines ``build_model()`` (or a module-level ``model``) and, optionally,
-``example_inputs(batch_size)`` returning a tensor or a tuple of tensors. ``--entry
+``example_inputs(batch_size)`` returning a tensor, a tuple of positional inputs, a dict of
+keyword inputs, or both as ``(tuple, dict)``; ``GRANULARITY`` and ``LEAF_MODULES`` say how to
+capture the model (as ``--granularity`` and ``--leaf-modules`` do). ``--entry
 FILE_OR_MODULE:CALLABLE`` names another factory. Every failure is a :class:`ModelFileError`
 whose message fits on one line.
 
@@ -55,6 +57,8 @@ class ModelFile:
         manual_split: the file's hand-written split, ``MANUAL_SPLIT`` (first block or module of
             every stage after the first, e.g. ``["layer3"]``), or ``None``.
         manual_split_size: ``MANUAL_SPLIT_SIZE``, the hand-written split's micro-batch size.
+        granularity: ``GRANULARITY`` (``"block"`` or ``"layer"``), how to capture the model.
+        leaf_modules: ``LEAF_MODULES``, module names or classes capture must not enter.
     """
 
     path: Path | None
@@ -65,6 +69,8 @@ class ModelFile:
     default_batch_size: int | None
     manual_split: tuple[str, ...] | None = None
     manual_split_size: int | None = None
+    granularity: str | None = None
+    leaf_modules: tuple[Any, ...] = ()
 
     def build(self, **kwargs: Any) -> Any:
         """Build the model (``kwargs`` go to the factory, see :func:`parse_model_args`), turning
@@ -273,6 +279,15 @@ def load_model_file(target: str, entry: str | None = None) -> ModelFile:
     if split_size is not None and (not isinstance(split_size, int) or split_size < 1):
         raise ModelFileError(
             f"{shown}: MANUAL_SPLIT_SIZE must be a positive integer, got {split_size!r}")
+    granularity = getattr(module, "GRANULARITY", None)
+    if granularity not in (None, "block", "layer"):
+        raise ModelFileError(f"{shown}: GRANULARITY must be 'block' or 'layer', got "
+                             f"{granularity!r}")
+    leaves = getattr(module, "LEAF_MODULES", ())
+    if isinstance(leaves, str) or not isinstance(leaves, (list, tuple)) or not all(
+            isinstance(x, (str, type)) for x in leaves):
+        raise ModelFileError(f"{shown}: LEAF_MODULES must be a list of module names or "
+                             f"classes, got {leaves!r}")
     return ModelFile(
         path=path,
         module_name=module.__name__,
@@ -282,6 +297,8 @@ def load_model_file(target: str, entry: str | None = None) -> ModelFile:
         default_batch_size=default,
         manual_split=tuple(split) if split is not None else None,
         manual_split_size=split_size,
+        granularity=granularity,
+        leaf_modules=tuple(leaves),
     )
 
 

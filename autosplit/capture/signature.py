@@ -17,7 +17,7 @@ from torch.utils import _pytree as pytree
 
 from autosplit.errors import ArgumentTypeError, InvalidInputError
 
-__all__ = ["InputSignature", "call_arguments"]
+__all__ = ["InputSignature", "call_arguments", "example_call"]
 
 
 def call_arguments(example_inputs: Any, example_kwargs: Any = None,
@@ -48,6 +48,22 @@ def call_arguments(example_inputs: Any, example_kwargs: Any = None,
             f"{type(example_kwargs).__name__}"
         )
     return args, dict(example_kwargs)
+
+
+def example_call(value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)`` from what a model file's ``example_inputs(batch_size)`` returns: a
+    tensor, a tuple of positional inputs, a dict of keyword inputs, or both as
+    ``(tuple, dict)``.
+
+    Raises:
+        ArgumentTypeError: anything else.
+    """
+    if isinstance(value, dict):
+        return call_arguments(None, value)
+    if (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], (tuple, list))
+            and isinstance(value[1], dict)):
+        return call_arguments(tuple(value[0]), value[1])
+    return call_arguments(value, None)
 
 
 @dataclass(frozen=True, slots=True)

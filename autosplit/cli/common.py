@@ -77,4 +77,13 @@ def load_model(args: argparse.Namespace, on_meta: bool = False) -> tuple[Any, An
         inputs = source.example_inputs(getattr(args, "batch_size", None), **kwargs)
     if isinstance(inputs, torch.Tensor):
         inputs = (inputs,)
+    args.capture_options = capture_options(args, source)
     return source, model, inputs
+
+
+def capture_options(args: argparse.Namespace, source: Any) -> dict[str, Any]:
+    """How to capture the model: ``--granularity`` and ``--leaf-modules``, else the model
+    file's ``GRANULARITY`` and ``LEAF_MODULES``."""
+    granularity = getattr(args, "granularity", None) or getattr(source, "granularity", None)
+    leaves = getattr(args, "leaf_modules", None) or getattr(source, "leaf_modules", ())
+    return {"granularity": granularity or "block", "leaf_modules": tuple(leaves)}

@@ -72,17 +72,28 @@ def _schedules(args: argparse.Namespace) -> tuple[str, ...] | None:
     return None if schedule in (None, "auto") else (schedule,)
 
 
+def captured(args: argparse.Namespace, model: Any, example: Any) -> tuple[Any, Any]:
+    """(the model's BlockGraph, its flat example inputs) from a model file's example inputs
+    (a tensor, a tuple, a dict of keyword inputs, or both), captured as the command says."""
+    from autosplit.capture.signature import example_call
+    from autosplit.graph import trace
+    from autosplit.profiler import check_inputs
+
+    call_args, call_kwargs = example_call(example)
+    graph = trace(model, example_inputs=call_args, example_kwargs=call_kwargs,
+                  **getattr(args, "capture_options", {}))
+    return graph, check_inputs(graph.signature.flatten(call_args, call_kwargs, graph.model_name))
+
+
 def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, console: Console,
             include: int | None = None) -> Profile:
     """Profile ``model`` with a progress bar; ``include`` is a micro-batch size to measure
     too (when it fits the batch). The runtime's cost per action is measured for the schedules
     the command plans with (:func:`_schedules`)."""
     from autosplit import steal
-    from autosplit.graph import trace
-    from autosplit.profiler import check_inputs, profile_graph
+    from autosplit.profiler import profile_graph
 
-    inputs = check_inputs(inputs)
-    graph = trace(model, example_inputs=inputs)
+    graph, inputs = captured(args, model, inputs)
     with _progress("profiling", console, transient=False) as bar:
         task = bar.add_task(f"{graph.model_name} · {len(graph.blocks)} blocks", total=None)
 
@@ -185,11 +196,9 @@ def verify_plans(args: argparse.Namespace, model: Any, inputs: Any, prof: Profil
                  candidates: Sequence[Plan], others: dict[str, Plan],
                  console: Console) -> tuple[Plan, dict[str, Plan]]:
     """Time the candidates' and the other plans' stages as they run; the best by that."""
-    from autosplit.graph import trace
-    from autosplit.profiler import check_inputs
     from autosplit.verified_choice import verify_and_choose
 
-    inputs = check_inputs(inputs)
+    graph, inputs = captured(args, model, inputs)
     what = f"the {len(candidates)} best candidate{'s' if len(candidates) > 1 else ''}"
     listed = [name for name in others if not name.startswith(PIPELINE_AGAIN)]
     if listed:
@@ -197,7 +206,7 @@ def verify_plans(args: argparse.Namespace, model: Any, inputs: Any, prof: Profil
     with _progress("verifying", console) as bar:
         task = bar.add_task(f"{what}, stage by stage", total=None)
         result = verify_and_choose(
-            trace(model, example_inputs=inputs), inputs, prof, candidates, others,
+            graph, inputs, prof, candidates, others,
             device=args.device, threads=args.threads, budget_s=args.budget,
             progress=lambda done, total, _: bar.update(task, completed=done, total=total),
         )

@@ -99,6 +99,24 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="keyword argument for the model file's factory and example_inputs, "
                         "e.g. size=7b (repeatable)")
+    _add_capture_arguments(p)
+
+
+def _add_capture_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--granularity", choices=("block", "layer"),
+                   help="blocks: the model's repeated layers and the modules around them "
+                        "(block, the default) or every leaf module (layer); default the model "
+                        "file's GRANULARITY")
+    p.add_argument("--leaf-modules", type=_name_list, metavar="NAME[,NAME]",
+                   help="submodules (qualified names, e.g. encoder.layer.0.attention) that "
+                        "torch.fx must not trace into; default the model file's LEAF_MODULES")
+
+
+def _name_list(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r} names no module, e.g. encoder.layer.0")
+    return names
 
 
 def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
@@ -287,6 +305,7 @@ def _add_run_command(sub: Any) -> None:
     p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="keyword argument for the model file's factory and example_inputs "
                         "(repeatable)")
+    _add_capture_arguments(p)
     p.add_argument("--steps", type=_positive_int, default=3,
                    help="training steps to run (default 3)")
     p.add_argument("--backend", choices=("gloo", "nccl"),

@@ -85,7 +85,9 @@ def run_command(args: argparse.Namespace) -> int:
     _check_batch(args, plan)
     spec = RunSpec(args.model, args.entry, plan, args.steps,
                    tuple(args.input_shape) if args.input_shape else None, args.lr,
-                   model_args=tuple(model_args(args).items()))
+                   model_args=tuple(model_args(args).items()),
+                   granularity=args.granularity,
+                   leaf_modules=tuple(args.leaf_modules) if args.leaf_modules else None)
     console = make_console()
     stages = " | ".join(s.blocks[0] if len(s.blocks) == 1 else f"{s.blocks[0]} … {s.blocks[-1]}"
                         for s in plan.stages)
@@ -104,10 +106,12 @@ def run_command(args: argparse.Namespace) -> int:
             return 0
         where = f"{world} ranks (torchrun)"
     else:
-        from autosplit.modelfile import load_model_file
+        from autosplit.distributed.job import _model_and_batch, capture_of, plan_rows
 
         # the model and the plan are checked here, so that mistakes end before any process starts
-        graph_for_plan(load_model_file(args.model, args.entry).build(**model_args(args)), plan)
+        model, (call_args, call_kwargs) = _model_and_batch(spec, plan_rows(plan))
+        graph_for_plan(model, plan, example_inputs=call_args, example_kwargs=call_kwargs,
+                       **capture_of(spec))
         nproc = _ranks(args, plan)
         backend = args.backend or ("nccl" if torch.cuda.device_count() >= nproc else "gloo")
         threads = args.threads if backend == "gloo" else None

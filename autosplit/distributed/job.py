@@ -20,12 +20,13 @@ from torch.utils import _pytree as pytree
 
 from autosplit.distributed.trainer import Trainer
 from autosplit.errors import InvalidInputError
-from autosplit.losses import tutorial_loss
+from autosplit.losses import model_loss, tutorial_loss
 from autosplit.records import Plan
 
 
 def tutorial_targets(
-    model: nn.Module, inputs: Sequence[torch.Tensor], seed: int = 0
+    model: nn.Module, inputs: Sequence[torch.Tensor], seed: int = 0,
+    kwargs: dict[str, Any] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Targets for :func:`tutorial_loss` and a batch of ``inputs``: one-hot labels over the last
     dimension of every floating output with two or more dimensions (the tutorial's MSE on
@@ -36,7 +37,7 @@ def tutorial_targets(
     """
     gen = torch.Generator().manual_seed(seed)
     targets = []
-    for shape in _output_shapes(model, inputs):
+    for shape in _output_shapes(model, inputs, kwargs or {}):
         if len(shape) >= 2:
             labels = torch.randint(0, shape[-1], tuple(shape[:-1]), generator=gen)
             targets.append(nn.functional.one_hot(labels, shape[-1]).float())
@@ -45,26 +46,52 @@ def tutorial_targets(
     return tuple(targets)
 
 
-def _output_shapes(model: nn.Module, inputs: Sequence[torch.Tensor]) -> list[tuple[int, ...]]:
-    def floating(out: Any) -> list[tuple[int, ...]]:
-        return [tuple(x.shape) for x in pytree.tree_leaves(out)
-                if isinstance(x, torch.Tensor) and x.is_floating_point()]
+def _output_shapes(model: nn.Module, inputs: Sequence[torch.Tensor],
+                   kwargs: dict[str, Any]) -> list[tuple[int, ...]]:
+    return [tuple(x.shape) for x in pytree.tree_leaves(output_on_meta(model, inputs, kwargs))
+            if isinstance(x, torch.Tensor) and x.is_floating_point()]
+
+
+def output_on_meta(model: nn.Module, inputs: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """The model's output for a batch of ``(inputs, kwargs)``, its tensors on the meta device
+    (nothing is computed; ``model`` is not changed); an operation without a meta kernel falls
+    back to one real sample in eval mode, its tensors widened to the batch again."""
+    def to_meta(x: Any) -> Any:
+        return x.to("meta") if isinstance(x, torch.Tensor) else x
 
     try:
         state = {k: torch.empty_like(v, device="meta")
                  for k, v in [*model.named_parameters(), *model.named_buffers()]}
-        meta_inputs = tuple(x.to("meta") for x in inputs)
-        return floating(torch.func.functional_call(model, state, meta_inputs))
+        return torch.func.functional_call(model, state, pytree.tree_map(to_meta, tuple(inputs)),
+                                          pytree.tree_map(to_meta, kwargs))
     except Exception:  # noqa: BLE001 - an op without a meta kernel: run one real sample
-        batch = int(inputs[0].shape[0])
+        flat = [x for x in pytree.tree_leaves((inputs, kwargs)) if isinstance(x, torch.Tensor)]
+        batch = int(flat[0].shape[0])
+
+        def first(x: Any) -> Any:
+            return x[:1] if isinstance(x, torch.Tensor) and x.dim() else x
+
         was_training = model.training
         model.eval()
         try:
             with torch.no_grad():
-                shapes = floating(model(*(x[:1] for x in inputs)))
+                out = model(*pytree.tree_map(first, tuple(inputs)),
+                            **pytree.tree_map(first, kwargs))
         finally:
             model.train(was_training)
-        return [(batch, *shape[1:]) for shape in shapes]
+
+        def widen(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and x.dim():
+                return torch.empty((batch, *x.shape[1:]), dtype=x.dtype, device="meta")
+            return x.to("meta") if isinstance(x, torch.Tensor) else x
+
+        return pytree.tree_map(widen, out)
+
+
+def returns_own_loss(model: nn.Module, inputs: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether the model's output holds its own loss (a 0-dimensional floating tensor)."""
+    return any(isinstance(x, torch.Tensor) and x.dim() == 0 and x.is_floating_point()
+               for x in pytree.tree_leaves(output_on_meta(model, inputs, kwargs)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +106,8 @@ class RunSpec:
         lr: SGD learning rate (the tutorial's 0.001).
         seed: seeds the model's initial weights, the inputs and the targets on every rank.
         model_args: keyword arguments for the model file's factory and example inputs.
+        granularity, leaf_modules: how the model is captured (``None``: as the plan says,
+            the model file's ``LEAF_MODULES``).
     """
 
     model: str
@@ -89,6 +118,8 @@ class RunSpec:
     lr: float = 0.001
     seed: int = 0
     model_args: tuple[tuple[str, Any], ...] = ()
+    granularity: str | None = None
+    leaf_modules: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,8 +187,13 @@ def plan_rows(plan: Plan) -> int:
     return plan.replicas * plan.microbatches * plan.split_size
 
 
-def _model_and_batch(spec: RunSpec, batch: int) -> tuple[nn.Module, tuple[Any, ...]]:
+Batch = tuple[tuple[Any, ...], dict[str, Any]]
+"""One call's inputs: (positional, keyword)."""
+
+
+def _model_and_batch(spec: RunSpec, batch: int) -> tuple[nn.Module, Batch]:
     """The model file's model (seeded) and a batch of ``batch`` rows of its inputs."""
+    from autosplit.capture.signature import example_call
     from autosplit.modelfile import load_model_file
 
     source = load_model_file(spec.model, spec.entry)
@@ -169,24 +205,42 @@ def _model_and_batch(spec: RunSpec, batch: int) -> tuple[nn.Module, tuple[Any, .
         inputs: Any = (torch.randn(batch, *spec.input_shape),)
     else:
         inputs = source.example_inputs(batch, **kwargs)
-    return model, (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    return model, example_call(inputs)
 
 
-def _trainer(
-    spec: RunSpec, model: nn.Module, inputs: tuple[Any, ...], plan: Plan
-) -> tuple[Trainer, Any]:
+def capture_of(spec: RunSpec) -> dict[str, Any]:
+    """How ``spec``'s model is captured: its options, else the model file's."""
+    from autosplit.modelfile import load_model_file
+
+    leaves = spec.leaf_modules
+    if leaves is None:
+        leaves = load_model_file(spec.model, spec.entry).leaf_modules
+    return {"granularity": spec.granularity, "leaf_modules": tuple(leaves)}
+
+
+def _trainer(spec: RunSpec, model: nn.Module, inputs: Batch, plan: Plan) -> tuple[Trainer, Any]:
+    """The rank's Trainer and its targets: the model's own loss where it returns one (no
+    targets), else the tutorial's MSE on one-hot targets."""
     lr = spec.lr
-    trainer = Trainer(model, plan, tutorial_loss, lambda params: torch.optim.SGD(params, lr=lr),
-                      reduce_loss=False)  # the replicas' losses averaged once, after the steps
-    targets = tutorial_targets(model, inputs, spec.seed + 2) if trainer.holds_last else None
+    args, kwargs = inputs
+    own = returns_own_loss(model, args, kwargs)
+    trainer = Trainer(model, plan, model_loss if own else tutorial_loss,
+                      lambda params: torch.optim.SGD(params, lr=lr),
+                      reduce_loss=False,  # the replicas' losses averaged once, after the steps
+                      example_inputs=args, example_kwargs=kwargs, **capture_of(spec))
+    targets = None
+    if trainer.holds_last and not own:
+        targets = tutorial_targets(model, args, spec.seed + 2, kwargs)
     return trainer, targets
 
 
-def _timed_step(trainer: Trainer, inputs: tuple[Any, ...], targets: Any) -> tuple[float, float]:
+def _timed_step(trainer: Trainer, inputs: Batch, targets: Any) -> tuple[float, float]:
     """One training step on every rank, started together: (seconds on this rank, loss)."""
     dist.barrier()
     start = time.perf_counter()
-    loss = trainer.step(inputs if trainer.holds_first else None, targets)
+    args, kwargs = inputs
+    loss = (trainer.step(args, targets, kwargs=kwargs) if trainer.holds_first
+            else trainer.step(None, targets))
     return time.perf_counter() - start, float(loss) if loss is not None else math.nan
 
 

@@ -1,0 +1,104 @@
+"""Models nobody here wrote enter unchanged: keyword inputs, their own output types and losses,
+their repeated layers as blocks; split on 2 and 4 stages they equal the unsplit model on the
+same micro-batches (outputs in the model's own type, every parameter gradient)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+from torch.utils import _pytree as pytree
+from zoo import ZOO, build
+
+import autosplit
+from autosplit.graph import BlockGraph, trace
+from autosplit.records import Plan, Stage
+from autosplit.capture.exported import hf_defaults
+from autosplit.stages import concat, split
+
+pytest.importorskip("transformers")
+pytest.importorskip("timm")
+
+ROWS, SPLIT = 4, 2
+
+
+def plan_of(graph: BlockGraph, stages: int, split_size: int, microbatches: int) -> Plan:
+    """A plan of ``stages`` stages with the blocks shared out evenly (no profiling: the numbers
+    are placeholders)."""
+    n = len(graph.blocks)
+    counts = [n // stages + (i < n % stages) for i in range(stages)]
+    out, first = [], 0
+    for i, count in enumerate(counts):
+        out.append(Stage(i, "cpu", graph.block_names[first:first + count], 1.0, 0.5, 0, 0.0, 0))
+        first += count
+    return Plan(graph.model_name, graph.fingerprint, tuple(out), split_size, microbatches,
+                split_size * microbatches, "gpipe", 1.0, 1.0, "manual", (split_size,), "test")
+
+
+def objective(output: Any) -> torch.Tensor:
+    """The model's own loss where it returns one, else a weighted sum of its floating outputs
+    (so that every output element gets its own gradient)."""
+    leaves = [x for x in pytree.tree_leaves(output) if isinstance(x, torch.Tensor)
+              and x.is_floating_point()]
+    losses = [x for x in leaves if x.dim() == 0]
+    if losses:
+        return losses[0]
+    total = torch.zeros(())
+    for x in leaves:
+        total = total + (torch.linspace(0.5, 1.5, x.numel()).reshape(x.shape) * x).sum()
+    return total
+
+
+def reference(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+              size: int) -> Any:
+    """The unsplit model on the same micro-batches, its outputs joined as the pipeline joins
+    them (a Hugging Face model called without its inference cache, as autosplit calls it)."""
+    kwargs = {**hf_defaults(model, kwargs), **kwargs}
+    outs = [model(*a, **k) for a, k in split((args, kwargs), size)]
+    return concat(outs, [size] * len(outs))
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_the_repeated_layers_are_the_blocks(name: str) -> None:
+    model, call = build(name)
+    args, kwargs = call(ROWS)
+    graph = trace(model, example_inputs=args, example_kwargs=kwargs)
+    layers = {"hf-gpt2": "transformer.h.", "hf-llama": "model.layers.", "hf-bert":
+              "bert.encoder.layer.", "hf-t5": ("encoder.block.", "decoder.block."), "hf-vit": ("vit.layers.", "vit.encoder.layer."),
+              "timm-vit": "blocks.", "timm-efficientnet": "blocks.", "tv-vit":
+              "encoder.layers.encoder_layer_", "tv-segmentation": "backbone."}[name]
+    assert sum(b.startswith(layers) for b in graph.block_names) >= 4, graph.block_names
+    for cut in graph.cuts:  # only tensors cross: sizes are computed again past a cut
+        assert all(graph.kinds[v] == "tensor" for v in cut.tensors), (cut, graph.block_names)
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("name", list(ZOO))
+def test_split_equals_the_unsplit_model(name: str, stages: int) -> None:
+    model, call = build(name)
+    ref_model = copy.deepcopy(model)
+    args, kwargs = call(ROWS)
+    graph = trace(model, example_inputs=args, example_kwargs=kwargs)
+    plan = plan_of(graph, stages, SPLIT, ROWS // SPLIT)
+    pm = autosplit.partition(model, args, kwargs, plan=plan, devices=["cpu"] * stages)
+    assert pm.layout is not None and len(pm.layout.stages) == stages
+
+    got = pm(*args, **kwargs)
+    want = reference(ref_model, args, kwargs, SPLIT)
+    assert type(got) is type(want)
+    got_leaves, got_spec = pytree.tree_flatten(got)
+    want_leaves, want_spec = pytree.tree_flatten(want)
+    assert got_spec == want_spec
+    for a, b in zip(got_leaves, want_leaves):
+        torch.testing.assert_close(a, b)
+
+    objective(got).backward()
+    objective(want).backward()
+    params = dict(ref_model.named_parameters())
+    for pname, p in model.named_parameters():
+        q = params[pname]
+        assert (p.grad is None) == (q.grad is None), pname
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, msg=pname)
