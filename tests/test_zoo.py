@@ -13,9 +13,9 @@ from torch.utils import _pytree as pytree
 from zoo import ZOO, build
 
 import autosplit
+from autosplit.capture.exported import hf_defaults
 from autosplit.graph import BlockGraph, trace
 from autosplit.records import Plan, Stage
-from autosplit.capture.exported import hf_defaults
 from autosplit.stages import concat, split
 
 pytest.importorskip("transformers")
