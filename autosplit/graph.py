@@ -101,6 +101,7 @@ class BlockGraph:
         self.output_spec = output_spec
         self.capture = capture
         self.kinds = value_kinds(module.graph)
+        self.bools = frozenset(n.name for n in module.graph.nodes if n.meta.get("autosplit_bool"))
         self._nodes = {n.name: n for n in module.graph.nodes}
         self._consumers = self._consumer_blocks()
         self.cuts = self._crossings()

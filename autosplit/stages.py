@@ -131,6 +131,8 @@ class StageLayout:
         block_names: names of the graph's blocks, in order (for messages).
         producers: fx value → index of the block making it (-1: a model input).
         origins: fx value → what made it, for messages (``"size()"``, ``"input 'x'"`` …).
+        bools: the values known to be boolean tensors (an attention mask): they travel between
+            ranks as bytes, which every backend sends.
     """
 
     stages: tuple[StageSpec, ...]
@@ -139,6 +141,7 @@ class StageLayout:
     block_names: tuple[str, ...]
     producers: Mapping[str, int]
     origins: Mapping[str, str]
+    bools: frozenset[str] = frozenset()
 
     @property
     def balance(self) -> tuple[int, ...]:
@@ -222,6 +225,7 @@ def stage_layout(graph: BlockGraph, plan: Plan | Sequence[int]) -> StageLayout:
         block_names=graph.block_names,
         producers=types.MappingProxyType(producers),
         origins=types.MappingProxyType(_origins(graph)),
+        bools=graph.bools,
     )
 
 

@@ -13,6 +13,8 @@ autosplit runs like a traced one:
 - dimension 0 of every input is dynamic (the batch), so one capture runs every micro-batch
   size; a size it needs (``x.size(0)``) is read from a tensor beside its use wherever one has
   it (:func:`_local_sizes`), and otherwise rebuilt on the far side of a cut;
+- a device the export fixed is read from a tensor beside its use (:func:`device_of`), so a
+  stage runs on whatever device holds it;
 - ``meta["autosplit_kind"]`` says what each value is: ``"tensor"``, ``"size"`` (an integer
   computed from shapes) or ``"other"`` (a list, ``None`` …), which may not cross a cut.
 
@@ -33,10 +35,10 @@ from torch.utils import _pytree as pytree
 from autosplit.capture.signature import InputSignature
 from autosplit.errors import TraceError
 
-__all__ = ["export_graph", "hf_defaults"]
+__all__ = ["device_of", "export_graph", "hf_defaults"]
 
 _KEEP_META = ("nn_module_stack", "stack_trace", "autosplit_path", "autosplit_kind",
-              "autosplit_scalar")
+              "autosplit_scalar", "autosplit_bool")
 _SIZE_OPS = {
     torch.ops.aten.sym_size.int, torch.ops.aten.sym_numel.default,
     torch.ops.aten.sym_stride.int, torch.ops.aten.sym_storage_offset.default,
@@ -154,15 +156,18 @@ def _rebuild(model: nn.Module, ep: Any) -> fx.GraphModule:
             new.meta["autosplit_path"] = path
             env[node] = new
     _local_sizes(graph)
+    _devices_from_tensors(graph)
     for node in graph.nodes:
         node.meta["autosplit_kind"] = _kind(node)
         value = node.meta.get("val")
         if isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_floating_point():
             node.meta["autosplit_scalar"] = True
+        if isinstance(value, torch.Tensor) and value.dtype == torch.bool:
+            node.meta["autosplit_bool"] = True
         for key in [k for k in node.meta if k not in _KEEP_META]:
             del node.meta[key]
     graph.eliminate_dead_code(is_impure_node=lambda n: n.op != "get_attr"
-                              and not _is_size_op(n))
+                              and not _is_size_op(n) and n.target is not device_of)
     graph.lint()
     gm = fx.GraphModule(attrs, graph, type(model).__name__)
     return gm
@@ -190,6 +195,35 @@ def _path_of(model: nn.Module, node: fx.Node) -> str:
             continue
         return str(path)
     return ""
+
+
+def device_of(tensor: torch.Tensor) -> torch.device:
+    """The device ``tensor`` is on (a node of the graph: see :func:`_devices_from_tensors`)."""
+    return tensor.device
+
+
+def _devices_from_tensors(graph: fx.Graph) -> None:
+    """Make every device the export fixed (``arange(…, device=cpu)``, ``x.to(cpu)``) the device
+    of a tensor beside it: of the operation's own tensor argument, else of the model's first
+    input. A stage then runs where its module is (a GPU, the meta device), not where the model
+    was captured."""
+    first = next((n for n in graph.nodes if n.op == "placeholder"), None)
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is device_of:
+            continue
+        if not any(isinstance(a, torch.device) for a in (*node.args, *node.kwargs.values())):
+            continue
+        source = next((a for a in node.all_input_nodes
+                       if isinstance(a.meta.get("val"), torch.Tensor)), first)
+        if source is None:
+            continue
+        with graph.inserting_before(node):
+            device = graph.call_function(device_of, (source,))
+        device.meta.update({"autosplit_path": node.meta.get("autosplit_path", ""),
+                            "autosplit_kind": "size"})
+        node.args = tuple(device if isinstance(a, torch.device) else a for a in node.args)
+        node.kwargs = {k: device if isinstance(v, torch.device) else v
+                       for k, v in node.kwargs.items()}
 
 
 def _is_size_op(node: fx.Node) -> bool:
@@ -234,6 +268,8 @@ _SIZE_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
 
 
 def _kind(node: fx.Node) -> str:
+    if "autosplit_kind" in node.meta:
+        return str(node.meta["autosplit_kind"])
     if node.op in ("placeholder", "get_attr"):
         return "tensor"
     value = node.meta.get("val")

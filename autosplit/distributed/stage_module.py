@@ -82,6 +82,10 @@ class StageModule(nn.Module):
             InvalidInputError: not one value per received name.
             CutValueError: a value to send is not a tensor (it names the value and the cut).
         """
+        bools = self._layout.bools
+        received = tuple(x.view(torch.bool) if name in bools and isinstance(x, torch.Tensor)
+                         and x.dtype == torch.uint8 else x
+                         for name, x in zip(self.input_names, received))
         body: Callable[..., Any] = self.body
         if self.checkpoint and not any(isinstance(x, torch.Tensor) and x.is_meta
                                        for x in received):  # shapes only: nothing to keep
@@ -90,6 +94,8 @@ class StageModule(nn.Module):
         if self.is_last:
             single = len(values) == 1 and len(self._layout.output.leaves) == 1
             return values[0] if single else values
+        values = tuple(v.view(torch.uint8) if v.dtype == torch.bool else v  # sent as bytes
+                       for v in values)
         if self.copy_sent:
             return tuple(v.clone(memory_format=torch.contiguous_format) for v in values)
         return tuple(v.contiguous() for v in values)  # sent as is: no strided views
