@@ -1,4 +1,4 @@
-"""Capture a model as an ordered list of blocks with torch.fx.
+"""A model captured as an ordered list of blocks, and the cuts between them.
 
 A *block* is a contiguous run of graph nodes that the planner never splits: by default one
 "leaf-ish" submodule (a ResNet Bottleneck, a transformer layer, a top-level Conv2d …) together
@@ -9,16 +9,14 @@ A *cut* lies between block i and block i + 1; it knows every tensor live across 
 produced at or before block i (model inputs included) that something after block i — a later
 block or the model's output — still reads. A skip connection over the cut is one more tensor.
 
-Models that torch.fx cannot trace fall back, with a warning, to their top-level children when
-they are an ``nn.Sequential`` or verifiably call their children one after the other; otherwise a
-:class:`~autosplit.errors.TraceError` names the failing construct and the fix.
+Only tensors cross a cut: a size read from a shape is computed again where it is used
+(:mod:`autosplit.capture.values`). How a model becomes a graph is :mod:`autosplit.capture`.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,21 +25,15 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from autosplit import checks
 from autosplit.blocks import (
     Block,
     Granularity,
-    group_blocks,
     leaf_module_list,
-    owned_params,
-    sequential_fallback,
-    symbolic_trace,
 )
 from autosplit.blocks import module_path as _module_path  # noqa: F401 (used by distributed)
-from autosplit.capture.exported import export_graph
-from autosplit.capture.signature import InputSignature, call_arguments
+from autosplit.capture.signature import InputSignature
 from autosplit.capture.values import size_chain, value_kinds
-from autosplit.errors import InvalidInputError, TraceError
+from autosplit.errors import InvalidInputError
 from autosplit.records import SharedParam, fingerprint_of
 
 __all__ = [
@@ -112,6 +104,8 @@ class BlockGraph:
         # names change and unused nodes go. A graph captured here is captured again instead.
         if self.capture is None:
             return object.__reduce__(self)
+        from autosplit.capture.trace import _recapture
+
         return (_recapture, (self.capture,))
 
     def with_module(self, module: fx.GraphModule) -> BlockGraph:
@@ -323,188 +317,6 @@ class Segment:
     end: int
 
 
-# ----------------------------------------------------------------------------------- tracing
-
-
-@dataclass(frozen=True)
-class Capture:
-    """How a graph was captured, to capture it again (in a timing process, for another mode).
-
-    Attributes:
-        model: the model.
-        front: ``"fx"`` (torch.fx symbolic tracing) or ``"export"`` (torch.export).
-        granularity, leaf_modules: as given to :func:`trace`.
-        args, kwargs: the example call (``None``: none was given).
-        training: the model's mode when it was captured.
-    """
-
-    model: nn.Module
-    front: str
-    granularity: Granularity
-    leaf_modules: tuple[Any, ...]
-    args: tuple[Any, ...] | None
-    kwargs: dict[str, Any] | None
-    training: bool
-
-
-def _recapture(capture: Capture) -> BlockGraph:
-    was = capture.model.training
-    capture.model.train(capture.training)
-    try:
-        return trace(capture.model, granularity=capture.granularity,
-                     leaf_modules=capture.leaf_modules, example_inputs=capture.args,
-                     example_kwargs=capture.kwargs, front=capture.front)
-    finally:
-        capture.model.train(was)
-
-
-def trace(
-    model: nn.Module,
-    *,
-    granularity: Granularity = "block",
-    leaf_modules: Iterable[type[nn.Module] | str] = (),
-    example_inputs: Any = None,
-    example_kwargs: dict[str, Any] | None = None,
-    front: str | None = None,
-) -> BlockGraph:
-    """Capture ``model`` as a :class:`BlockGraph`.
-
-    torch.fx traces the model when it can and the call is positional: its graph keeps the
-    calls to the model's own modules. Otherwise (keyword inputs, a decorated forward, control
-    flow on shapes: every Hugging Face model) torch.export captures the example call.
-
-    Args:
-        model: the model; it is not modified and its modules are shared, not copied.
-        granularity: ``"block"`` (the repeated layers and the modules around them, small ops
-            merged into the block before them) or ``"layer"`` (every leaf module its own
-            block).
-        leaf_modules: module classes or qualified names that tracing must not enter (the
-            fix for submodules with data-dependent control flow).
-        example_inputs: a tensor or tuple of the positional inputs of one call.
-        example_kwargs: the keyword inputs of that call.
-        front: ``"fx"`` or ``"export"`` to use that capture only (default: as above).
-
-    Raises:
-        ArgumentTypeError: ``model`` is not an ``nn.Module``, ``granularity`` not a string, or
-            ``leaf_modules`` not a list of module classes and names.
-        InvalidInputError: an unknown granularity, or a model without operations.
-        TraceError: the model can neither be traced nor exported (the message names the
-            construct and the option that helps).
-    """
-    checks.instance_of("model", model, nn.Module, "a torch.nn.Module")
-    checks.one_of("granularity", granularity, ("block", "layer"))
-    name = type(model).__name__
-    leaves = leaf_module_list(leaf_modules)
-    given = example_inputs is not None or bool(example_kwargs)
-    args, kwargs = call_arguments(example_inputs, example_kwargs) if given else ((), {})
-    recipe = functools.partial(Capture, model, granularity=granularity, leaf_modules=leaves,
-                               args=args if given else None, kwargs=kwargs if given else None,
-                               training=model.training)
-    fx_error: Exception | None = None
-    if front != "export" and not kwargs:
-        try:
-            gm = symbolic_trace(model, leaves, _defaults_beyond(model, len(args) if given else None))
-        except Exception as exc:  # noqa: BLE001 - fx raises many kinds of errors from user code
-            fx_error = exc
-        else:
-            spec = _output_spec(model, args, gm) if given else None
-            graph = _grouped(model, gm, granularity, name, recipe(front="fx"), output_spec=spec)
-            if not graph.blocked_cuts() or not given:
-                return graph
-    if front == "fx" and fx_error is not None:
-        raise fx_error
-    if given:
-        try:
-            gm, signature, out_spec = export_graph(model, args, kwargs)
-        except TraceError as exc:
-            if fx_error is None:
-                raise
-            raise TraceError(
-                f"{exc}; torch.fx cannot trace it either ({_reason(fx_error)}): mark the "
-                "submodule that fails as a leaf (--leaf-modules NAME, "
-                "leaf_modules=[NAME]) so that torch.fx can trace around it"
-            ) from exc
-        return _grouped(model, gm, granularity, name, recipe(front="export"),
-                        signature=signature, output_spec=out_spec)
-    assert fx_error is not None
-    gm = sequential_fallback(model, None, fx_error)
-    blocks = [
-        Block(i, n.target, (n.name,), owned_params(model, [n], set()))  # type: ignore[arg-type]
-        for i, n in enumerate(n for n in gm.graph.nodes if n.op == "call_module")
-    ]
-    return BlockGraph(gm, blocks, name, traced=False)
-
-
-def _grouped(model: nn.Module, gm: fx.GraphModule, granularity: Granularity, name: str,
-             capture: Capture, **extra: Any) -> BlockGraph:
-    """The graph's nodes grouped into blocks; blocks a non-tensor value crosses between are
-    joined, so that no cut a stage boundary cannot lie at is ever offered."""
-    blocks = group_blocks(model, gm, granularity)
-    if not blocks:
-        raise InvalidInputError(f"model {name} has no operations to split (empty model)")
-    graph = BlockGraph(gm, blocks, name, capture=capture, **extra)
-    while blocked := graph.blocked_cuts():
-        graph = BlockGraph(gm, _joined(graph.blocks, set(blocked)), name, capture=capture,
-                           **extra)
-    return graph
-
-
-def _joined(blocks: Sequence[Block], cuts: set[int]) -> list[Block]:
-    """``blocks`` with block i and i + 1 made one for every cut i in ``cuts``."""
-    out: list[Block] = []
-    for block in blocks:
-        if out and block.index - 1 in cuts:
-            prev = out[-1]
-            out[-1] = Block(prev.index, prev.name, prev.nodes + block.nodes,
-                            prev.params + block.params)
-        else:
-            out.append(block)
-    return [Block(i, b.name, b.nodes, b.params) for i, b in enumerate(out)]
-
-
-def _defaults_beyond(model: nn.Module, given: int | None) -> dict[str, Any]:
-    """The forward's parameters with a default that a positional call of ``given`` inputs
-    leaves out (all with a default when ``given`` is None), at their defaults: torch.fx
-    traces them as constants, not as inputs."""
-    try:
-        params = list(inspect.signature(model.forward).parameters.values())
-    except (TypeError, ValueError):
-        return {}
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    skip = given if given is not None else sum(p.default is p.empty for p in positional)
-    return {p.name: p.default for p in positional[skip:] if p.default is not p.empty
-            and not isinstance(p.default, torch.Tensor)}
-
-
-def _output_spec(model: nn.Module, args: tuple[Any, ...], gm: fx.GraphModule,
-                 ) -> pytree.TreeSpec | None:
-    """The model's own output structure where torch.fx's graph lost its type (fx returns an
-    ``OrderedDict`` or a dict subclass as a plain dict): from one run of two rows in eval mode
-    without gradients (the model's state and random numbers are left as they were); ``None``
-    where the graph's structure is the model's."""
-    structure = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    if not any(isinstance(x, dict) for x in pytree.tree_flatten(
-            structure, is_leaf=lambda x: isinstance(x, dict))[0]):
-        return None
-    was = model.training
-    try:
-        model.eval()
-        with torch.no_grad(), torch.random.fork_rng():
-            out = model(*(x[:2] if isinstance(x, torch.Tensor) and x.dim() else x for x in args))
-    except Exception:  # noqa: BLE001 - then the traced structure stands
-        return None
-    finally:
-        model.train(was)
-    leaves, spec = pytree.tree_flatten(out)
-    traced, _ = pytree.tree_flatten(_plain(structure))
-    return spec if len(leaves) == len(traced) else None
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
-
-
 def _plain(structure: Any) -> Any:
     """fx's immutable containers in an output structure as the dict and list they were."""
     if isinstance(structure, dict):
@@ -526,3 +338,7 @@ def _attr_of(module: nn.Module, target: str) -> Any:
     for part in target.split("."):
         obj = getattr(obj, part, None)
     return obj
+
+
+# capture builds BlockGraphs: imported last, for the callers of autosplit.graph.trace
+from autosplit.capture.trace import Capture, trace

@@ -184,3 +184,18 @@ class DropNorm(nn.Module):
         h = self.drop(torch.tanh(self.inp(x)))
         h = torch.tanh(self.norm(self.a(h)))
         return self.out(torch.tanh(self.b(h)) + h)
+
+
+class TupleAcross(nn.Module):
+    """A tuple (``chunk``'s) is made in the first block and indexed in the last: a value that
+    is neither a tensor nor a size crosses the cuts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 6)
+        self.b = nn.Linear(3, 3)
+        self.c = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = self.a(x).chunk(2, dim=1)
+        return self.c(self.b(parts[0])) + parts[1]

@@ -22,7 +22,7 @@ from torch import nn
 import autosplit
 import autosplit.stages
 from autosplit.codegen import emit
-from autosplit.errors import InvalidInputError, PlanMismatchError
+from autosplit.errors import CodegenError, InvalidInputError, PlanMismatchError
 from autosplit.modelfile import ModelFileError, load_model_file
 from autosplit.records import Plan
 from autosplit.stages import CutValueError
@@ -352,16 +352,16 @@ def test_skip_over_a_whole_stage_and_structured_outputs(tmp_path: Path) -> None:
     assert_ruff_clean(tmp_path / "pipelined.py")
 
 
-def test_sizes_crossing_a_cut_are_refused_as_by_the_stage_boundary(tmp_path: Path) -> None:
-    """An int read from the input's shape on stage 0 and used on the last stage: emit refuses
-    it with the stage boundary's CutValueError, the error partition() and distributed raise."""
+def test_sizes_crossing_a_cut_are_refused_by_emit(tmp_path: Path) -> None:
+    """An int read from the input's shape on stage 0 and used on the last stage: partition()
+    and distributed compute it again on the last stage; the emitted code does not, and emit
+    says so and what to run instead."""
     (tmp_path / "shapes.py").write_text(SHAPES_MODEL)
     mf = load_model_file(str(tmp_path / "shapes.py"))
     model = mf.build()
     inputs = (torch.randn(6, 5, 4),)
     plan = cut_at(make_plan(model, inputs, 2, 2), ["b", "c"])
-    with pytest.raises(CutValueError, match=r"\(an int from getitem\(\)\) produced by block 'a' "
-                       r"crosses the cut before stage 1 .*only tensors can cross stages"):
+    with pytest.raises(CodegenError, match=r"autosplit\.partition\(model, plan=plan\)"):
         emit(plan, mf.ref, model=model)
     assert issubclass(CutValueError, InvalidInputError)
     one = cut_at(plan, [])  # one stage: nothing crosses, the file is written

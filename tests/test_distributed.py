@@ -25,7 +25,16 @@ import pytest
 import torch
 import torch.distributed as dist
 import torchvision
-from models import DropNorm, LongSkip, ReusedLayer, TiedLM, TokenModel, ToyModel, TwoInOut
+from models import (
+    DropNorm,
+    LongSkip,
+    ReusedLayer,
+    TiedLM,
+    TokenModel,
+    ToyModel,
+    TupleAcross,
+    TwoInOut,
+)
 from torch import nn
 from torch.utils import _pytree as pytree
 
@@ -472,15 +481,20 @@ def test_skip_connection_is_passed_through_the_middle_stage() -> None:
 
 
 def test_non_tensor_crossing_a_cut_is_named() -> None:
-    model = SizeLate()
-    plan = make_plan(model, (1, 1), 2, 1)
+    model = TupleAcross()
+    plan = make_plan(model, (1, 2), 2, 1)
     first = distributed.stage_modules(model, plan)[0]
-    assert "size" in first.output_names
-    message = (r"value 'size' \(an int from x\.size\(\)\) produced by block 'a' crosses the cut "
-               r"before stage 1 \(after block 'a'\): only tensors can cross stages")
+    assert "chunk" in first.output_names
+    message = (r"value 'chunk' \(a tuple from a\.chunk\(\)\) produced by block 'a' crosses "
+               r"the cut before stage 1 \(after block 'a'\): only tensors can cross stages")
     with pytest.raises(distributed.CutValueError, match=message):
         first(torch.randn(2, 4))
     assert issubclass(distributed.CutValueError, InvalidInputError)
+    sized = SizeLate()  # a size is computed again where it is used, from x, sent instead
+    stages = distributed.stage_modules(sized, make_plan(sized, (1, 1), 2, 1))
+    assert "size" not in stages[0].output_names and "x" in stages[0].output_names
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(stages[1](*stages[0](x)), sized(x))
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torchvision
 from conftest import assert_equivalent, partition_and_check
-from models import LongSkip, TokenModel, ToyModel, TwoInOut
-from test_stages import SIZE_MESSAGE, SizeAcross
+from models import LongSkip, TokenModel, ToyModel, TupleAcross, TwoInOut
+from test_stages import TUPLE_MESSAGE, SizeAcross
 
 import autosplit
 from autosplit.pipeline import PipelinedModule
@@ -105,15 +105,19 @@ def test_split_size_override_with_plan() -> None:
 
 
 def test_non_tensor_crossing_a_cut_is_refused_naming_it() -> None:
-    """The same error (class and message) as in autosplit.distributed: only tensors cross."""
-    model = SizeAcross()
-    graph = autosplit.trace(model)
+    """The same error (class and message) as in autosplit.distributed: only tensors cross;
+    a size is computed again where it is used."""
+    model = TupleAcross()
     prof = autosplit.profile(model, torch.randn(4, 4), microbatch_sizes=[2], warmup=0, repeats=1)
     pm = autosplit.partition(model, plan=plan_with_balance(prof, (1, 2), split_size=2))
-    assert pm.layout is not None and "size" in pm.layout.stages[0].sends
-    assert len(graph.blocks) == 3
-    with pytest.raises(CutValueError, match=SIZE_MESSAGE):
+    assert pm.layout is not None and "chunk" in pm.layout.stages[0].sends
+    with pytest.raises(CutValueError, match=TUPLE_MESSAGE):
         pm(torch.randn(4, 4))
+    sized = SizeAcross()
+    prof = autosplit.profile(sized, torch.randn(4, 4), microbatch_sizes=[2], warmup=0, repeats=1)
+    pm = autosplit.partition(sized, plan=plan_with_balance(prof, (1, 2), split_size=2))
+    x = torch.randn(4, 4)
+    torch.testing.assert_close(pm(x), sized(x))
 
 
 def test_pipelined_module_runs_what_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models import LongSkip, TwoInOut
+from models import LongSkip, TupleAcross, TwoInOut
 from torch import nn
 
 import autosplit
@@ -14,7 +14,8 @@ from autosplit.stages import CutValueError, concat, run_stage, split, stage_layo
 
 
 class SizeAcross(nn.Module):
-    """``x.size(0)`` is taken in the first block and used in the last: an int crosses cuts."""
+    """``x.size(0)`` is taken in the first block and used in the last: the size is computed
+    again on the last stage, from ``x``, which crosses the cuts instead."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -27,8 +28,8 @@ class SizeAcross(nn.Module):
         return self.c(self.b(self.a(x))).reshape(n, -1)
 
 
-SIZE_MESSAGE = (r"value 'size' \(an int from x\.size\(\)\) produced by block 'a' crosses the "
-                r"cut before stage 1 \(after block 'a'\): only tensors can cross stages")
+TUPLE_MESSAGE = (r"value 'chunk' \(a tuple from a\.chunk\(\)\) produced by block 'a' crosses the "
+                 r"cut before stage 1 \(after block 'a'\): only tensors can cross stages")
 
 
 def run_all(graph: BlockGraph, balance: tuple[int, ...], inputs: tuple) -> object:
@@ -74,14 +75,24 @@ def test_two_inputs_and_a_tuple_with_a_dict_output() -> None:
     torch.testing.assert_close(got, want)
 
 
-def test_a_non_tensor_crossing_a_cut_is_refused_naming_it() -> None:
+def test_a_size_is_computed_again_past_a_cut() -> None:
     model = SizeAcross()
     graph = autosplit.trace(model)
     layout = stage_layout(graph, (1, 1, 1))
-    assert [("size" in s.sends) for s in layout.stages] == [True, True, False]
-    with pytest.raises(CutValueError, match=SIZE_MESSAGE):
+    assert not any("size" in s.sends for s in layout.stages)
+    assert [("x" in s.sends) for s in layout.stages] == [True, True, False]  # x.size(0)'s source
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(run_all(graph, (1, 1, 1), (x,)), model(x))
+
+
+def test_a_non_tensor_crossing_a_cut_is_refused_naming_it() -> None:
+    model = TupleAcross()
+    graph = autosplit.trace(model)
+    layout = stage_layout(graph, (1, 1, 1))
+    assert [("chunk" in s.sends) for s in layout.stages] == [True, True, False]
+    with pytest.raises(CutValueError, match=TUPLE_MESSAGE):
         run_all(graph, (1, 1, 1), (torch.randn(2, 4),))
-    # with no cut between x.size(0) and its use, nothing crosses
+    # with no cut between the tuple and its use, nothing crosses
     torch.testing.assert_close(run_all(graph, (3,), (torch.ones(2, 4),)), model(torch.ones(2, 4)))
 
 

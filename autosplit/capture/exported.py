@@ -25,6 +25,8 @@ fixed to it, and :class:`~autosplit.graph.BlockGraph` records which.
 from __future__ import annotations
 
 import inspect
+import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -284,7 +286,18 @@ def _kind(node: fx.Node) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
+    """The error's first line, and the line of the model's code it names, when it names one."""
     text = str(exc).strip()
-    line = text.splitlines()[0] if text else ""
-    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+    lines = text.splitlines()
+    line = lines[0] if lines else ""
+    shown = f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+    marker = "The following call raised this error:"
+    if marker in lines:
+        at = lines.index(marker)
+        where = lines[at + 1].strip() if at + 1 < len(lines) else ""
+        code = lines[at + 2].strip() if at + 2 < len(lines) else ""
+        match = re.match(r'File "(.+)", line (\d+)', where)
+        if match:
+            shown += f", at {os.path.basename(match[1])}:{match[2]}" + (f" `{code}`" if code else "")
+    return shown
 
