@@ -45,8 +45,8 @@ from autosplit.records import (
 )
 
 if TYPE_CHECKING:
+    from autosplit.capture.trace import trace
     from autosplit.codegen import emit
-    from autosplit.graph import trace
     from autosplit.partitioning import partition
     from autosplit.planner import plan
     from autosplit.profiler import profile
@@ -57,7 +57,7 @@ _LAZY = {
     "partition": "autosplit.partitioning",
     "profile": "autosplit.profiler",
     "plan": "autosplit.planner",
-    "trace": "autosplit.graph",
+    "trace": "autosplit.capture.trace",
     "emit": "autosplit.codegen",
 }
 

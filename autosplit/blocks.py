@@ -1,6 +1,6 @@
 """Group a model's fx nodes into blocks, or fall back to its top-level children.
 
-:func:`autosplit.graph.trace` uses these: :func:`symbolic_trace` runs torch.fx with the user's
+:func:`autosplit.capture.trace.trace` uses these: :func:`symbolic_trace` runs torch.fx with the user's
 leaf modules, :func:`group_blocks` groups the nodes into :class:`Block` objects (one "leaf-ish"
 submodule with the parameter-free operations after it, or one leaf module per block with
 ``granularity="layer"``), and :func:`sequential_fallback` splits an untraceable model at its

@@ -16,7 +16,7 @@ Only tensors cross a cut: a size read from a shape is computed again where it is
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,7 @@ __all__ = [
     "BlockGraph",
     "Segment",
     "SharedParam",
-    "trace",
+    "Capture",
     "Granularity",
     "leaf_module_list",
 ]
@@ -56,6 +56,30 @@ class Cut:
 
     index: int
     tensors: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Capture:
+    """How a graph was captured, to capture it again (in a timing process, for another mode).
+
+    Attributes:
+        model: the model.
+        front: ``"fx"`` (torch.fx symbolic tracing) or ``"export"`` (torch.export).
+        granularity, leaf_modules: as given to :func:`trace`.
+        args, kwargs: the example call (``None``: none was given).
+        training: the model's mode when it was captured.
+        rebuild: ``rebuild(capture) -> BlockGraph`` captures it again (for a timing process,
+            which cannot load a GraphModule's names, and for the other training mode).
+    """
+
+    model: nn.Module
+    front: str
+    granularity: Granularity
+    leaf_modules: tuple[Any, ...]
+    args: tuple[Any, ...] | None
+    kwargs: dict[str, Any] | None
+    training: bool
+    rebuild: Callable[[Capture], BlockGraph]
 
 
 class BlockGraph:
@@ -104,9 +128,7 @@ class BlockGraph:
         # names change and unused nodes go. A graph captured here is captured again instead.
         if self.capture is None:
             return object.__reduce__(self)
-        from autosplit.capture.trace import _recapture
-
-        return (_recapture, (self.capture,))
+        return (self.capture.rebuild, (self.capture,))
 
     def with_module(self, module: fx.GraphModule) -> BlockGraph:
         """The same blocks over another copy of the module (same graph, other tensors)."""
@@ -339,6 +361,3 @@ def _attr_of(module: nn.Module, target: str) -> Any:
         obj = getattr(obj, part, None)
     return obj
 
-
-# capture builds BlockGraphs: imported last, for the callers of autosplit.graph.trace
-from autosplit.capture.trace import Capture, trace

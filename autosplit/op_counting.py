@@ -20,8 +20,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from autosplit import checks
+from autosplit.capture.trace import trace
 from autosplit.errors import ArgumentTypeError, InvalidInputError
-from autosplit.graph import BlockGraph, Granularity, trace
+from autosplit.graph import BlockGraph, Granularity
 from autosplit.meta_device import META, model_dtype, to_meta
 from autosplit.profiler import check_inputs, check_microbatch_sizes, default_microbatch_sizes
 from autosplit.records import SharedParam
@@ -245,8 +246,8 @@ def count_costs(
         microbatch_sizes: sizes b to count; default
             :func:`autosplit.profiler.default_microbatch_sizes` for B and ``stages``.
         stages: the number of stages planned for (only used for the default sizes).
-        granularity: see :func:`autosplit.graph.trace`.
-        leaf_modules: see :func:`autosplit.graph.trace`.
+        granularity: see :func:`autosplit.capture.trace.trace`.
+        leaf_modules: see :func:`autosplit.capture.trace.trace`.
         dtype: count the model with its floating parameters, buffers and inputs in this dtype
             (e.g. ``torch.bfloat16``); default: as they are.
         attention: ``"flash"`` (mask-free ``scaled_dot_product_attention`` counted as the fused

@@ -20,10 +20,11 @@ from torch import nn
 
 from autosplit import checks
 from autosplit.capture.signature import call_arguments
+from autosplit.capture.trace import trace
 from autosplit.cost import OPTIMIZER_STATE, SCHEDULES
 from autosplit.devices import default_devices, measure_link_bandwidth, resolve_device
 from autosplit.errors import InvalidInputError, TraceError
-from autosplit.graph import BlockGraph, Granularity, leaf_module_list, trace
+from autosplit.graph import BlockGraph, Granularity, leaf_module_list
 from autosplit.pipeline import PipelinedModule, checkpoint_flags
 from autosplit.planner import memory_sizes
 from autosplit.planner import plan as make_plan
@@ -104,7 +105,7 @@ def partition(
         bandwidth_bytes_per_s: link bandwidth between stages; default measured between GPUs
             (peer-to-peer copies), else :data:`autosplit.cost.DEFAULT_LINK_BYTES_PER_S`.
         microbatch_sizes: sizes to profile (default chosen from the batch).
-        granularity, leaf_modules: passed to :func:`autosplit.graph.trace`.
+        granularity, leaf_modules: passed to :func:`autosplit.capture.trace.trace`.
         profile_options: extra keyword arguments for :func:`autosplit.profile`.
         verify: when profiling, time the stages of the best few candidates as they run and
             choose among them on that (see :mod:`autosplit.verify`); ``False`` plans from

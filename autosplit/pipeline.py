@@ -231,10 +231,8 @@ class PipelinedModule(nn.Module):
 def _in_mode(graph: BlockGraph, training: bool) -> BlockGraph:
     """``graph`` captured again in the mode ``training`` (torch.export fixes dropout and
     BatchNorm to the mode of the capture; the blocks, and so the plan, stay the same)."""
-    from autosplit.capture.trace import _recapture
-
     assert graph.capture is not None
-    return _recapture(dataclasses.replace(graph.capture, training=training))
+    return graph.capture.rebuild(dataclasses.replace(graph.capture, training=training))
 
 
 def checkpoint_flags(value: Any) -> bool | tuple[bool, ...] | None:

@@ -30,9 +30,10 @@ from torch import nn
 
 from autosplit import checks, fresh_process
 from autosplit.capture.signature import call_arguments
+from autosplit.capture.trace import trace
 from autosplit.devices import describe_device, resolve_device
 from autosplit.errors import ArgumentTypeError, InvalidInputError
-from autosplit.graph import BlockGraph, Granularity, trace
+from autosplit.graph import BlockGraph, Granularity
 from autosplit.losses import check_loss, default_loss, timing_loss
 from autosplit.measurement import (
     Deadline,
@@ -196,8 +197,8 @@ def profile(
             (:func:`bracketing_count`); explicitly given sizes are all measured. ``None``: no
             limit.
         include: sizes to measure first, whatever the budget (e.g. a hand-written split's).
-        granularity: see :func:`autosplit.graph.trace`.
-        leaf_modules: see :func:`autosplit.graph.trace`.
+        granularity: see :func:`autosplit.capture.trace.trace`.
+        leaf_modules: see :func:`autosplit.capture.trace.trace`.
         progress: ``progress(done, total, what)`` after each measurement.
         loss: the training loss timed with the last block (:data:`autosplit.losses.LOSSES`):
             default the model's own (``"model"``) where it returns one, else the tutorial's

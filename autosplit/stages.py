@@ -42,8 +42,9 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from autosplit.capture.trace import trace
 from autosplit.errors import CutValueError, InvalidInputError
-from autosplit.graph import BlockGraph, Granularity, trace
+from autosplit.graph import BlockGraph, Granularity
 from autosplit.records import Plan
 
 __all__ = [

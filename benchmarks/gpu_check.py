@@ -45,7 +45,7 @@ from torch.utils import _pytree as pytree
 import autosplit
 from autosplit.allocator import restart_keeping_freed_memory
 from autosplit.analytic import count_costs, profile_from_costs
-from autosplit.graph import trace
+from autosplit.capture.trace import trace
 from autosplit.specs import KNOWN_DEVICES, calibrate, get_spec
 from autosplit.verify import verify_plans
 

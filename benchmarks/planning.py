@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, describe, load_example, machine, write_results
 
 import autosplit
-from autosplit.graph import trace
+from autosplit.capture.trace import trace
 from autosplit.profiler import profile_graph
 
 

@@ -21,8 +21,8 @@ import torchvision
 
 import autosplit
 from autosplit.allocator import restart_keeping_freed_memory
+from autosplit.capture.trace import trace
 from autosplit.comparison import manual_plan
-from autosplit.graph import trace
 from autosplit.planner import plan_candidates
 from autosplit.verified_choice import verify_and_choose
 

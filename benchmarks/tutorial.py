@@ -48,7 +48,7 @@ from torch import nn
 from two_devices import time_in_process
 
 from autosplit.allocator import restart_keeping_freed_memory
-from autosplit.graph import trace
+from autosplit.capture.trace import trace
 from autosplit.records import Plan, Stage
 from autosplit.solve import manual
 from autosplit.stages import stage_layout

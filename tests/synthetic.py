@@ -61,3 +61,24 @@ def make_profile(
         device=DeviceInfo("cpu", "cpu worker (1 thread)", 1),
         torch_version="test",
     )
+
+
+def plan_of(graph: object, balance: Sequence[int], split_size: int = 1,
+            microbatches: int = 1) -> object:
+    """A plan of ``graph`` (a BlockGraph) with ``balance`` blocks per stage, without profiling:
+    its numbers are placeholders."""
+    from autosplit.records import Plan, Stage
+
+    names, stages, first = graph.block_names, [], 0  # type: ignore[attr-defined]
+    for i, count in enumerate(balance):
+        stages.append(Stage(i, "cpu", tuple(names[first:first + count]), 1.0, 0.5, 0, 0.0, 0))
+        first += count
+    assert first == len(names), names
+    return Plan(graph.model_name, graph.fingerprint, tuple(stages), split_size,  # type: ignore[attr-defined]
+                microbatches, split_size * microbatches, "gpipe", 1.0, 1.0, "manual",
+                (split_size,), "test")
+
+
+def even_balance(blocks: int, stages: int) -> tuple[int, ...]:
+    """``blocks`` shared out over ``stages`` as evenly as they go, the first stages longer."""
+    return tuple(blocks // stages + (i < blocks % stages) for i in range(stages))

@@ -39,9 +39,9 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from autosplit import distributed
+from autosplit.capture.trace import trace
 from autosplit.cli import main
 from autosplit.errors import InvalidInputError, PlanMismatchError
-from autosplit.graph import trace
 from autosplit.records import Plan, Stage
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -122,7 +122,7 @@ def test_the_graph_sees_the_modules_and_their_imports() -> None:
     edges = _graph("module")
     assert "autosplit.planner.search" in edges and "autosplit.specs.calibration" in edges
     assert "autosplit.planner.settings" in edges["autosplit.planner.search"]
-    assert "autosplit.checks" in edges["autosplit.graph"]  # `from autosplit import checks`
+    assert "autosplit.checks" in edges["autosplit.capture.trace"]  # `from autosplit import checks`
     assert "autosplit.specs.device_spec" in edges["autosplit.specs.named_devices"]
     assert "autosplit.pipeline" not in edges["autosplit"]  # lazy: under TYPE_CHECKING only
 

@@ -218,7 +218,7 @@ def example_inputs(batch_size=8):
 
 def _model_and_profile(tmp_path, param_bytes: int = 10**5, saved_bytes: int = 10**6,
                        cut_bytes: int = 10**7):
-    from autosplit.graph import trace
+    from autosplit.capture.trace import trace
     from autosplit.modelfile import load_model_file
 
     model_file = tmp_path / "model.py"

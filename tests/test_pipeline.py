@@ -9,6 +9,7 @@ import torch
 import torchvision
 from conftest import assert_equivalent, partition_and_check
 from models import LongSkip, TokenModel, ToyModel, TupleAcross, TwoInOut
+from synthetic import plan_of
 from test_stages import TUPLE_MESSAGE, SizeAcross
 
 import autosplit
@@ -108,8 +109,10 @@ def test_non_tensor_crossing_a_cut_is_refused_naming_it() -> None:
     """The same error (class and message) as in autosplit.distributed: only tensors cross;
     a size is computed again where it is used."""
     model = TupleAcross()
-    prof = autosplit.profile(model, torch.randn(4, 4), microbatch_sizes=[2], warmup=0, repeats=1)
-    pm = autosplit.partition(model, plan=plan_with_balance(prof, (1, 2), split_size=2))
+    # from an example call the tuple is seen, and no cut is offered where it is live
+    assert autosplit.trace(model, example_inputs=torch.randn(4, 4)).block_names == ("a",)
+    graph = autosplit.trace(model)  # without one, a plan cutting there fails when it runs
+    pm = autosplit.partition(model, plan=plan_of(graph, (1, 2), split_size=2))
     assert pm.layout is not None and "chunk" in pm.layout.stages[0].sends
     with pytest.raises(CutValueError, match=TUPLE_MESSAGE):
         pm(torch.randn(4, 4))
@@ -132,7 +135,7 @@ def test_pipelined_module_runs_what_it_is_given(monkeypatch: pytest.MonkeyPatch)
     def forbidden(*args: object, **kwargs: object) -> None:
         raise AssertionError("PipelinedModule called a policy function")
 
-    for target in ("autosplit.graph.trace", "autosplit.profiler.profile_graph",
+    for target in ("autosplit.capture.trace.trace", "autosplit.profiler.profile_graph",
                    "autosplit.planner.plan", "autosplit.devices.measure_link_bandwidth"):
         monkeypatch.setattr(target, forbidden)
     import autosplit.pipeline as mechanism

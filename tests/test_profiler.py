@@ -198,7 +198,7 @@ def test_the_last_block_is_timed_with_the_loss(monkeypatch) -> None:
     prof = autosplit.profile(model, torch.randn(8, 6), microbatch_sizes=[4], warmup=0, repeats=1,
                              loss="none")
     assert prof.loss == "none" and not any(with_loss for _, with_loss in calls)
-    with pytest.raises(InvalidInputError, match="loss must be one of 'mse', 'none', got 'l1'"):
+    with pytest.raises(InvalidInputError, match="loss must be one of 'mse', 'none', 'model', got 'l1'"):
         autosplit.profile(model, torch.randn(8, 6), loss="l1")
 
 

@@ -20,9 +20,9 @@ from synthetic import make_profile
 
 import autosplit
 from autosplit import cost, simulator
+from autosplit.capture.trace import trace
 from autosplit.cli import main
 from autosplit.errors import AutosplitError, InvalidInputError, PlanFileError, PlanMismatchError
-from autosplit.graph import trace
 from autosplit.records import Plan, Profile, Stage
 from autosplit.validation import KNOWN_OPTIMIZERS, KNOWN_SCHEDULES
 

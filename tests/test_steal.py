@@ -12,7 +12,7 @@ from torch import nn
 
 import autosplit
 from autosplit import measurement, steal
-from autosplit.graph import trace
+from autosplit.capture.trace import trace
 from autosplit.stage_timing import time_stages
 
 

@@ -15,6 +15,7 @@ from torch import nn
 
 import autosplit
 from autosplit import measurement, profiler, stage_timing, verify
+from autosplit.capture.trace import trace
 from autosplit.claims import (
     PREDICTION_ERROR,
     half_iqr,
@@ -26,7 +27,6 @@ from autosplit.cli import main
 from autosplit.comparison import manual_plan
 from autosplit.cost import single_device_ms
 from autosplit.errors import InvalidInputError
-from autosplit.graph import trace
 from autosplit.plan_text import one_device_way
 from autosplit.planner import plan_candidates
 from autosplit.records import Plan, Profile

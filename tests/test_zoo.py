@@ -9,32 +9,19 @@ from typing import Any
 
 import pytest
 import torch
+from synthetic import even_balance, plan_of
 from torch.utils import _pytree as pytree
 from zoo import ZOO, build
 
 import autosplit
 from autosplit.capture.exported import hf_defaults
-from autosplit.graph import BlockGraph, trace
-from autosplit.records import Plan, Stage
+from autosplit.capture.trace import trace
 from autosplit.stages import concat, split
 
 pytest.importorskip("transformers")
 pytest.importorskip("timm")
 
 ROWS, SPLIT = 4, 2
-
-
-def plan_of(graph: BlockGraph, stages: int, split_size: int, microbatches: int) -> Plan:
-    """A plan of ``stages`` stages with the blocks shared out evenly (no profiling: the numbers
-    are placeholders)."""
-    n = len(graph.blocks)
-    counts = [n // stages + (i < n % stages) for i in range(stages)]
-    out, first = [], 0
-    for i, count in enumerate(counts):
-        out.append(Stage(i, "cpu", graph.block_names[first:first + count], 1.0, 0.5, 0, 0.0, 0))
-        first += count
-    return Plan(graph.model_name, graph.fingerprint, tuple(out), split_size, microbatches,
-                split_size * microbatches, "gpipe", 1.0, 1.0, "manual", (split_size,), "test")
 
 
 def objective(output: Any) -> torch.Tensor:
@@ -81,7 +68,7 @@ def test_split_equals_the_unsplit_model(name: str, stages: int) -> None:
     ref_model = copy.deepcopy(model)
     args, kwargs = call(ROWS)
     graph = trace(model, example_inputs=args, example_kwargs=kwargs)
-    plan = plan_of(graph, stages, SPLIT, ROWS // SPLIT)
+    plan = plan_of(graph, even_balance(len(graph.blocks), stages), SPLIT, ROWS // SPLIT)
     pm = autosplit.partition(model, args, kwargs, plan=plan, devices=["cpu"] * stages)
     assert pm.layout is not None and len(pm.layout.stages) == stages
 

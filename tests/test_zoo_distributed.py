@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from test_zoo import plan_of
+from synthetic import even_balance, plan_of
 from zoo import build
 
 from autosplit import distributed
 from autosplit.capture.exported import hf_defaults
-from autosplit.graph import trace
+from autosplit.capture.trace import trace
 from autosplit.losses import model_loss
 from autosplit.records import Plan
 from autosplit.stages import split
@@ -76,8 +76,8 @@ def _reference(name: str) -> tuple[float, dict[str, torch.Tensor], dict[str, tor
 def test_two_gloo_ranks_train_like_one_process(name: str) -> None:
     model, call = build(name)
     args, kwargs = call(ROWS)
-    plan = plan_of(trace(model, example_inputs=args, example_kwargs=kwargs), 2, SPLIT,
-                   ROWS // SPLIT)
+    graph = trace(model, example_inputs=args, example_kwargs=kwargs)
+    plan = plan_of(graph, even_balance(len(graph.blocks), 2), SPLIT, ROWS // SPLIT)
     results = distributed.launch(_worker, 2, name, plan, timeout_s=240)
     ranks = results[0]
     losses = [loss for loss, _, _ in ranks if loss is not None]

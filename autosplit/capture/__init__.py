@@ -9,5 +9,5 @@
 - :mod:`~autosplit.capture.values`: which values may cross a cut (tensors), and which are
   rebuilt on the far side (sizes computed from tensors).
 
-:func:`autosplit.graph.trace` puts these together.
+:func:`autosplit.capture.trace.trace` puts these together.
 """

@@ -134,6 +134,12 @@ class InputSignature:
                 "keywords its example inputs had"
             )
         flat, spec = pytree.tree_flatten((tuple(args), {k: kwargs[k] for k in wanted}))
+        if spec != self.spec and not wanted and all(c.is_leaf() for c in spec.child(0).children()) \
+                and all(c.is_leaf() for c in self.spec.child(0).children()):
+            raise InvalidInputError(
+                f"{model} takes {len(self.leaves)} inputs ({', '.join(self.names)}), got "
+                f"{len(flat)}"
+            )
         if spec != self.spec:
             raise InvalidInputError(
                 f"{model} was captured for a call {self.describe()}, not "
@@ -144,13 +150,13 @@ class InputSignature:
             if name is not None:
                 if not isinstance(value, torch.Tensor):
                     raise InvalidInputError(
-                        f"input {self._leaf_label(i)} of {model} is a {type(value).__name__}; "
-                        "it was a tensor when the model was captured"
+                        f"{self._leaf_label(i)} of {model} is a {type(value).__name__}, not a "
+                        "tensor (it was a tensor when the model was captured)"
                     )
                 out.append(value)
             elif not _same(value, constant):
                 raise InvalidInputError(
-                    f"input {self._leaf_label(i)} of {model} is {value!r}, but the model was "
+                    f"{self._leaf_label(i)} of {model} is {value!r}, but the model was "
                     f"captured with {constant!r}: a value that is not a tensor is fixed at "
                     "capture, so capture the model again with the new value"
                 )
@@ -168,10 +174,17 @@ class InputSignature:
         return _describe(self.spec)
 
     def _leaf_label(self, i: int) -> str:
-        paths = [pytree.keystr(path) for path, _ in
-                 pytree.tree_flatten_with_path(pytree.tree_unflatten(
-                     list(range(len(self.leaves))), self.spec))[0]]
-        return paths[i] if i < len(paths) else str(i)
+        """``"input 0"``, ``"keyword input 'mask'"`` (and the place inside it, if nested)."""
+        numbered = pytree.tree_unflatten(list(range(len(self.leaves))), self.spec)
+        for path, leaf in pytree.tree_flatten_with_path(numbered)[0]:
+            if leaf != i:
+                continue
+            _, *inner = path
+            key = inner[0] if inner else None
+            head = (f"keyword input {key.key!r}" if isinstance(key, pytree.MappingKey)
+                    else f"input {getattr(key, 'idx', '?')}")
+            return head + pytree.keystr(tuple(inner[1:]))
+        return f"input {i}"
 
 
 def _same(a: Any, b: Any) -> bool:

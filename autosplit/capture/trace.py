@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,31 +31,11 @@ from autosplit.blocks import (
 from autosplit.capture.exported import export_graph
 from autosplit.capture.layers import Granularity
 from autosplit.capture.signature import call_arguments
+from autosplit.capture.values import value_kinds
 from autosplit.errors import InvalidInputError, TraceError
-from autosplit.graph import BlockGraph, _plain
+from autosplit.graph import BlockGraph, Capture, _plain
 
 __all__ = ["Capture", "trace"]
-
-
-@dataclass(frozen=True)
-class Capture:
-    """How a graph was captured, to capture it again (in a timing process, for another mode).
-
-    Attributes:
-        model: the model.
-        front: ``"fx"`` (torch.fx symbolic tracing) or ``"export"`` (torch.export).
-        granularity, leaf_modules: as given to :func:`trace`.
-        args, kwargs: the example call (``None``: none was given).
-        training: the model's mode when it was captured.
-    """
-
-    model: nn.Module
-    front: str
-    granularity: Granularity
-    leaf_modules: tuple[Any, ...]
-    args: tuple[Any, ...] | None
-    kwargs: dict[str, Any] | None
-    training: bool
 
 
 def _recapture(capture: Capture) -> BlockGraph:
@@ -111,7 +90,7 @@ def trace(
     args, kwargs = call_arguments(example_inputs, example_kwargs) if given else ((), {})
     recipe = functools.partial(Capture, model, granularity=granularity, leaf_modules=leaves,
                                args=args if given else None, kwargs=kwargs if given else None,
-                               training=model.training)
+                               training=model.training, rebuild=_recapture)
     fx_error: Exception | None = None
     if front != "export" and not kwargs:
         try:
@@ -119,6 +98,8 @@ def trace(
         except Exception as exc:  # noqa: BLE001 - fx raises many kinds of errors from user code
             fx_error = exc
         else:
+            if given:
+                _observe_kinds(model, gm, args)
             spec = _output_spec(model, args, gm) if given else None
             graph = _grouped(model, gm, granularity, name, recipe(front="fx"), output_spec=spec)
             if not graph.blocked_cuts() or not given:
@@ -217,6 +198,39 @@ def _output_spec(model: nn.Module, args: tuple[Any, ...], gm: fx.GraphModule,
     leaves, spec = pytree.tree_flatten(out)
     traced, _ = pytree.tree_flatten(_plain(structure))
     return spec if len(leaves) == len(traced) else None
+
+
+def _observe_kinds(model: nn.Module, gm: fx.GraphModule, args: tuple[Any, ...]) -> None:
+    """Mark each node of a traced graph with what its value is in a run of two rows of the
+    example (eval mode, no gradients, the model's state and random numbers left as they
+    were): ``meta["autosplit_kind"]`` of :mod:`autosplit.capture.values`. A value that is not a
+    tensor and not read from a shape (a tuple, a Python number from ``.item()``) is then
+    known, and no cut is offered where it is live."""
+    static = value_kinds(gm.graph)
+    seen: dict[str, str] = {}
+
+    class _Observer(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            value = super().run_node(n)
+            if isinstance(value, torch.Tensor) or n.op in ("placeholder", "output"):
+                seen[n.name] = "tensor"
+            else:
+                seen[n.name] = "size" if static[n.name] == "size" else "other"
+            return value
+
+    was = model.training
+    try:
+        model.eval()
+        with torch.no_grad(), torch.random.fork_rng():
+            _Observer(gm).run(*(x[:2] if isinstance(x, torch.Tensor) and x.dim() else x
+                                for x in args))
+    except Exception:  # noqa: BLE001 - the static reading of the graph stands
+        return
+    finally:
+        model.train(was)
+    for node in gm.graph.nodes:
+        if node.name in seen and seen[node.name] != "tensor":
+            node.meta["autosplit_kind"] = seen[node.name]
 
 
 def _reason(exc: BaseException) -> str:

@@ -7,7 +7,7 @@ Only tensors travel between stages. A value of another kind is one of:
   computes it again from the tensors it was computed from, which cross instead
   (:func:`size_chain`).
 - ``"other"``: anything else (a list from ``split``, ``None``, a Python object). No cut may
-  lie where one is live: :func:`autosplit.graph.trace` keeps the blocks around it together.
+  lie where one is live: :func:`autosplit.capture.trace.trace` keeps the blocks around it together.
 
 Graphs from torch.export say what each value is (``meta["autosplit_kind"]``, from the fake
 values of the export). Graphs from torch.fx are read by what made each value: a shape, a

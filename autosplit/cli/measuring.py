@@ -76,7 +76,7 @@ def captured(args: argparse.Namespace, model: Any, example: Any) -> tuple[Any, A
     """(the model's BlockGraph, its flat example inputs) from a model file's example inputs
     (a tensor, a tuple, a dict of keyword inputs, or both), captured as the command says."""
     from autosplit.capture.signature import example_call
-    from autosplit.graph import trace
+    from autosplit.capture.trace import trace
     from autosplit.profiler import check_inputs
 
     call_args, call_kwargs = example_call(example)
@@ -169,7 +169,7 @@ def profile_for(args: argparse.Namespace, source: Any, model: Any, inputs: Any,
 
     ``must_measure`` is a micro-batch size the measurement has to include (a hand split's).
     """
-    from autosplit.graph import trace
+    from autosplit.capture.trace import trace
 
     if args.profile:
         prof = Profile.load(args.profile)

@@ -16,7 +16,7 @@ def show_command(args: argparse.Namespace) -> int:
 
     plan = Plan.load(args.plan)
     if args.model:
-        from autosplit.graph import trace
+        from autosplit.capture.trace import trace
         from autosplit.modelfile import load_model_file
 
         graph = trace(load_model_file(args.model, args.entry).build())

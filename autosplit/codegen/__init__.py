@@ -30,13 +30,14 @@ import torch
 from torch import nn
 
 from autosplit import checks
+from autosplit.capture.trace import trace
 from autosplit.codegen.model_source import ModelSource
 from autosplit.codegen.names import GLOBALS
 from autosplit.codegen.structure import StageSplit
 from autosplit.codegen.template import ModuleWriter
 from autosplit.codegen.text import LINE_LENGTH
 from autosplit.errors import CodegenError, InvalidInputError, TraceError
-from autosplit.graph import Granularity, leaf_module_list, trace
+from autosplit.graph import Granularity, leaf_module_list
 from autosplit.profiler import check_inputs
 from autosplit.records import Plan
 from autosplit.runnable import require_pipeline_only
