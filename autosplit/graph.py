@@ -15,6 +15,7 @@ Only tensors cross a cut: a size read from a shape is computed again where it is
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -63,7 +64,7 @@ class Capture:
     """How a graph was captured, to capture it again (in a timing process, for another mode).
 
     Attributes:
-        model: the model.
+        model: the model (``None`` in a copy that was pickled: it cannot be captured again).
         front: ``"fx"`` (torch.fx symbolic tracing) or ``"export"`` (torch.export).
         granularity, leaf_modules: as given to :func:`trace`.
         args, kwargs: the example call (``None``: none was given).
@@ -72,7 +73,7 @@ class Capture:
             which cannot load a GraphModule's names, and for the other training mode).
     """
 
-    model: nn.Module
+    model: nn.Module | None
     front: str
     granularity: Granularity
     leaf_modules: tuple[Any, ...]
@@ -80,6 +81,75 @@ class Capture:
     kwargs: dict[str, Any] | None
     training: bool
     rebuild: Callable[[Capture], BlockGraph]
+
+
+def _parts(module: fx.GraphModule) -> nn.Module:
+    """A plain module holding ``module``'s submodules, parameters, buffers and tensors."""
+    parts = nn.Module()
+    parts._modules = dict(module._modules)
+    parts._parameters = dict(module._parameters)
+    parts._buffers = dict(module._buffers)
+    for name, value in vars(module).items():
+        if isinstance(value, torch.Tensor):
+            setattr(parts, name, value)
+    return parts
+
+
+@dataclass(frozen=True, slots=True)
+class _Ref:
+    """A node named in a pickled node's arguments."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class _OpName:
+    """An operator named in a pickled node (``aten::add.Tensor``; operators do not pickle)."""
+
+    qualified: str
+
+    def resolve(self) -> Any:
+        namespace, _, rest = self.qualified.partition("::")
+        name, _, overload = rest.partition(".")
+        return getattr(getattr(getattr(torch.ops, namespace), name), overload or "default")
+
+
+def _detached(graph: fx.Graph) -> tuple[tuple[Any, ...], ...]:
+    """``graph`` as flat records ``(op, name, target, args, kwargs, meta)``, nodes named by
+    :class:`_Ref`, meta the ``autosplit_*`` keys: it pickles without the module that owns it
+    and without recursing along the node list."""
+    def ref(node: fx.Node) -> Any:
+        return _Ref(node.name)
+
+    return tuple((n.op, n.name, _OpName(n.target.name()) if isinstance(
+                      n.target, torch._ops.OpOverload) else n.target, fx.node.map_arg(n.args, ref),
+                  fx.node.map_arg(n.kwargs, ref),
+                  {k: v for k, v in n.meta.items() if k.startswith("autosplit_")})
+                 for n in graph.nodes)
+
+
+def _attached(records: tuple[tuple[Any, ...], ...]) -> fx.Graph:
+    """The graph of :func:`_detached`'s records: the same node names, in the same order."""
+    graph, nodes = fx.Graph(), {}
+
+    def node_of(value: Any) -> Any:
+        return pytree.tree_map_only(_Ref, lambda r: nodes[r.name], value)
+
+    for op, name, target, args, kwargs, meta in records:
+        if isinstance(target, _OpName):
+            target = target.resolve()
+        node = graph.create_node(op, target, node_of(args), node_of(kwargs), name=name)
+        assert node.name == name, (node.name, name)
+        node.meta.update(meta)
+        nodes[name] = node
+    return graph
+
+
+def _unpickled(parts: nn.Module, graph: tuple[tuple[Any, ...], ...], blocks: Sequence[Block], model_name: str,
+               traced: bool, signature: InputSignature | None,
+               output_spec: pytree.TreeSpec | None, capture: Capture | None) -> BlockGraph:
+    return BlockGraph(fx.GraphModule(parts, _attached(graph)), blocks, model_name, traced,
+                      signature=signature, output_spec=output_spec, capture=capture)
 
 
 class BlockGraph:
@@ -125,10 +195,13 @@ class BlockGraph:
 
     def __reduce__(self) -> Any:
         # A GraphModule pickles as its generated code, which is traced again on loading: node
-        # names change and unused nodes go. A graph captured here is captured again instead.
-        if self.capture is None:
-            return object.__reduce__(self)
-        return (self.capture.rebuild, (self.capture,))
+        # names change and unused nodes go. The graph itself travels instead, with the
+        # module's own parts; the model stays here (a timing process need not import it).
+        capture = None if self.capture is None else dataclasses.replace(
+            self.capture, model=None, args=None, kwargs=None)
+        return (_unpickled, (_parts(self.module), _detached(self.module.graph), self.blocks,
+                             self.model_name, self.traced, self.signature, self.output_spec,
+                             capture))
 
     def with_module(self, module: fx.GraphModule) -> BlockGraph:
         """The same blocks over another copy of the module (same graph, other tensors)."""

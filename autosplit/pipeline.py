@@ -231,7 +231,7 @@ class PipelinedModule(nn.Module):
 def _in_mode(graph: BlockGraph, training: bool) -> BlockGraph:
     """``graph`` captured again in the mode ``training`` (torch.export fixes dropout and
     BatchNorm to the mode of the capture; the blocks, and so the plan, stay the same)."""
-    assert graph.capture is not None
+    assert graph.capture is not None and graph.capture.model is not None
     return graph.capture.rebuild(dataclasses.replace(graph.capture, training=training))
 
 

@@ -89,3 +89,21 @@ def test_split_equals_the_unsplit_model(name: str, stages: int) -> None:
         assert (p.grad is None) == (q.grad is None), pname
         if p.grad is not None:
             torch.testing.assert_close(p.grad, q.grad, msg=pname)
+
+
+@pytest.mark.parametrize("name", ["timm-efficientnet", "hf-llama"])
+def test_a_pickled_graph_keeps_its_nodes_and_computes_the_same(name: str) -> None:
+    """The timing process receives the graph pickled: the same node names (a GraphModule
+    pickled as code is traced again and renamed) and the same outputs, without the model."""
+    import pickle
+
+    model, call = build(name)
+    args, kwargs = call(ROWS)
+    graph = trace(model.eval(), example_inputs=args, example_kwargs=kwargs)
+    copied = pickle.loads(pickle.dumps(graph))
+    assert [n.name for n in copied.module.graph.nodes] == [n.name for n in graph.module.graph.nodes]
+    assert copied.blocks == graph.blocks and copied.cuts == graph.cuts
+    assert copied.capture is None or copied.capture.model is None
+    flat = graph.signature.flatten(args, {**hf_defaults(model, kwargs), **kwargs})
+    with torch.no_grad():
+        torch.testing.assert_close(copied.module(*flat), graph.module(*flat))

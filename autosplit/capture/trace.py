@@ -39,14 +39,18 @@ __all__ = ["Capture", "trace"]
 
 
 def _recapture(capture: Capture) -> BlockGraph:
-    was = capture.model.training
-    capture.model.train(capture.training)
+    model = capture.model
+    if model is None:
+        raise TraceError("this graph was pickled without its model, so it cannot be captured "
+                         "again: capture the model in this process (autosplit.trace)")
+    was = model.training
+    model.train(capture.training)
     try:
-        return trace(capture.model, granularity=capture.granularity,
+        return trace(model, granularity=capture.granularity,
                      leaf_modules=capture.leaf_modules, example_inputs=capture.args,
                      example_kwargs=capture.kwargs, front=capture.front)
     finally:
-        capture.model.train(was)
+        model.train(was)
 
 
 def trace(

@@ -5,6 +5,7 @@ ranks."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -107,9 +108,17 @@ def run_command(args: argparse.Namespace) -> int:
         where = f"{world} ranks (torchrun)"
     else:
         from autosplit.distributed.job import _model_and_batch, capture_of, plan_rows
+        from autosplit.errors import ModelFileError, TraceError
+        from autosplit.modelfile import load_model_file
 
         # the model and the plan are checked here, so that mistakes end before any process starts
-        model, (call_args, call_kwargs) = _model_and_batch(spec, plan_rows(plan))
+        try:
+            model, (call_args, call_kwargs) = _model_and_batch(spec, plan_rows(plan))
+        except ModelFileError:  # no inputs: still say first if the plan is of another model
+            with contextlib.suppress(TraceError):  # (where the model traces without them)
+                graph_for_plan(load_model_file(spec.model, spec.entry).build(
+                    **dict(spec.model_args)), plan, **capture_of(spec))
+            raise
         graph_for_plan(model, plan, example_inputs=call_args, example_kwargs=call_kwargs,
                        **capture_of(spec))
         nproc = _ranks(args, plan)
