@@ -41,6 +41,13 @@ def _seed_and_quiet() -> None:
 
 
 @pytest.fixture(autouse=True)
+def _own_machine_cache(tmp_path_factory, monkeypatch) -> None:
+    """Each test measures the machine's figures into a cache file of its own: none reads the
+    cache of the machine it runs on (autosplit.machine_figures)."""
+    monkeypatch.setenv("AUTOSPLIT_CACHE", str(tmp_path_factory.mktemp("cache") / "machine.json"))
+
+
+@pytest.fixture(autouse=True)
 def _quick_runtime_costs(monkeypatch) -> None:
     """The runtime's cost per action measured on smaller stages over fewer rounds than
     ``autosplit plan`` takes (the suite's time: the defaults took 2 min per measurement of

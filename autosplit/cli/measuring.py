@@ -120,13 +120,15 @@ def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, cons
         f"measured micro-batch sizes {', '.join(map(str, prof.microbatch_sizes))} in "
         f"{prof.seconds:.1f} s{aside}"
     )
-    return _with_allreduce(prof, stages, console, _schedules(args))
+    return _with_allreduce(prof, stages, console, _schedules(args),
+                           getattr(args, "remeasure", False))
 
 
 def _with_allreduce(prof: Profile, stages: int, console: Console,
-                    schedules: Sequence[str] | None = None) -> Profile:
-    """``prof`` with the measured all-reduce and link bandwidths of 2 local ranks (gloo
-    between CPU workers, NCCL between GPUs) and, between CPU workers, the pipeline runtime's cost per
+                    schedules: Sequence[str] | None = None, remeasure: bool = False) -> Profile:
+    """``prof`` with the machine's figures (:mod:`autosplit.machine_figures`), from the cache
+    or measured: the all-reduce and link bandwidths of 2 local ranks (gloo between CPU
+    workers, NCCL between GPUs) and, between CPU workers, the pipeline runtime's cost per
     action of ``schedules`` (``None``: every schedule the planner searches;
     :mod:`autosplit.runtime_cost`), when planning for more than one device."""
     import dataclasses
@@ -134,33 +136,42 @@ def _with_allreduce(prof: Profile, stages: int, console: Console,
     import torch
 
     from autosplit.collectives import measure_allreduce, measure_link_bandwidth
+    from autosplit.machine_figures import MachineKey, Measurers, figures_for
+    from autosplit.runtime_cost import MEASURED, action_costs, measure_one_stage_action_ms
 
     if stages < 2 or (prof.device.kind == "cuda" and torch.cuda.device_count() < 2):
         return prof
-    allreduce = measure_allreduce(2)
-    link = measure_link_bandwidth()
-    backend = "gloo between 2 CPU workers" if prof.device.kind == "cpu" else "NCCL, 2 GPUs"
-    console.print(f"measured ({backend}) DDP's gradient all-reduce, 32 MiB: "
-                  f"{allreduce.bus_bytes_per_s / 1e9:.2f} GB/s bus bandwidth after "
-                  f"{format_ms(allreduce.latency_ms)} whatever its size; a stage's send to the "
-                  f"next, 16 MiB: {link / 1e9:.2f} GB/s")
-    prof = dataclasses.replace(prof, allreduce_bytes_per_s=allreduce.bus_bytes_per_s,
-                               allreduce_latency_ms=allreduce.latency_ms,
-                               link_bytes_per_s=link)
-    if prof.device.kind != "cpu":  # measured between CPU workers (gloo) only, so far
-        return prof
-    from autosplit.runtime_cost import action_costs, measure_one_stage_action_ms
+    cpu = prof.device.kind == "cpu"
 
-    costs = action_costs(schedules=schedules)
-    spreads = dict(costs["action_spread"])
-    one, one_spread = measure_one_stage_action_ms()
-    console.print("measured torch's pipeline runtime per action (gloo, 2 CPU workers; ± half "
-                  "the interquartile range over the rounds): "
-                  + ", ".join(f"{name} {ms:.2f} ± {spreads[name]:.2f} ms"
-                              for name, ms in costs["action_ms"])
-                  + f"; one stage per replica {one:.2f} ± {one_spread:.2f} ms")
-    return dataclasses.replace(prof, **costs, one_stage_action_ms=one,
-                               one_stage_action_spread=one_spread)
+    def collectives() -> tuple[float, float, float]:
+        allreduce = measure_allreduce(2)
+        return allreduce.bus_bytes_per_s, allreduce.latency_ms, measure_link_bandwidth()
+
+    def actions(names: Sequence[str]) -> tuple[Any, Any]:
+        costs = action_costs(schedules=names)
+        return costs["action_ms"], costs["action_spread"]
+
+    measurers = Measurers(collectives, actions if cpu else None,  # gloo only, so far
+                          measure_one_stage_action_ms if cpu else None)
+    # (the ranks that measure them run one thread each, autosplit.distributed.launch's default)
+    key = MachineKey.here("gloo" if cpu else "nccl", prof.device.kind, threads=1)
+    wanted = tuple(schedules or (name for name, _ in MEASURED))
+    figures, note = figures_for(key, wanted, measurers, remeasure=remeasure)
+    console.print(note)
+    backend = "gloo between 2 CPU workers" if cpu else "NCCL, 2 GPUs"
+    console.print(f"({backend}) DDP's gradient all-reduce, 32 MiB: "
+                  f"{figures.allreduce_bytes_per_s / 1e9:.2f} GB/s bus bandwidth after "
+                  f"{format_ms(figures.allreduce_latency_ms)} whatever its size; a stage's send "
+                  f"to the next, 16 MiB: {figures.link_bytes_per_s / 1e9:.2f} GB/s")
+    if figures.action_ms:
+        spreads = dict(figures.action_spread)
+        console.print("torch's pipeline runtime per action (gloo, 2 CPU workers; ± half the "
+                      "interquartile range over the rounds): "
+                      + ", ".join(f"{name} {ms:.2f} ± {spreads[name]:.2f} ms"
+                                  for name, ms in figures.action_ms if name in wanted)
+                      + f"; one stage per replica {figures.one_stage_action_ms:.2f} ± "
+                        f"{figures.one_stage_action_spread:.2f} ms")
+    return dataclasses.replace(prof, **figures.profile_fields())
 
 
 def profile_for(args: argparse.Namespace, source: Any, model: Any, inputs: Any,

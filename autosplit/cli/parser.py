@@ -140,9 +140,14 @@ def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=_budget_seconds, default=40.0, metavar="SECONDS",
                    help="stop starting new default sizes after this long (default 40; the "
                         "sizes nearest m = 3p on both sides are measured whatever it costs)")
-    p.add_argument("--loss", choices=("mse", "none"), default="mse",
-                   help="the loss timed with the last block: mse (the tutorial's, which "
-                        "`autosplit run` trains with; default) or none")
+    p.add_argument("--loss", choices=("model", "mse", "none"), default=None,
+                   help="the loss timed with the last block: model (the model's own, as "
+                        "`autosplit run` trains a model that returns one; the default for "
+                        "those), mse (the tutorial's, which `autosplit run` trains other "
+                        "models with; their default) or none")
+    p.add_argument("--remeasure", action="store_true",
+                   help="measure the machine's figures (links, all-reduce, the pipeline "
+                        "runtime's cost) again rather than take them from the cache")
 
 
 def _add_memory_arguments(p: argparse.ArgumentParser, optimizer_help: str,
