@@ -161,6 +161,7 @@ def _check_options(
 def profile(
     model: nn.Module,
     example_inputs: Any,
+    example_kwargs: dict[str, Any] | None = None,
     *,
     device: str | torch.device | None = None,
     microbatch_sizes: Sequence[int] | None = None,
@@ -175,7 +176,6 @@ def profile(
     leaf_modules: Sequence[type[nn.Module] | str] = (),
     progress: Progress | None = None,
     loss: str | None = None,
-    example_kwargs: dict[str, Any] | None = None,
 ) -> Profile:
     """Profile ``model`` block by block; the model itself is left untouched.
 
@@ -264,6 +264,11 @@ def profile_graph(
     checks.optional(checks.positive_int, "max_repeats", max_repeats)
     batch = int(inputs[0].shape[0])  # the cheap checks here, before a process starts
     loss = check_loss(loss) if loss is not None else default_loss(graph.returns_loss)
+    if loss == "model" and not graph.returns_loss:
+        raise InvalidInputError(
+            f"loss='model', but {graph.model_name} returns no loss (a 0-dimensional floating "
+            "tensor): give it its labels (a Hugging Face model computes its loss when called "
+            "with labels=), or loss='mse'")
     if microbatch_sizes is not None:
         check_microbatch_sizes(microbatch_sizes, batch)
     check_microbatch_sizes(include, batch, "include", allow_empty=True)

@@ -200,6 +200,8 @@ def test_the_last_block_is_timed_with_the_loss(monkeypatch) -> None:
     assert prof.loss == "none" and not any(with_loss for _, with_loss in calls)
     with pytest.raises(InvalidInputError, match="loss must be one of 'mse', 'none', 'model', got 'l1'"):
         autosplit.profile(model, torch.randn(8, 6), loss="l1")
+    with pytest.raises(InvalidInputError, match="loss='model', but .* returns no loss"):
+        autosplit.profile(model, torch.randn(8, 6), loss="model")
 
 
 def test_the_timed_loss_is_the_tutorial_loss_on_zero_targets() -> None:

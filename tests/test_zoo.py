@@ -107,3 +107,14 @@ def test_a_pickled_graph_keeps_its_nodes_and_computes_the_same(name: str) -> Non
     flat = graph.signature.flatten(args, {**hf_defaults(model, kwargs), **kwargs})
     with torch.no_grad():
         torch.testing.assert_close(copied.module(*flat), graph.module(*flat))
+
+
+def test_a_model_that_returns_its_loss_is_profiled_with_it() -> None:
+    """Llama called with labels= returns its loss: the profile times that loss, not the MSE."""
+    model, call = build("hf-llama")
+    args, kwargs = call(ROWS)
+    prof = autosplit.profile(model, args, kwargs, microbatch_sizes=[2], warmup=0, repeats=1)
+    assert prof.loss == "model"
+    unlabelled = {k: v for k, v in kwargs.items() if k != "labels"}
+    prof = autosplit.profile(model, args, unlabelled, microbatch_sizes=[2], warmup=0, repeats=1)
+    assert prof.loss == "mse"
