@@ -24,10 +24,14 @@ fixed to it, and :class:`~autosplit.graph.BlockGraph` records which.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
+import logging
 import os
 import re
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -75,8 +79,9 @@ def export_graph(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any
         call_args, call_kwargs = pytree.tree_unflatten(flat, spec)
     dynamic = _dynamic_batch(model, call_args, call_kwargs)
     try:
-        ep = torch.export.export(model, call_args, call_kwargs, dynamic_shapes=dynamic,
-                                 strict=False)
+        with _quiet_torch_logs():  # a failed capture is reported once, here, in one line
+            ep = torch.export.export(model, call_args, call_kwargs, dynamic_shapes=dynamic,
+                                     strict=False)
     except Exception as exc:
         raise TraceError(f"torch.export cannot capture {type(model).__name__}: "
                          f"{_first_line(exc)}") from exc
@@ -84,6 +89,22 @@ def export_graph(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     signature = InputSignature.of(args, {**kwargs, **defaults}, names, defaults)
     return gm, signature, ep.call_spec.out_spec
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs() -> Iterator[None]:
+    """What torch logs (up to WARNING) or prints to stderr while exporting held back, and
+    let through only if the export succeeds: a failing export prints its partial graph, and
+    autosplit reports the failure in one line instead."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    finally:
+        logging.disable(previous)
+    sys.stderr.write(held.getvalue())
 
 
 def _dynamic_batch(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
