@@ -10,6 +10,11 @@ than a share of the machine's CPU time (``/proc/stat``'s busy time minus the ran
 whose steps faulted in fresh memory on a rank, is taken again, every rank deciding alike on
 rank 0's reading.
 
+A model whose spec gives keyword inputs (:meth:`ModelSpec.make_kwargs`: a Hugging Face model's
+``input_ids``, ``attention_mask``, ``labels``) and that returns its own loss with them is
+trained on that loss (:func:`autosplit.losses.model_loss`, as ``autosplit run`` trains it); any
+other on the tutorial's MSE against one-hot targets.
+
 Also here: :class:`ModelSpec` (a model and its batch, rebuilt identically in every process),
 :func:`stage_check` (each stage of a plan timed alone in this process), :func:`summary`
 (mean, std, median, min, max) and the command-line options of the retake rule.
@@ -39,6 +44,8 @@ from torch import nn
 
 from autosplit import distributed, steal
 from autosplit.claims import relative_spread
+from autosplit.distributed.job import returns_own_loss
+from autosplit.losses import model_loss
 from autosplit.peak_memory import rise_during, tensor_bytes
 from autosplit.records import Plan
 
@@ -80,6 +87,12 @@ class ModelSpec:
         if self.key.startswith("gpt-"):
             return tuple(load_example("gpt").example_inputs(self.batch, self.key[4:]))
         return (torch.randn(self.batch, *self.sample_shape),)
+
+    def make_kwargs(self) -> dict[str, torch.Tensor]:
+        """The model's keyword inputs, B rows each (none here; a subclass for a Hugging Face
+        model gives ``input_ids``, ``attention_mask``, ``labels``, with ``make_inputs()``
+        then ``()``)."""
+        return {}
 
 
 # ----------------------------------------------------------------- the measuring engine
@@ -192,28 +205,41 @@ def one_device_parts(inputs: tuple[torch.Tensor, ...], targets: tuple[torch.Tens
 
 
 def _runner(config: Config, model: nn.Module, inputs: tuple[torch.Tensor, ...], targets: Any,
-            device: torch.device, rank: int, steps: int) -> Any:
+            device: torch.device, rank: int, steps: int,
+            kwargs: dict[str, torch.Tensor] | None = None) -> Any:
     """A function ``run(lead=0)`` that runs ``lead`` untimed training steps of ``config`` on this
-    rank, then times ``steps`` more, back to back after a barrier (seconds)."""
+    rank, then times ``steps`` more, back to back after a barrier (seconds). ``targets``
+    ``None``: the model returns its own loss from ``kwargs`` (its labels), which is trained."""
+    kwargs = kwargs or {}
     if config.plan is None:
         optimizer = torch.optim.SGD(model.parameters(), lr=LR)
         local_inputs = tuple(x.to(device) for x in inputs)
-        local_targets = tuple(t.to(device) for t in targets)
-        parts = one_device_parts(local_inputs, local_targets, config.split)
+        if targets is None:  # the model's own loss: the keyword inputs split like the inputs
+            names, n = list(kwargs), len(local_inputs)
+            rows = local_inputs + tuple(kwargs[name].to(device) for name in names)
+            parts = [(xs[:n], dict(zip(names, xs[n:])), share)
+                     for xs, _, share in one_device_parts(rows, (), config.split)]
+        else:
+            local_targets = tuple(t.to(device) for t in targets)
+            parts = one_device_parts(local_inputs, local_targets, config.split)
 
         def single_step() -> None:
             if rank == 0:
                 optimizer.zero_grad(set_to_none=True)
                 for xs, ts, share in parts:  # (one part, share 1: the batch at once)
-                    (distributed.tutorial_loss(model(*xs), ts) * share).backward()
+                    loss = (model_loss(model(*xs, **ts)) if targets is None
+                            else distributed.tutorial_loss(model(*xs), ts))
+                    (loss * share).backward()
                 optimizer.step()
 
         return _timed(single_step, steps, device)
-    trainer = _trainer(config.plan, model, device)
+    trainer = _trainer(config.plan, model, device, inputs, kwargs, targets is None)
 
     def pipeline_step() -> None:
-        trainer.step(inputs if trainer.holds_first else None,
-                     targets if trainer.holds_last else None)
+        if trainer.holds_first:
+            trainer.step(inputs, targets if trainer.holds_last else None, kwargs=kwargs or None)
+        else:
+            trainer.step(None, targets if trainer.holds_last else None)
 
     return _timed(pipeline_step, steps, device)
 
@@ -266,12 +292,17 @@ def _timed(step: Any, steps: int, device: torch.device) -> Any:
     return run
 
 
-def _trainer(plan: Plan, model: nn.Module, device: torch.device) -> Any:
-    """This rank's ``Trainer`` of ``plan``: the tutorial's loss, SGD at its learning rate; the
-    replicas' losses not averaged every step, as ``autosplit run`` trains."""
-    return distributed.Trainer(model, plan, distributed.tutorial_loss,
+def _trainer(plan: Plan, model: nn.Module, device: torch.device,
+             inputs: tuple[torch.Tensor, ...] = (), kwargs: dict[str, torch.Tensor] | None = None,
+             own_loss: bool = False) -> Any:
+    """This rank's ``Trainer`` of ``plan``: the tutorial's loss (``own_loss``: the model's own,
+    :func:`autosplit.losses.model_loss`), SGD at its learning rate; the replicas' losses not
+    averaged every step, as ``autosplit run`` trains. A model with keyword inputs is captured
+    from its call (``inputs``, ``kwargs``), as ``autosplit run`` captures it."""
+    example = {"example_inputs": inputs, "example_kwargs": kwargs} if kwargs else {}
+    return distributed.Trainer(model, plan, model_loss if own_loss else distributed.tutorial_loss,
                                lambda params: torch.optim.SGD(params, lr=LR), device=device,
-                               reduce_loss=False)
+                               reduce_loss=False, **example)
 
 
 def start_marks() -> dict[str, Any]:
@@ -488,13 +519,16 @@ def lead_in_steps(lead_in_s: float, step_s: float) -> int:
 def _run_group(group: Group, device: torch.device, rank: int) -> dict[str, Any]:
     model = group.spec.build().to(device)
     inputs = group.spec.make_inputs()
-    targets = distributed.tutorial_targets(model, inputs)
+    kwargs = group.spec.make_kwargs()
+    own = bool(kwargs) and returns_own_loss(model, inputs, kwargs)
+    targets = None if own else distributed.tutorial_targets(model, inputs, kwargs=kwargs or None)
     labels = [c.label for c in group.configs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"group {group.name}: configuration labels repeat")
     runners: dict[str, Any] = {}
     for config in group.configs:  # every rank builds them in the same order (collectives)
-        runners[config.label] = _runner(config, model, inputs, targets, device, rank, group.steps)
+        runners[config.label] = _runner(config, model, inputs, targets, device, rank, group.steps,
+                                        kwargs)
     times, load, leads = _rounds(group, labels, runners, group.rounds, group.warmup, rank, "round")
     refined: dict[str, list[float]] = {}
     if group.refine and group.refine_rounds:
@@ -518,13 +552,15 @@ def _run_group(group: Group, device: torch.device, rank: int) -> dict[str, Any]:
     if group.memory:
         for config in group.configs:
             if config.plan is not None:
-                peaks[config.label] = peak_memory(config.plan, model, inputs, targets, device)
+                peaks[config.label] = peak_memory(config.plan, model, inputs, targets, device,
+                                                  kwargs=kwargs)
     return {"times": times, "refined": refined, "load": load, "peak_bytes": peaks,
             "lead_in_steps": leads, "steps_run": steps_run}
 
 
 def peak_memory(plan: Plan, model: nn.Module, inputs: tuple[torch.Tensor, ...], targets: Any,
-                device: torch.device, steps: int = 2) -> list[int]:
+                device: torch.device, steps: int = 2,
+                kwargs: dict[str, torch.Tensor] | None = None) -> list[int]:
     """Every rank's peak tensor memory (bytes) while a fresh ``Trainer`` of ``plan`` is built
     and trains ``steps`` steps: its stages' parameters and buffers, plus the highest rise of
     allocated memory above the level before (gradients, optimizer state, activations in flight,
@@ -534,10 +570,13 @@ def peak_memory(plan: Plan, model: nn.Module, inputs: tuple[torch.Tensor, ...], 
     gc.collect()
 
     def build_and_train() -> Any:
-        trainer = _trainer(plan, model, device)
+        trainer = _trainer(plan, model, device, inputs, kwargs, targets is None)
         for _ in range(steps):
-            trainer.step(inputs if trainer.holds_first else None,
-                         targets if trainer.holds_last else None)
+            if trainer.holds_first:
+                trainer.step(inputs, targets if trainer.holds_last else None,
+                             kwargs=kwargs or None)
+            else:
+                trainer.step(None, targets if trainer.holds_last else None)
         return trainer
 
     trainer, rise = rise_during(build_and_train, device)

@@ -1,0 +1,356 @@
+"""Hugging Face transformers on 2 CPU workers: autosplit's plan against torchtitan's even layers,
+PiPPy's equal sizes and DDP, predicted and measured side by side in one launch.
+
+Models (random weights, trained on their own causal-LM loss, which HF returns when ``labels``
+are given; SGD lr 0.001): a tiny Llama (``LlamaForCausalLM``, examples/llama.py's sizes) and a
+tiny GPT-2 (``GPT2LMHeadModel``, tied embeddings, built here: :data:`GPT2_SIZES`), inputs
+``input_ids``, ``attention_mask``, ``labels`` of 32 tokens.
+
+Each model is profiled by autosplit (``autosplit.profile(model, (), kwargs)``: one CPU worker of
+one thread; the model's own loss is timed with its last block), given the machine's figures as
+``autosplit plan`` gives them (DDP's all-reduce, the link, the pipeline runtime's cost per
+action: ``autosplit.cli.measuring``'s cache), and these configurations are trained for real,
+one process per stage and replica (gloo), interleaved round by round in one launch of
+``harness.py`` (its retake rule for timings disturbed by other processes):
+
+1. **autosplit**: ``autosplit.plan(profile, 2)`` (2 stages, GPipe; its cut and micro-batch
+   size). Also listed, not counted among the others: **autosplit layouts**, the best plan over
+   every layout of 2 workers (``plan_layouts(profile, 2)``, as ``autosplit plan --gpus 2``
+   chooses: the pipeline or 1 stage × 2 replicas), measured once if it is one of the rows.
+2. **torchtitan**: torchtitan's ``generate_llm_fqn_per_model_part(num_stages, num_layers,
+   input_weight=1, output_weight=1)`` (torchtitan/distributed/pipeline_parallel.py): the
+   embedding counts as ``input_weight`` layers on the first stage and norm + output head as
+   ``output_weight`` layers on the last; ``num_layers + input_weight + output_weight``
+   effective layers are shared out evenly, ``// num_stages`` each, the remainder one more to the
+   first stages, and each stage takes its share of transformer layers less its weight. For 2
+   stages and L layers: stage 0 gets the embedding and ``(L + 2) // 2 + (L + 2) % 2 - 1``
+   layers. Mapped to autosplit's blocks: the cut goes before the block of that layer
+   (``model.layers.k`` / ``transformer.h.k``); the embedding blocks (GPT-2's ``wpe``,
+   Llama's ``rotary_emb`` included) go with stage 0, the norm and head with the last stage.
+   Run at autosplit's micro-batch size.
+3. **PiPPy equal size**: ``split_into_equal_size(2)`` of PiPPy / torch.distributed.pipelining
+   (``_IR.py`` of the torch releases that had it; the installed torch 2.14 no longer does):
+   threshold = (parameter + buffer elements) // nstages; walking the graph's nodes in order, a
+   node joins the current stage while the stage's size plus the node's stays ≤ threshold; a
+   node bigger than the threshold on an empty stage becomes a stage of its own; otherwise a new
+   stage starts before it; only the first nstages − 1 split points are kept. A submodule call
+   counts all its parameters, so a tied weight counts again in every module that uses it
+   (GPT-2's ``lm_head``). Mapped to blocks: autosplit's blocks in order are the nodes, each
+   sized by its parameter bytes plus the shared parameters it uses but does not own
+   (``autosplit.planner.layouts.stage_grad_bytes``); the threshold is the model's unique
+   parameter bytes // 2 (all float32: bytes ∝ elements; buffers left out, they hold no
+   parameters here beyond Llama's 32-float rotary table). Run at autosplit's micro-batch size.
+4. **DDP**: 1 stage × 2 replicas, the whole model on each worker (``plan_replicated(profile,
+   1, 2)``: its own best micro-batch size per replica, the measured all-reduce).
+
+Every plan carries autosplit's predicted step (the hand-made balances scored by
+``plan_with_balance``, the same model); each row gives it beside the measured median, min, max
+and interquartile range, and the prediction's error |predicted − measured| / measured.
+
+    python benchmarks/hf_transformers.py           # ~5 min on 2 quiet cores; writes benchmarks/results/transformers.*
+    python benchmarks/hf_transformers.py --smoke   # tiny sizes, about a minute
+
+(The script is not named ``transformers.py``: ``python benchmarks/<script>.py`` puts
+benchmarks/ first on ``sys.path``, where a ``transformers.py`` would shadow the transformers
+package itself.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+from common import RESULTS, command_line, describe, load_example, machine, write_results
+from harness import Config, Group, ModelSpec, add_load_arguments, load_options, measure, summary
+from torch import nn
+
+import autosplit
+from autosplit.planner import plan_with_balance
+from autosplit.planner.layouts import plan_layouts, plan_replicated, stage_grad_bytes
+from autosplit.records import Plan, Profile
+
+AUTO, TITAN, PIPPY, DDP = "autosplit", "torchtitan even layers", "PiPPy equal size", "DDP"
+LAYOUT = "autosplit layouts"
+SEQUENCE = 32
+GPT2_SIZES = {
+    # name: (layers, n_embd, heads, vocabulary)
+    "tiny": (4, 64, 4, 256),
+    "small": (8, 128, 4, 1024),
+}
+
+
+@dataclass(frozen=True)
+class HFSpec(ModelSpec):
+    """``hf-llama-<size>`` (examples/llama.py) or ``hf-gpt2-<size>`` (:data:`GPT2_SIZES`):
+    keyword inputs, the model's own loss; rebuilt seeded in every rank."""
+
+    @property
+    def family(self) -> str:
+        return self.key.split("-")[1]
+
+    @property
+    def size(self) -> str:
+        return self.key.split("-", 2)[2]
+
+    @property
+    def describe(self) -> str:
+        return f"B={self.batch} × {SEQUENCE} tokens"
+
+    def config(self) -> dict[str, Any]:
+        if self.family == "llama":
+            layers, width, heads, kv, mlp, vocab = load_example("llama").SIZES[self.size]
+            return {"layers": layers, "hidden": width, "heads": heads, "kv_heads": kv,
+                    "mlp": mlp, "vocab": vocab, "tokens": SEQUENCE, "tied": False}
+        layers, width, heads, vocab = GPT2_SIZES[self.size]
+        return {"layers": layers, "hidden": width, "heads": heads, "mlp": 4 * width,
+                "vocab": vocab, "tokens": SEQUENCE, "tied": True}
+
+    def build(self) -> nn.Module:
+        torch.manual_seed(self.seed)
+        if self.family == "llama":
+            return load_example("llama").build_model(self.size)
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        layers, width, heads, vocab = GPT2_SIZES[self.size]
+        config = GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=vocab,
+                            n_positions=2 * SEQUENCE, bos_token_id=0, eos_token_id=0,
+                            tie_word_embeddings=True, attn_implementation="sdpa")
+        return GPT2LMHeadModel(config)
+
+    def make_inputs(self) -> tuple[torch.Tensor, ...]:
+        return ()
+
+    def make_kwargs(self) -> dict[str, torch.Tensor]:
+        torch.manual_seed(self.seed + 1)
+        vocab = self.config()["vocab"]
+        ids = torch.randint(0, vocab, (self.batch, SEQUENCE))
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+
+
+def torchtitan_balance(names: Sequence[str], layers: int, prefix: str,
+                       input_weight: int = 1, output_weight: int = 1) -> tuple[int, int]:
+    """torchtitan's 2-stage split (see the module docstring) as block counts."""
+    effective = layers + input_weight + output_weight
+    per, extra = effective // 2, effective % 2
+    first_layers = min(per + (extra > 0) - input_weight, layers)
+    cut = names.index(f"{prefix}{first_layers}")
+    return cut, len(names) - cut
+
+
+def pippy_balance(profile: Profile, nstages: int = 2) -> tuple[int, ...]:
+    """``split_into_equal_size(nstages)``'s greedy rule over autosplit's blocks (see the module
+    docstring)."""
+    sizes = stage_grad_bytes(profile)
+    threshold = sum(int(b.param_bytes) for b in profile.blocks) // nstages
+    starts: list[int] = []  # blocks a new stage starts at
+    accumulated = 0.0
+    for i, size in enumerate(sizes):
+        if accumulated + size <= threshold:
+            accumulated += size
+        elif accumulated == 0 and size > threshold:  # this block is a stage of its own
+            if i + 1 < len(sizes):
+                starts.append(i + 1)
+        else:
+            starts.append(i)
+            accumulated = size
+    starts = sorted({s for s in starts if 0 < s < len(sizes)})[: nstages - 1]
+    if len(starts) != nstages - 1:
+        raise SystemExit(f"PiPPy's rule gives {len(starts) + 1} stages, not {nstages}")
+    bounds = [0, *starts, len(sizes)]
+    return tuple(bounds[i + 1] - bounds[i] for i in range(nstages))
+
+
+class _Console:
+    def print(self, text: str) -> None:
+        print(f"  {text}", flush=True)
+
+
+def prepare(spec: HFSpec, sizes: list[int], budget_s: float | None) -> dict[str, Any]:
+    from autosplit.cli.measuring import _with_allreduce
+
+    model, kwargs = spec.build(), spec.make_kwargs()
+    start = time.perf_counter()
+    profile = autosplit.profile(model, (), kwargs, microbatch_sizes=sizes, budget_s=budget_s)
+    profile_s = time.perf_counter() - start
+    profile = _with_allreduce(profile, 2, _Console(), ["gpipe"])
+    auto = autosplit.plan(profile, 2)
+    names = list(profile.block_names)
+    prefix = "model.layers." if spec.family == "llama" else "transformer.h."
+    titan = torchtitan_balance(names, spec.config()["layers"], prefix)
+    pippy = pippy_balance(profile)
+    plans = {
+        AUTO: auto,
+        TITAN: plan_with_balance(profile, titan, auto.split_size, solver="torchtitan"),
+        PIPPY: plan_with_balance(profile, pippy, auto.split_size, solver="pippy equal size"),
+        DDP: plan_replicated(profile, 1, 2),
+        # what `autosplit plan --gpus 2` chooses: the best of every layout (2 stages, or
+        # 1 stage × 2 replicas), GPipe
+        LAYOUT: plan_layouts(profile, 2, schedule="gpipe").best,
+    }
+    print(f"  profiled in {profile_s:.0f} s; loss {profile.loss!r}; blocks {names}", flush=True)
+    for name, plan in plans.items():
+        print(f"  {name}: balance {list(plan.balance)} × {plan.replicas}, b={plan.split_size}, "
+              f"predicted {plan.predicted_step_ms:.1f} ms", flush=True)
+    return {"profile": profile, "plans": plans, "profile_s": profile_s, "names": names}
+
+
+def key(plan: Plan) -> tuple[Any, ...]:
+    return tuple(plan.balance), int(plan.split_size), int(plan.replicas)
+
+
+def iqr(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[2] - q[0]
+
+
+def row(name: str, plan: Plan, names: Sequence[str], times: list[float], same_as: str | None
+        ) -> dict[str, Any]:
+    ms = [t * 1000 for t in times]
+    s = summary(ms)
+    cut = [names[sum(plan.balance[: i + 1])] for i in range(len(plan.balance) - 1)]
+    return {
+        "name": name, "balance": list(plan.balance), "replicas": plan.replicas,
+        "cut_before": cut, "split_size": plan.split_size, "microbatches": plan.microbatches,
+        "predicted_ms": plan.predicted_step_ms, "measured_ms": ms,
+        "median_ms": s["median"], "min_ms": s["min"], "max_ms": s["max"], "iqr_ms": iqr(ms),
+        "error": abs(plan.predicted_step_ms - s["median"]) / s["median"],
+        "signed_error": (plan.predicted_step_ms - s["median"]) / s["median"],
+        "same_plan_as": same_as,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.smoke:
+        specs = [HFSpec("hf-llama-tiny", 8), HFSpec("hf-gpt2-tiny", 8)]
+        sizes, budget = [2, 4, 8], 10.0
+    else:
+        specs = [HFSpec("hf-llama-small", 32), HFSpec("hf-gpt2-small", 32)]
+        sizes, budget = [4, 8, 16, 32], None
+    started = time.perf_counter()
+    prepared, groups = [], []
+    for spec in specs:
+        print(f"profiling and planning {spec.key} ({spec.describe}) …", flush=True)
+        p = prepare(spec, sizes, budget)
+        measured: dict[Any, str] = {}
+        configs = []
+        for name, plan in p["plans"].items():
+            if key(plan) not in measured:
+                measured[key(plan)] = name
+                configs.append(Config(name, plan))
+        p["measured"] = measured
+        prepared.append((spec, p))
+        groups.append(Group(spec.key, spec, tuple(configs), rounds=args.rounds, warmup=1,
+                            **load_options(args)))
+    print(f"measuring {sum(len(g.configs) for g in groups)} configurations, 2 ranks (gloo) …",
+          flush=True)
+    start = time.perf_counter()
+    results = measure(groups, nprocs=2, backend="gloo", timeout_s=args.timeout)
+    measure_s = time.perf_counter() - start
+    models = []
+    for spec, p in prepared:
+        res = results[spec.key]
+        rows = []
+        for name, plan in p["plans"].items():
+            label = p["measured"][key(plan)]
+            rows.append(row(name, plan, p["names"], res["times"][label],
+                            None if label == name else label))
+        auto = rows[0]
+        others = [r for r in rows[1:] if r["same_plan_as"] is None and r["name"] != LAYOUT]
+        best = min(others, key=lambda r: r["median_ms"]) if others else None
+        models.append({
+            "model": spec.key, "config": spec.config(), "batch": spec.batch,
+            "blocks": p["names"], "profile_s": p["profile_s"],
+            "microbatch_sizes": list(p["profile"].microbatch_sizes),
+            "loss": p["profile"].loss, "rows": rows,
+            "best_other": best["name"] if best else None,
+            "autosplit_fastest": best is None or auto["median_ms"] <= best["median_ms"],
+            "autosplit_within_best_spread": best is None or auto["median_ms"] <= best["max_ms"],
+            "autosplit_vs_best_other": auto["median_ms"] / best["median_ms"] if best else None,
+            "layouts_choice": next(r for r in rows if r["name"] == LAYOUT),
+            "load": res["load"], "lead_in_steps": res["lead_in_steps"],
+        })
+    return {
+        "settings": {
+            "machine": machine(), "command": args.command, "smoke": args.smoke,
+            "devices": "2 CPU workers of 1 thread each (gloo), one process per stage and replica",
+            "schedule": "gpipe", "rounds": args.rounds, "warmup": 1,
+            "steps_per_timing": 1, "lead_in_s": args.lead_in,
+            "settle_rounds": args.settle_rounds, "more_rounds": args.more_rounds,
+            "max_spread": args.max_spread, "max_others": args.max_others,
+            "retries": args.retries, "profiled_sizes": sizes, "profile_budget_s": budget,
+            "loss": "the model's own causal-LM loss (labels = input_ids), SGD lr 0.001",
+        },
+        "phases_seconds": {"measure (one launch)": measure_s,
+                           "total": time.perf_counter() - started},
+        "models": models,
+    }
+
+
+def markdown(data: dict[str, Any]) -> str:
+    s = data["settings"]
+    title = "HF transformers on 2 CPU workers" + (" (SMOKE: tiny sizes, not a measurement)"
+                                                   if s["smoke"] else "")
+    lines = [f"# {title}", "", describe(s["machine"]), "",
+             f"`{s['command']}`; {s['devices']}; {s['rounds']} timed rounds (+ up to "
+             f"{s['more_rounds']} more while spread > {s['max_spread']:.0%}) after a warm-up, "
+             f"interleaved; {s['loss']}.", ""]
+    for m in data["models"]:
+        c = m["config"]
+        lines += [f"## {m['model']}: {c['layers']} layers, hidden {c['hidden']}, vocabulary "
+                  f"{c['vocab']}, B={m['batch']} × {c['tokens']} tokens", "",
+                  "| configuration | balance × replicas | b | predicted ms | measured median ms "
+                  "| min–max | IQR | error |", "|---|---|---|---|---|---|---|---|"]
+        for r in m["rows"]:
+            same = f" (= {r['same_plan_as']})" if r["same_plan_as"] else ""
+            lines.append(
+                f"| {r['name']}{same} | {r['balance']} × {r['replicas']} | {r['split_size']} | "
+                f"{r['predicted_ms']:.1f} | {r['median_ms']:.1f} | {r['min_ms']:.1f}–"
+                f"{r['max_ms']:.1f} | {r['iqr_ms']:.1f} | {r['signed_error']:+.1%} |")
+        ratio = m["autosplit_vs_best_other"]
+        lines += ["", (f"autosplit / best other ({m['best_other']}): {ratio:.3f}; "
+                       if ratio else "") +
+                  f"autosplit fastest: {m['autosplit_fastest']}; within the best other's "
+                  f"min–max: {m['autosplit_within_best_spread']}; others took "
+                  f"{m['load'].get('others_share', float('nan')):.1%} of the CPU, "
+                  f"{m['load']['retried']} timings retaken.", "",
+                  f"`autosplit.plan(profile, 2)` plans the 2-stage pipeline; over every layout "
+                  f"(`plan_layouts`, as `autosplit plan --gpus 2`) autosplit chooses "
+                  f"{m['layouts_choice']['balance']} × {m['layouts_choice']['replicas']} "
+                  f"(= {m['layouts_choice']['same_plan_as'] or 'itself'}).", ""]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="timed rounds per configuration (default 20; --smoke 1)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="process-group timeout (s)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, about a minute")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
+    add_load_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = 1 if args.smoke else 20
+    args.command = command_line("hf_transformers.py",
+                                sys.argv[1:] if argv is None else list(argv))
+    data = run(args)
+    stem = "transformers_smoke" if args.smoke else "transformers"
+    text = markdown(data)
+    write_results(args.out, stem, data, text)
+    print(text)
+    print(f"wrote {args.out / (stem + '.json')} and .md", flush=True)
+
+
+if __name__ == "__main__":
+    main()
