@@ -121,8 +121,12 @@ def _detached(graph: fx.Graph) -> tuple[tuple[Any, ...], ...]:
     def ref(node: fx.Node) -> Any:
         return _Ref(node.name)
 
-    return tuple((n.op, n.name, _OpName(n.target.name()) if isinstance(
-                      n.target, torch._ops.OpOverload) else n.target, fx.node.map_arg(n.args, ref),
+    def target(node: fx.Node) -> Any:
+        if isinstance(node.target, torch._ops.OpOverload):
+            return _OpName(node.target.name())
+        return node.target
+
+    return tuple((n.op, n.name, target(n), fx.node.map_arg(n.args, ref),
                   fx.node.map_arg(n.kwargs, ref),
                   {k: v for k, v in n.meta.items() if k.startswith("autosplit_")})
                  for n in graph.nodes)
@@ -145,8 +149,8 @@ def _attached(records: tuple[tuple[Any, ...], ...]) -> fx.Graph:
     return graph
 
 
-def _unpickled(parts: nn.Module, graph: tuple[tuple[Any, ...], ...], blocks: Sequence[Block], model_name: str,
-               traced: bool, signature: InputSignature | None,
+def _unpickled(parts: nn.Module, graph: tuple[tuple[Any, ...], ...], blocks: Sequence[Block],
+               model_name: str, traced: bool, signature: InputSignature | None,
                output_spec: pytree.TreeSpec | None, capture: Capture | None) -> BlockGraph:
     return BlockGraph(fx.GraphModule(parts, _attached(graph)), blocks, model_name, traced,
                       signature=signature, output_spec=output_spec, capture=capture)

@@ -210,7 +210,12 @@ def save(path: Path, figures: MachineFigures) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".machine-", suffix=".json",
                                      delete=False, encoding="utf-8") as tmp:
-        json.dump({"version": _VERSION, "machines": machines}, tmp, indent=1)
+        try:
+            json.dump({"version": _VERSION, "machines": machines}, tmp, indent=1)
+        except BaseException:
+            tmp.close()
+            os.unlink(tmp.name)  # no half-written file left beside the cache
+            raise
     os.replace(tmp.name, path)
 
 

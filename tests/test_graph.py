@@ -87,6 +87,18 @@ def test_untraceable_branching_model_raises_trace_error_with_a_fix() -> None:
     assert "Branching" in str(info.value)
 
 
+def test_a_model_neither_front_end_captures_gets_one_line(capfd: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    """Both torch.fx and torch.export fail on a data-dependent branch: one message that names
+    both and an option the command line has; torch prints nothing of its own."""
+    with pytest.raises(TraceError) as info:
+        autosplit.trace(Branching(), example_inputs=(torch.randn(4, 6),))
+    message = str(info.value)
+    assert "torch.export cannot capture Branching" in message and "torch.fx" in message
+    assert "--leaf-modules NAME" in message and "\n" not in message
+    assert "def forward" not in capfd.readouterr().err
+
+
 def test_leaf_modules_make_an_untraceable_model_traceable() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -93,9 +93,9 @@ def export_graph(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any
 
 @contextlib.contextmanager
 def _quiet_torch_logs() -> Iterator[None]:
-    """What torch logs (up to WARNING) or prints to stderr while exporting held back, and
-    let through only if the export succeeds: a failing export prints its partial graph, and
-    autosplit reports the failure in one line instead."""
+    """While exporting, torch's log records up to WARNING are dropped and what it prints to
+    stderr is held back, then let through only if the export succeeds: a failing export prints
+    its partial graph, and autosplit reports the failure in one line instead."""
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)
     held = io.StringIO()
