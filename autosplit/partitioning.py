@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,10 +27,11 @@ from autosplit.errors import InvalidInputError, TraceError
 from autosplit.graph import BlockGraph, Granularity, leaf_module_list
 from autosplit.pipeline import PipelinedModule, checkpoint_flags
 from autosplit.planner import memory_sizes
-from autosplit.planner import plan as make_plan
 from autosplit.profiler import check_inputs, profile_graph
 from autosplit.records import Plan
 from autosplit.runnable import require_pipeline_only
+from autosplit.verified_choice import verify_and_choose
+from autosplit.workflow import PlanRequest, choose_plan
 
 __all__ = ["partition", "PartitionOptions"]
 
@@ -190,7 +191,9 @@ def plan_for_batch(
     devices: Sequence[torch.device],
     options: PartitionOptions,
 ) -> Plan:
-    """Profile ``graph`` on ``inputs`` on the first device and plan it for ``devices``.
+    """Profile ``graph`` on ``inputs`` on the first device and plan it for ``devices``, as
+    the planning workflow does (:func:`autosplit.workflow.choose_plan`: a pipeline, one
+    process).
 
     The bandwidth between real GPUs is measured (the slowest link between consecutive
     stages) unless ``options`` gives one; with ``options.verify`` the best candidates'
@@ -209,23 +212,18 @@ def plan_for_batch(
     if bandwidth is None and distinct_gpus == len(devices) > 1:
         # real GPUs: the slowest link between consecutive stages, measured
         bandwidth = min(measure_link_bandwidth(a, b) for a, b in itertools.pairwise(devices))
-    planning: dict[str, Any] = dict(
-        bandwidth_bytes_per_s=bandwidth,
-        devices=[str(d) for d in devices],
-        memory_per_gpu=options.memory_per_gpu,
-        schedule=options.schedule,
-        optimizer=options.optimizer,
-        split_size=split_size,
-    )
-    if not options.verify:
-        return make_plan(prof, len(devices), **planning)
-    from autosplit.planner import plan_candidates
-    from autosplit.verified_choice import verify_and_choose
+    request = PlanRequest(
+        devices=len(devices), memory_per_gpu=options.memory_per_gpu,
+        schedule=options.schedule, optimizer=options.optimizer,
+        bandwidth_bytes_per_s=bandwidth, split_size=split_size, pipeline_only=True,
+        device_names=tuple(str(d) for d in devices))  # one process: a pipeline
 
-    candidates = plan_candidates(prof, len(devices), **planning)
-    best, _ = verify_and_choose(graph, inputs, prof, candidates, device=devices[0],
-                                threads=profile_options.get("threads", 1))
-    return best
+    def verify(candidates: Sequence[Plan], others: Mapping[str, Plan]
+               ) -> tuple[Plan, dict[str, Plan]]:
+        return verify_and_choose(graph, inputs, prof, candidates, others, device=devices[0],
+                                 threads=profile_options.get("threads", 1))
+
+    return choose_plan(prof, request, verify if options.verify else None).plan
 
 
 def _check_stages(stages: int, graph: BlockGraph) -> None:

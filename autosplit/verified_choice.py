@@ -33,7 +33,7 @@ from autosplit.records import Plan, Profile
 from autosplit.units import format_ms
 from autosplit.verify import _stage_runs, _timed_runs, verify_plans
 
-__all__ = ["RESOLVED_RATIO", "steady_choice", "verify_and_choose"]
+__all__ = ["RESOLVED_RATIO", "describe_shape", "steady_choice", "verify_and_choose"]
 
 RESOLVED_RATIO = PREDICTION_ERROR
 """The smallest difference between two verified steps (a fraction of the faster) that the
@@ -115,7 +115,7 @@ def _choose_here(graph: BlockGraph, example_inputs: Any, profile: Profile,
         verified = verify_plans(graph, example_inputs, profile, {name: named[name], **others},
                                 **session(1 - share, 1))
     best = verified[name]
-    shapes = ", ".join(_shape(c) for c in candidates)
+    shapes = ", ".join(describe_shape(c) for c in candidates)
     fastest = min(chosen, key=lambda n: chosen[n].predicted_step_ms)
     there = format_ms(chosen[name].predicted_step_ms)
     top = ("the fastest" if name == fastest else
@@ -191,7 +191,7 @@ def _run_count(plans: Any) -> int:
     return len({r for plan in plans for r in _stage_runs(plan)}) or 1
 
 
-def _shape(plan: Plan) -> str:
+def describe_shape(plan: Plan) -> str:
     """``2 stages b=15``, ``1 stage × 2 replicas b=15``: a candidate in a few words."""
     p = len(plan.stages)
     replicas = f" × {plan.replicas} replicas" if plan.replicas > 1 else ""

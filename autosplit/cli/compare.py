@@ -10,9 +10,10 @@ from typing import Any
 from rich.console import Console
 
 from autosplit.cli.common import device_spec, load_model, make_console, model_args
-from autosplit.cli.measuring import profile_for, verifies, verify_plans
+from autosplit.cli.measuring import profile_for, report_verification, verifier
 from autosplit.cli.profile_plan import manual_reference
 from autosplit.records import Plan
+from autosplit.workflow import PlanRequest, choose_plan
 
 __all__ = ["compare_command"]
 
@@ -47,7 +48,6 @@ def _measure_plans(args: argparse.Namespace, plans: dict[str, Plan],
 def compare_command(args: argparse.Namespace) -> int:
     """``autosplit compare``: print the comparison table; draw it with ``--plot``."""
     from autosplit.comparison import baseline_plans, compare
-    from autosplit.planner import plan_candidates
     from autosplit.report import comparison_table
 
     console = make_console()
@@ -64,17 +64,18 @@ def compare_command(args: argparse.Namespace) -> int:
         schedule=args.schedule,
         optimizer=args.optimizer,
     )
-    verify = verifies(args, prof)
-    candidates = plan_candidates(prof, args.gpus, top_k=3 if verify else 1, **kwargs)
-    plans = {"autosplit": candidates[0]}
+    others: dict[str, Plan] = {}
     reference = manual_reference(prof, source, args, kwargs)
     if reference is not None:
-        plans["hand split"] = reference[1]
-    plans.update(baseline_plans(prof, args.gpus, **kwargs))
-    if verify:
-        others = {k: v for k, v in plans.items() if k != "autosplit"}
-        best, checked = verify_plans(args, model, inputs, prof, candidates, others, console)
-        plans = {"autosplit": best, **checked}
+        others["hand split"] = reference[1]
+    others.update(baseline_plans(prof, args.gpus, **kwargs))
+    request = PlanRequest(devices=args.gpus, batch_size=args.batch_size, memory_per_gpu=memory,
+                          schedule=args.schedule, optimizer=args.optimizer,
+                          pipeline_only=True)  # pipelines of N stages, beside the others
+    verify = verifier(args, model, inputs, prof, console)
+    planned = choose_plan(prof, request, verify, others)
+    report_verification(console, planned)
+    plans = {"autosplit": planned.plan, **dict(planned.references)}
     measured = _measure_plans(args, plans, console) if args.measure else {}
     rows = compare(prof, plans, {n: statistics.median(t) for n, t in measured.items()}
                    if args.measure else None)
@@ -85,7 +86,7 @@ def compare_command(args: argparse.Namespace) -> int:
                       "taking turns after a warm-up step each (range in brackets)")
     console.print()
     how = ("stage times verified: each plan's stages timed as they run, taking turns"
-           if verify else "from block sums")
+           if verify is not None else "from block sums")
     console.print(f" all predicted by one simulator, {how} (profile {prof.describe()})")
     if args.plot:
         from autosplit.figures import comparison_figure

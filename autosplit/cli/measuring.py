@@ -4,7 +4,7 @@ analytic estimate or a ``--profile`` file, and the candidates' stages timed as t
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -13,12 +13,10 @@ from autosplit.cli.common import device_spec
 from autosplit.errors import InvalidInputError
 from autosplit.records import Plan, Profile
 from autosplit.units import format_ms
+from autosplit.workflow import PIPELINE_AGAIN, SEPARATED, Planned, Verifier
 
-PIPELINE_AGAIN = "pipeline candidate "
-"""Names of pipeline candidates given again among the other plans (timed once, not listed)."""
-
-__all__ = ["PIPELINE_AGAIN", "estimate", "device_note", "measure", "profile_for", "verifies",
-           "verify_plans"]
+__all__ = ["estimate", "device_note", "measure", "profile_for", "report_verification",
+           "verifier", "verifies"]
 
 
 def estimate(args: argparse.Namespace, spec: Any, model: Any, inputs: Any, stages: int,
@@ -210,23 +208,46 @@ def verifies(args: argparse.Namespace, prof: Profile) -> bool:
     return not args.no_verify and prof.source == "measured" and not args.profile
 
 
-def verify_plans(args: argparse.Namespace, model: Any, inputs: Any, prof: Profile,
-                 candidates: Sequence[Plan], others: dict[str, Plan],
-                 console: Console) -> tuple[Plan, dict[str, Plan]]:
-    """Time the candidates' and the other plans' stages as they run; the best by that."""
+def verifier(args: argparse.Namespace, model: Any, inputs: Any, prof: Profile,
+             console: Console) -> Verifier | None:
+    """How the command verifies candidates (:data:`autosplit.workflow.Verifier`): their
+    stages and the other plans' timed as they run, with a progress bar; ``None`` when it does
+    not verify (:func:`verifies`)."""
+    if not verifies(args, prof):
+        return None
     from autosplit.verified_choice import verify_and_choose
 
-    graph, inputs = captured(args, model, inputs)
-    what = f"the {len(candidates)} best candidate{'s' if len(candidates) > 1 else ''}"
-    listed = [name for name in others if not name.startswith(PIPELINE_AGAIN)]
-    if listed:
-        what += f" and {', '.join(listed)}"
-    with _progress("verifying", console) as bar:
-        task = bar.add_task(f"{what}, stage by stage", total=None)
-        result = verify_and_choose(
-            graph, inputs, prof, candidates, others,
-            device=args.device, threads=args.threads, budget_s=args.budget,
-            progress=lambda done, total, _: bar.update(task, completed=done, total=total),
-        )
-        bar.update(task, completed=1, total=1)
-    return result
+    def verify(candidates: Sequence[Plan], others: Mapping[str, Plan]
+               ) -> tuple[Plan, dict[str, Plan]]:
+        graph, flat = captured(args, model, inputs)
+        what = f"the {len(candidates)} best candidate{'s' if len(candidates) > 1 else ''}"
+        listed = [name for name in others if not name.startswith(PIPELINE_AGAIN)]
+        if listed:
+            what += f" and {', '.join(listed)}"
+        with _progress("verifying", console) as bar:
+            task = bar.add_task(f"{what}, stage by stage", total=None)
+            result = verify_and_choose(
+                graph, flat, prof, candidates, others,
+                device=args.device, threads=args.threads, budget_s=args.budget,
+                progress=lambda done, total, _: bar.update(task, completed=done, total=total),
+            )
+            bar.update(task, completed=1, total=1)
+        return result
+
+    return verify
+
+
+def report_verification(console: Console, planned: Planned) -> None:
+    """One line: how long verification took, what it changed, what it left out."""
+    if not planned.verify_s:
+        return
+    from autosplit.verified_choice import describe_shape
+
+    first = planned.block_sum_choice
+    change = (f"it chose {describe_shape(planned.plan)} where block sums chose "
+              f"{describe_shape(first)}" if planned.changed and first is not None
+              else f"it kept block sums' choice, {describe_shape(planned.plan)}")
+    aside = planned.set_aside
+    left = (f"; {len(aside)} candidate{'s' if len(aside) > 1 else ''} not verified, "
+            f"{SEPARATED:.0%} or more slower by block sums" if aside else "")
+    console.print(f"verified in {planned.verify_s:.1f} s: {change}{left}")

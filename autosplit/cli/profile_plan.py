@@ -12,18 +12,18 @@ from rich.console import Console
 
 from autosplit.cli.common import device_spec, load_model, make_console
 from autosplit.cli.measuring import (
-    PIPELINE_AGAIN,
     device_note,
     estimate,
     measure,
     profile_for,
-    verifies,
-    verify_plans,
+    report_verification,
+    verifier,
 )
 from autosplit.cli.topology_args import resolve_device_count, topology_for
 from autosplit.errors import AutosplitError, InfeasiblePlanError, InvalidInputError
 from autosplit.records import Plan, Profile
 from autosplit.topology import placements
+from autosplit.workflow import PlanRequest, choose_plan
 
 __all__ = ["profile_command", "plan_command", "manual_reference"]
 
@@ -103,64 +103,6 @@ def _one_device_note(console: Console, prof: Profile, memory: float,
         console.print(f" one device of {format_bytes(memory)} could hold it too")
 
 
-def _chosen_plan(args: argparse.Namespace, source: Any, model: Any, inputs: Any,
-                 prof: Profile, kwargs: dict[str, Any], layouts: Any,
-                 console: Console) -> tuple[Plan, list[tuple[str, Plan]]]:
-    """The plan of ``--gpus`` devices and the plans it is printed against.
-
-    The candidates are the best pipelines of ``--gpus`` stages by block sums and, with
-    ``layouts``, the best plan of every layout with replicas; all are timed stage by stage
-    together (unless ``--no-verify``) and the fastest verified one is chosen (among those
-    within noise or 3 % of it, the best by block sums:
-    :func:`autosplit.verified_choice.steady_choice`). Beside it: the hand split, and the best
-    pipeline when the choice has replicas.
-    """
-    from autosplit.planner import plan_candidates
-
-    verify = verifies(args, prof)
-    replicated = [] if layouts is None else [
-        o.plan for o in layouts.options if o.plan is not None and o.replicas > 1]
-    stages_max = min(len(prof.blocks), args.max_stages or args.gpus)
-    pipelines: tuple[Plan, ...] = ()
-    if args.gpus <= stages_max or not replicated:  # else no pipeline of --gpus stages
-        try:
-            pipelines = plan_candidates(
-                prof, args.gpus, top_k=3 if verify else 1, split_size=args.split_size,
-                solver=args.solver, **kwargs)
-        except InfeasiblePlanError:
-            if not replicated:
-                raise
-    candidates = [*pipelines, *replicated]
-    others: dict[str, Plan] = {}
-    reference = manual_reference(prof, source, args, kwargs)
-    if reference is not None:
-        others[reference[0]] = reference[1]
-    # each pipeline candidate again, by name (its stage runs are timed once): the best
-    # pipeline after verification is printed beside a choice with replicas
-    piped = {f"{PIPELINE_AGAIN}{i}": c for i, c in enumerate(pipelines)} if replicated else {}
-    if verify:
-        plan, others = verify_plans(args, model, inputs, prof, candidates, {**others, **piped},
-                                    console)
-    else:
-        plan = min(candidates, key=lambda c: c.predicted_step_ms)
-        others = {**others, **piped}
-    if piped and pipelines:
-        best_piped = min((others.pop(name) for name in piped),
-                         key=lambda c: c.predicted_step_ms)
-        if plan.replicas > 1:
-            others["the best pipeline"] = best_piped
-    return plan, list(others.items())
-
-
-def _fixed_layout_plan(args: argparse.Namespace, model: Any, inputs: Any, prof: Profile,
-                       plan: Plan, console: Console) -> tuple[Plan, list[tuple[str, Plan]]]:
-    """The best plan of the layout ``--replicas`` fixes, its stages verified unless
-    ``--no-verify``."""
-    if verifies(args, prof):
-        plan, _ = verify_plans(args, model, inputs, prof, [plan], {}, console)
-    return plan, []
-
-
 def _print_layouts(console: Console, layouts: Any, plan: Plan) -> None:
     """The best plan of every stages × replicas layout, by block sums, the chosen one marked."""
     from autosplit.report import layout_table
@@ -211,7 +153,6 @@ def _check_layout_options(args: argparse.Namespace) -> None:
 def plan_command(args: argparse.Namespace) -> int:
     """``autosplit plan``: profile (or read, or estimate), plan, print; write the plan and,
     on request, the emitted code and the figure."""
-    from autosplit.planner import plan_layouts
     from autosplit.report import print_plan
 
     counts = resolve_device_count(args)
@@ -224,37 +165,32 @@ def plan_command(args: argparse.Namespace) -> int:
         bandwidth = bandwidth or spec.link_bandwidth_bytes_per_s
     source, model, inputs = load_model(args, on_meta=spec is not None)
     prof = profile_for(args, source, model, inputs, console, source.manual_split_size)
-    kwargs: dict[str, Any] = dict(
-        batch_size=args.batch_size or prof.batch_size,
-        memory_per_gpu=memory,
-        schedule=args.schedule,
-        optimizer=args.optimizer,
-        bandwidth_bytes_per_s=bandwidth,
-    )
-    searched: dict[str, Any] = dict(kwargs, split_size=args.split_size, solver=args.solver,
-                                    allreduce_bandwidth_bytes_per_s=args.allreduce_bandwidth,
-                                    max_stages=args.max_stages)
+    request = PlanRequest(
+        devices=args.gpus, batch_size=args.batch_size, memory_per_gpu=memory,
+        schedule=args.schedule, optimizer=args.optimizer, bandwidth_bytes_per_s=bandwidth,
+        split_size=args.split_size, solver=args.solver,
+        allreduce_bandwidth_bytes_per_s=args.allreduce_bandwidth, max_stages=args.max_stages,
+        replicas=args.replicas,
+        pipeline_only=args.pipeline_only or bool(args.emit))  # --emit: one process, a pipeline
     topology = None
     if counts is not None:
         topology = topology_for(counts, spec, prof.device.kind, bandwidth,
                                 args.inter_node_bandwidth)
-        searched.update(topology=topology, bandwidth_bytes_per_s=None)
-        kwargs["bandwidth_bytes_per_s"] = placements(topology, args.gpus, 1)[0].link_bytes_per_s
-    layouts = None
-    if (args.replicas or 1) > 1:
-        fixed = plan_layouts(prof, args.gpus, replicas=args.replicas, **searched)
-        plan, references = _fixed_layout_plan(args, model, inputs, prof, fixed.best, console)
-    else:
-        if not args.pipeline_only and not args.emit:
-            try:
-                layouts = plan_layouts(prof, args.gpus, **searched)
-            except InfeasiblePlanError:  # nothing fits: the pipeline's planner says why
-                layouts = None
-        plan, references = _chosen_plan(args, source, model, inputs, prof, kwargs, layouts,
-                                        console)
-        if topology is not None and plan.replicas == 1:
-            plan = dataclasses.replace(plan, placement="pp-inner",
-                                       devices_per_node=topology.per_node)
+        request = dataclasses.replace(
+            request, topology=topology,
+            bandwidth_bytes_per_s=placements(topology, args.gpus, 1)[0].link_bytes_per_s)
+    kwargs = request.planning(prof)
+    kwargs = {k: kwargs[k] for k in ("batch_size", "memory_per_gpu", "schedule", "optimizer",
+                                     "bandwidth_bytes_per_s")}
+    reference = None if (args.replicas or 1) > 1 else manual_reference(prof, source, args,
+                                                                       kwargs)
+    planned = choose_plan(prof, request, verifier(args, model, inputs, prof, console),
+                          dict([reference]) if reference else None)
+    report_verification(console, planned)
+    plan, references, layouts = planned.plan, list(planned.references), planned.layouts
+    if topology is not None and plan.replicas == 1:
+        plan = dataclasses.replace(plan, placement="pp-inner",
+                                   devices_per_node=topology.per_node)
     code = None
     if args.emit:
         from autosplit.codegen import emit
