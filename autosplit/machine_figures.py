@@ -221,16 +221,21 @@ def save(path: Path, figures: MachineFigures) -> None:
 
 def figures_for(key: MachineKey, schedules: Sequence[str], measurers: Measurers, *,
                 path: Path | None = None, remeasure: bool = False,
-                now: float | None = None) -> tuple[MachineFigures, str]:
+                now: float | None = None,
+                have: MachineFigures | None = None) -> tuple[MachineFigures, str]:
     """The machine's figures for planning ``schedules``, and one line that says where they
     come from: the cache (with their age), else measured now (saying why) and cached.
 
-    A cached entry that lacks some of ``schedules`` keeps what it has and measures the rest.
+    A cached entry that lacks some of ``schedules`` keeps what it has and measures the rest;
+    so do figures the caller already ``have`` (the cache is not read then).
     A cache that cannot be written is left as it is (the figures are still returned).
     """
     path = cache_path() if path is None else path
     now = time.time() if now is None else now
-    cached, why = (None, "--remeasure") if remeasure else load(path, key, now)
+    if have is not None:
+        cached, why = have, ""
+    else:
+        cached, why = (None, "--remeasure") if remeasure else load(path, key, now)
     wanted = list(schedules) if measurers.actions is not None else []
     if cached is not None and cached.has(wanted) and (
             measurers.one_stage is None or cached.one_stage_action_ms is not None):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -148,10 +148,11 @@ def _vs_best(plan: Plan, best: Plan) -> str:
     return f"×{claim.ratio:.2f} ± {(claim.high - claim.low) / 2:.2f}"
 
 
-def schedule_table(choice: Any, chosen: Plan) -> Table:
+def schedule_table(choice: Any, chosen: Plan, unmeasured: Collection[str] = ()) -> Table:
     """One row per schedule searched (:class:`autosplit.planner.schedules.ScheduleChoice`):
     its best plan's stages per rank, micro-batches, recomputed stages, predicted step and the
-    most memory on a rank, or why it is not offered."""
+    most memory on a rank, or why it is not offered; ``unmeasured``: schedules whose runtime
+    cost was not measured because they cannot win (their step is said to be a bound)."""
     table = Table(box=None, header_style="bold", pad_edge=False)
     for name, justify in (("schedule", "left"), ("v", "right"), ("split", "right"),
                           ("recompute", "right"), ("step (block sums)", "right"),
@@ -170,9 +171,14 @@ def schedule_table(choice: Any, chosen: Plan) -> Table:
             f"{sum(s.checkpoint for s in plan.stages)}/{len(plan.stages)}",
             format_ms(plan.predicted_step_ms),
             format_bytes(max(s.memory_bytes for s in plan.stages)),
-            "; ".join(x for x in (_chosen_note(plan, chosen) if mine else "", option.why) if x),
+            "; ".join(x for x in (_chosen_note(plan, chosen) if mine else "", option.why,
+                                  UNMEASURED_NOTE if option.schedule in unmeasured else "")
+                      if x),
         )
     return table
+
+
+UNMEASURED_NOTE = "runtime cost not measured: it cannot win even at none"
 
 
 def _chosen_note(row: Plan, chosen: Plan) -> str:

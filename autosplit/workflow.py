@@ -16,23 +16,33 @@ plans printed beside it. Each step runs once, in this order:
 4. **The plans beside it**: those the caller gave, and the best pipeline when the choice has
    replicas.
 
+Before the candidates, the runtime's cost per action is measured only for the schedules that
+can win (:func:`schedules_worth_measuring`): a schedule whose best plan, with no runtime cost
+at all, is no faster than the best plan already known (one replicated over every device, or of
+a schedule whose cost is known) cannot be chosen whatever its cost, so its cost is not measured.
+
 The workflow is policy on numbers: it measures nothing itself. Its callers give it the profile
 and the verifier, and print what it returns.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autosplit.errors import InfeasiblePlanError, InvalidInputError
-from autosplit.planner import Layouts, plan_candidates, plan_layouts
+from autosplit.errors import AutosplitError, InfeasiblePlanError, InvalidInputError
+from autosplit.planner import Layouts, plan, plan_candidates, plan_layouts
+from autosplit.planner.schedules import SEARCHED
 from autosplit.records import Plan, Profile
 from autosplit.topology import Topology
 
-__all__ = ["SEPARATED", "PlanRequest", "Planned", "Verifier", "choose_plan"]
+__all__ = ["SEPARATED", "PlanRequest", "Planned", "Verifier", "choose_plan",
+           "schedules_worth_measuring"]
 
 SEPARATED = 0.25
 """A candidate whose block-sum step exceeds the best candidate's by more than this fraction is
@@ -210,3 +220,41 @@ def _verified(first: Plan, kept: Sequence[Plan], aside: tuple[Plan, ...],
         references.append(("the best pipeline", best_piped))
     return Planned(plan, tuple(references), layouts, candidates or tuple(kept), aside,
                    seconds, first)
+
+
+def schedules_worth_measuring(profile: Profile, request: PlanRequest,
+                              known: Sequence[str]) -> tuple[str, ...]:
+    """The schedules whose runtime cost per action may change the choice and is not
+    ``known`` (measured), the most promising first.
+
+    A schedule's best plan with no runtime cost is a lower bound on its best plan (the cost
+    only adds to each action). The upper bound is the best plan known: data parallelism over
+    every device (its one-stage cost is measured with the collectives) and the best plan of
+    each ``known`` schedule, at its measured cost. A schedule whose lower bound is not below
+    the upper bound cannot be chosen. A request for one schedule needs that one; a request
+    with a topology or fixed replicas, every schedule not known.
+    """
+    names = list(dict.fromkeys(name for name, _ in SEARCHED))
+    if request.schedule != "auto":
+        return tuple(n for n in (request.schedule,) if n not in known)
+    if request.topology is not None or request.replicas is not None:
+        return tuple(n for n in names if n not in known)
+    planning = request.planning(profile)
+    bounds = []
+    for name in names:
+        if name in known:
+            continue
+        free = dataclasses.replace(profile, action_ms=((name, 0.0),), action_spread=())
+        with contextlib.suppress(AutosplitError):  # not runnable here, or nothing fits
+            bounds.append((plan(free, request.devices, **{**planning, "schedule": name})
+                           .predicted_step_ms, name))
+    best = math.inf
+    if not request.pipeline_only:
+        with contextlib.suppress(AutosplitError):  # the batch does not divide, nothing fits
+            best = plan_layouts(profile, request.devices, replicas=request.devices,
+                                **request.searched(profile)).best.predicted_step_ms
+    for name in known:
+        with contextlib.suppress(AutosplitError):
+            best = min(best, plan(profile, request.devices,
+                                  **{**planning, "schedule": name}).predicted_step_ms)
+    return tuple(name for bound, name in sorted(bounds) if bound < best)

@@ -777,3 +777,23 @@ def test_gpu_analytic_fits_the_kept_h200_profiles(tmp_path) -> None:
         for row in run["specs"].values():  # no fit makes the device faster than its peak
             assert 0 < row["efficiency"] <= 1 and 0 < row["bandwidth_efficiency"] <= 1
     assert "| with floor, every size |" in (tmp_path / "gpu_analytic.md").read_text()
+
+
+def test_wait_benchmark_sums_up_runs_against_the_goals() -> None:
+    """The wait benchmark's summary, on made-up runs (timing the commands takes minutes: the
+    benchmark is run by hand, not by the suite)."""
+    wait = load_benchmark("wait")
+    after = wait.Revision("after", "HEAD", "abc", ROOT, 0)
+
+    def run(command: str, cache: str, seconds: float, code: int | None = 0) -> Any:
+        return wait.Run(1, command, "after", cache, seconds, code, cache == "warm", True, 0.5,
+                        {"stages": 1, "replicas": 2, "split_size": 10, "schedule": "gpipe"}, "")
+
+    runs = [run("toy", "cold", 35.0), run("toy", "warm", 12.0), run("partition-toy", "cold", 30),
+            run("partition-toy", "warm", 13.0, None)]
+    commands = [wait.COMMANDS["toy"], wait.COMMANDS["partition-toy"]]
+    rows = {(r.command, r.cache): r for r in wait.summarize(runs, commands, [after])}
+    assert rows["toy", "cold"].met is True and rows["toy", "warm"].met is False
+    assert rows["partition-toy", "cold"].met is True  # 30 s ≤ the toy plan's 35 s
+    assert rows["partition-toy", "warm"].met is False and rows["partition-toy", "warm"].failed == 1
+    assert rows["toy", "warm"].median_s == 12.0 and rows["toy", "warm"].goal == "≤ 10 s"

@@ -141,3 +141,15 @@ def test_figures_round_trip() -> None:
     figures = MachineFigures(KEY, NOW, 1e9, 0.1, 2e9, (("gpipe", 0.4),), (("gpipe", 0.02),),
                              0.3, 0.01)
     assert MachineFigures.from_json(json.loads(json.dumps(figures.to_json()))) == figures
+
+
+def test_figures_at_hand_measure_only_what_they_lack(tmp_path: Path) -> None:
+    path, counting = tmp_path / "machine.json", Counting()
+    first, _ = figures_for(KEY, (), counting.measurers(), path=path, now=NOW)
+    assert counting.schedules == [] and counting.one_stage_calls == 1
+    path.unlink()  # the cache is not read when the figures are at hand
+    more, _ = figures_for(KEY, ("zbv",), counting.measurers(), path=path, now=NOW, have=first)
+    assert counting.collectives_calls == 1 and counting.schedules == [("zbv",)]
+    assert dict(more.action_ms) == {"zbv": 0.5}
+    assert more.allreduce_bytes_per_s == first.allreduce_bytes_per_s
+    assert path.exists()

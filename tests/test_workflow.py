@@ -3,6 +3,7 @@ profile; candidates block sums separate are not verified; what verification chan
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
@@ -14,8 +15,16 @@ from synthetic import make_profile
 import autosplit
 from autosplit import partitioning
 from autosplit.cli import main
+from autosplit.planner import plan_layouts
+from autosplit.planner.schedules import SEARCHED
 from autosplit.records import Plan, Profile
-from autosplit.workflow import SEPARATED, Planned, PlanRequest, choose_plan
+from autosplit.workflow import (
+    SEPARATED,
+    Planned,
+    PlanRequest,
+    choose_plan,
+    schedules_worth_measuring,
+)
 
 MODEL_FILE = '''
 import torch
@@ -162,3 +171,60 @@ def test_planned_records_are_frozen(tmp_path) -> None:
     assert isinstance(planned, Planned)
     with pytest.raises(dataclasses.FrozenInstanceError):
         planned.plan = planned.plan  # type: ignore[misc]
+
+
+def _costs(profile: Profile, **action_ms: float) -> Profile:
+    names = {k.replace("_", "-"): v for k, v in action_ms.items()}
+    return dataclasses.replace(profile, action_ms=tuple(names.items()),
+                               action_spread=tuple((n, 0.0) for n in names),
+                               one_stage_action_ms=0.1, one_stage_action_spread=0.0)
+
+
+def test_only_the_schedules_that_can_win_are_worth_measuring(tmp_path) -> None:
+    _, _, light = _model_and_profile(tmp_path)
+    light = _costs(light)
+    request = PlanRequest(devices=2)
+    # light weights: data parallelism is ahead; every schedule left out cannot beat it, even
+    # at no runtime cost
+    worth = schedules_worth_measuring(light, request, known=())
+    best_known = plan_layouts(light, 2, replicas=2).best.predicted_step_ms
+    checked = 0
+    for name in sorted({n for n, _ in SEARCHED} - set(worth)):
+        free = dataclasses.replace(light, action_ms=((name, 0.0),))
+        with contextlib.suppress(autosplit.AutosplitError):  # not runnable on this profile
+            assert autosplit.plan(free, 2, schedule=name).predicted_step_ms >= best_known
+            checked += 1
+    assert checked >= 2
+    # heavy weights: the all-reduce is slow, pipelines can win; in the order of their bound
+    heavy = dataclasses.replace(light, blocks=tuple(
+        dataclasses.replace(b, param_bytes=50 * 10**6) for b in light.blocks))
+    worth = schedules_worth_measuring(heavy, request, known=())
+    assert len(worth) >= 2
+    bounds = [autosplit.plan(dataclasses.replace(heavy, action_ms=((n, 0.0),)), 2,
+                             schedule=n).predicted_step_ms for n in worth]
+    assert bounds == sorted(bounds)
+    # a schedule whose cost is known is not measured again; its plan lowers the bound
+    known = _costs(heavy, **{worth[0].replace("-", "_"): 0.0})
+    again = schedules_worth_measuring(known, request, known=(worth[0],))
+    assert worth[0] not in again and set(again) < set(worth)
+
+
+def test_data_parallelism_far_ahead_leaves_no_schedule_to_measure(tmp_path) -> None:
+    _, _, prof = _model_and_profile(tmp_path)
+    # every cut sends a lot: each pipeline is slow whatever the runtime costs
+    cuts = tuple(dataclasses.replace(c, bytes=tuple(10**9 * b for b in c.bytes))
+                 for c in prof.cuts)
+    prof = _costs(dataclasses.replace(prof, cuts=cuts))
+    assert schedules_worth_measuring(prof, PlanRequest(devices=2), known=()) == ()
+    assert schedules_worth_measuring(prof, PlanRequest(devices=2, pipeline_only=True),
+                                     known=()) != ()
+
+
+def test_a_fixed_schedule_or_layout_needs_what_it_names(tmp_path) -> None:
+    _, _, prof = _model_and_profile(tmp_path)
+    assert schedules_worth_measuring(prof, PlanRequest(devices=2, schedule="1f1b"),
+                                     ()) == ("1f1b",)
+    assert schedules_worth_measuring(prof, PlanRequest(devices=2, schedule="1f1b"),
+                                     ("1f1b",)) == ()
+    every = schedules_worth_measuring(prof, PlanRequest(devices=2, replicas=2), ("gpipe",))
+    assert "gpipe" not in every and "zbv" in every

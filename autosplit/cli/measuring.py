@@ -16,7 +16,7 @@ from autosplit.units import format_ms
 from autosplit.workflow import PIPELINE_AGAIN, SEPARATED, Planned, Verifier
 
 __all__ = ["estimate", "device_note", "measure", "profile_for", "report_verification",
-           "verifier", "verifies"]
+           "verifier", "verifies", "with_schedule_costs"]
 
 
 def estimate(args: argparse.Namespace, spec: Any, model: Any, inputs: Any, stages: int,
@@ -63,11 +63,12 @@ def _progress(what: str, console: Console, **options: Any) -> Any:
 
 
 def _schedules(args: argparse.Namespace) -> tuple[str, ...] | None:
-    """The schedules whose runtime cost per action the command needs: ``--schedule``'s, or
-    ``None`` (every one) for ``auto`` and for a command without the option (``profile``: its
-    file may be planned with any)."""
+    """The schedules whose runtime cost per action the command measures with the profile:
+    ``--schedule``'s; none yet for ``auto`` (:func:`with_schedule_costs` measures those that
+    can win, once the candidates are known); ``None`` (every one) for a command without the
+    option (``profile``: its file may be planned with any)."""
     schedule = getattr(args, "schedule", None)
-    return None if schedule in (None, "auto") else (schedule,)
+    return None if schedule is None else () if schedule == "auto" else (schedule,)
 
 
 def captured(args: argparse.Namespace, model: Any, example: Any) -> tuple[Any, Any]:
@@ -125,27 +126,18 @@ def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, cons
         f"measured micro-batch sizes {', '.join(map(str, prof.microbatch_sizes))} in "
         f"{prof.seconds:.1f} s{aside}"
     )
+    stash: list[Any] = []
+    args._machine_figures = stash
     return _with_allreduce(prof, stages, console, _schedules(args),
-                           getattr(args, "remeasure", False))
+                           getattr(args, "remeasure", False), stash)
 
 
-def _with_allreduce(prof: Profile, stages: int, console: Console,
-                    schedules: Sequence[str] | None = None, remeasure: bool = False) -> Profile:
-    """``prof`` with the machine's figures (:mod:`autosplit.machine_figures`), from the cache
-    or measured: the all-reduce and link bandwidths of 2 local ranks (gloo between CPU
-    workers, NCCL between GPUs) and, between CPU workers, the pipeline runtime's cost per
-    action of ``schedules`` (``None``: every schedule the planner searches;
-    :mod:`autosplit.runtime_cost`), when planning for more than one device."""
-    import dataclasses
-
-    import torch
-
+def _machine(prof: Profile) -> tuple[Any, Any]:
+    """This machine's key and the measurers of its figures for ``prof``'s kind of device."""
     from autosplit.collectives import measure_allreduce, measure_link_bandwidth
-    from autosplit.machine_figures import MachineKey, Measurers, figures_for
-    from autosplit.runtime_cost import MEASURED, action_costs, measure_one_stage_action_ms
+    from autosplit.machine_figures import MachineKey, Measurers
+    from autosplit.runtime_cost import action_costs, measure_one_stage_action_ms
 
-    if stages < 2 or (prof.device.kind == "cuda" and torch.cuda.device_count() < 2):
-        return prof
     cpu = prof.device.kind == "cpu"
 
     def collectives() -> tuple[float, float, float]:
@@ -159,24 +151,94 @@ def _with_allreduce(prof: Profile, stages: int, console: Console,
     measurers = Measurers(collectives, actions if cpu else None,  # gloo only, so far
                           measure_one_stage_action_ms if cpu else None)
     # (the ranks that measure them run one thread each, autosplit.distributed.launch's default)
-    key = MachineKey.here("gloo" if cpu else "nccl", prof.device.kind, threads=1)
-    wanted = tuple(schedules or (name for name, _ in MEASURED))
+    return MachineKey.here("gloo" if cpu else "nccl", prof.device.kind, threads=1), measurers
+
+
+def _with_allreduce(prof: Profile, stages: int, console: Console,
+                    schedules: Sequence[str] | None = None, remeasure: bool = False,
+                    figures_out: list[Any] | None = None) -> Profile:
+    """``prof`` with the machine's figures (:mod:`autosplit.machine_figures`), from the cache
+    or measured: the all-reduce and link bandwidths of 2 local ranks (gloo between CPU
+    workers, NCCL between GPUs) and, between CPU workers, the pipeline runtime's cost per
+    action of ``schedules`` (``None``: every schedule the planner searches;
+    :mod:`autosplit.runtime_cost`) and of one stage, when planning for more than one device.
+    ``figures_out`` receives the figures (for :func:`with_schedule_costs`)."""
+    import dataclasses
+
+    import torch
+
+    from autosplit.machine_figures import figures_for
+    from autosplit.runtime_cost import MEASURED
+
+    if stages < 2 or (prof.device.kind == "cuda" and torch.cuda.device_count() < 2):
+        return prof
+    key, measurers = _machine(prof)
+    wanted = tuple(schedules if schedules is not None else (name for name, _ in MEASURED))
     figures, note = figures_for(key, wanted, measurers, remeasure=remeasure)
     console.print(note)
-    backend = "gloo between 2 CPU workers" if cpu else "NCCL, 2 GPUs"
+    backend = "gloo between 2 CPU workers" if prof.device.kind == "cpu" else "NCCL, 2 GPUs"
     console.print(f"({backend}) DDP's gradient all-reduce, 32 MiB: "
                   f"{figures.allreduce_bytes_per_s / 1e9:.2f} GB/s bus bandwidth after "
                   f"{format_ms(figures.allreduce_latency_ms)} whatever its size; a stage's send "
                   f"to the next, 16 MiB: {figures.link_bytes_per_s / 1e9:.2f} GB/s")
-    if figures.action_ms:
-        spreads = dict(figures.action_spread)
-        console.print("torch's pipeline runtime per action (gloo, 2 CPU workers; ± half the "
-                      "interquartile range over the rounds): "
-                      + ", ".join(f"{name} {ms:.2f} ± {spreads[name]:.2f} ms"
-                                  for name, ms in figures.action_ms if name in wanted)
-                      + f"; one stage per replica {figures.one_stage_action_ms:.2f} ± "
-                        f"{figures.one_stage_action_spread:.2f} ms")
+    if wanted:
+        _print_actions(console, figures, wanted)
+    if figures_out is not None:
+        figures_out.append(figures)
     return dataclasses.replace(prof, **figures.profile_fields())
+
+
+def _print_actions(console: Console, figures: Any, names: Sequence[str], note: str = "") -> None:
+    """The runtime's cost per action of ``names`` and of one stage, in one line."""
+    if not figures.action_ms and figures.one_stage_action_ms is None:
+        return
+    spreads = dict(figures.action_spread)
+    console.print("torch's pipeline runtime per action (gloo, 2 CPU workers; ± half the "
+                  "interquartile range over the rounds): "
+                  + "".join(f"{name} {ms:.2f} ± {spreads[name]:.2f} ms, "
+                            for name, ms in figures.action_ms if name in names)
+                  + f"one stage per replica {figures.one_stage_action_ms:.2f} ± "
+                    f"{figures.one_stage_action_spread:.2f} ms" + note)
+
+
+def with_schedule_costs(args: argparse.Namespace, prof: Profile, request: Any,
+                        console: Console) -> Profile:
+    """``prof`` with the runtime's cost per action of the schedules that can win the plan of
+    ``request`` (:func:`autosplit.workflow.schedules_worth_measuring`; ``--schedule auto`` on
+    CPU workers, with a profile measured by this command): from the cache, else measured now,
+    the most promising first, then those that can still win."""
+    import dataclasses
+
+    from autosplit.machine_figures import figures_for
+    from autosplit.runtime_cost import MEASURED
+    from autosplit.workflow import schedules_worth_measuring
+
+    stash = getattr(args, "_machine_figures", None)
+    if args.schedule != "auto" or not stash or prof.device.kind != "cpu":
+        return prof
+    figures = stash[-1]
+    key, measurers = _machine(prof)
+    names = list(dict.fromkeys(name for name, _ in MEASURED))
+    known = [name for name, _ in figures.action_ms]
+    measured_now: list[str] = []
+    for first in (True, False):
+        need = schedules_worth_measuring(prof, request, known)
+        if not need:
+            break
+        batch = list(need[:1] if first else need)
+        figures, _ = figures_for(key, [*known, *batch], measurers, have=figures)
+        measured_now += batch
+        known = [name for name, _ in figures.action_ms]
+        prof = dataclasses.replace(prof, **figures.profile_fields())
+    left = [name for name in names if name not in known]
+    note = ""
+    if measured_now:
+        note += f"; measured now: {', '.join(measured_now)}"
+    if left:
+        note += (f"; not measured: {', '.join(left)} (not runnable here, or their best plan "
+                 "cannot beat the best plan known even at no runtime cost)")
+    _print_actions(console, figures, known, note)
+    return prof
 
 
 def profile_for(args: argparse.Namespace, source: Any, model: Any, inputs: Any,

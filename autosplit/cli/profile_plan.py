@@ -18,6 +18,7 @@ from autosplit.cli.measuring import (
     profile_for,
     report_verification,
     verifier,
+    with_schedule_costs,
 )
 from autosplit.cli.topology_args import resolve_device_count, topology_for
 from autosplit.errors import AutosplitError, InfeasiblePlanError, InvalidInputError
@@ -132,7 +133,10 @@ def _print_schedules(console: Console, prof: Profile, args: argparse.Namespace,
     if plan.replicas > 1 or len(plan.stages) != args.gpus:
         why = f"pipelines of {args.gpus} stages, by schedule — {why}"
     console.print(f" {why}")
-    console.print(schedule_table(choice, plan))
+    measured = dict(prof.action_ms)
+    unmeasured = [] if not measured and prof.one_stage_action_ms is None else [
+        o.schedule for o in choice.options if o.schedule not in measured]
+    console.print(schedule_table(choice, plan, unmeasured))
 
 
 def _check_layout_options(args: argparse.Namespace) -> None:
@@ -179,6 +183,7 @@ def plan_command(args: argparse.Namespace) -> int:
         request = dataclasses.replace(
             request, topology=topology,
             bandwidth_bytes_per_s=placements(topology, args.gpus, 1)[0].link_bytes_per_s)
+    prof = with_schedule_costs(args, prof, request, console)
     kwargs = request.planning(prof)
     kwargs = {k: kwargs[k] for k in ("batch_size", "memory_per_gpu", "schedule", "optimizer",
                                      "bandwidth_bytes_per_s")}
