@@ -19,6 +19,10 @@ the child first. What cannot travel (a module whose class the child cannot impor
 in this process instead, with a :class:`RuntimeWarning` that says why.
 ``AUTOSPLIT_TIME_IN_PROCESS=1`` times in this process always (the test suite does, for
 speed, except where it tests this module).
+
+A command that times several times (``autosplit plan``: the profile, then the candidates'
+stages) keeps one timing process for all of them (:func:`worker`): it starts on the first job
+and takes the next ones in turn, so torch is imported there once, not once per job.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import sys
 import tempfile
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,7 +43,8 @@ from autosplit import allocator
 from autosplit.errors import AutosplitError
 
 __all__ = [
-    "IN_PROCESS", "FreshProcessError", "enabled", "import_model_files", "model_files", "run_fresh",
+    "IN_PROCESS", "FreshProcessError", "Worker", "enabled", "import_model_files", "model_files",
+    "run_fresh", "worker",
 ]
 
 IN_PROCESS = "AUTOSPLIT_TIME_IN_PROCESS"
@@ -50,6 +55,12 @@ _MODEL_FILES = "autosplit_model_"
 
 _CHILD = "import sys; from autosplit.fresh_process import _child; _child(*sys.argv[1:4])"
 """The fresh process's program (``python -c``: not ``-m``, which would run this module twice)."""
+
+_WORKER = "import sys; from autosplit.fresh_process import _serve; _serve(*sys.argv[1:3])"
+"""The program of a :class:`Worker`'s process: jobs in turn until its input closes."""
+
+_DONE = "\x04done"
+"""The line a :class:`Worker`'s process writes after each job's progress."""
 
 T = TypeVar("T")
 Progress = Callable[[int, int, str], None]
@@ -92,29 +103,48 @@ def run_fresh(fn: Callable[..., T], *args: Any, progress: Progress | None = None
         job, result = Path(tmp, "job.pkl"), Path(tmp, "result.pkl")
         job.write_bytes(payload)
         del payload
-        read, write = os.pipe()
-        try:
-            child = subprocess.Popen(
-                [sys.executable, "-c", _CHILD, str(job), str(result), str(write)],
-                env=allocator.environment(), pass_fds=(write,),
-            )
-        finally:
-            os.close(write)
-        try:
-            with os.fdopen(read, encoding="utf-8") as lines:
-                for line in lines:
-                    done, total, what = line.rstrip("\n").split("\t", 2)
-                    if progress is not None:
-                        progress(int(done), int(total), what)
-            code = child.wait()
-        except BaseException:
-            child.kill()
-            child.wait()
-            raise
+        if _CURRENT:
+            _CURRENT[-1].take(job, result, progress)
+        else:
+            _once(job, result, progress)
         if not result.exists():
-            raise FreshProcessError(f"the timing process ended with exit code {code} and no "
-                                    "result")
+            raise FreshProcessError("the timing process ended with no result")
         kind, value = pickle.loads(result.read_bytes())
+    return _outcome(fn, args, kwargs, progress, kind, value)
+
+
+def _once(job: Path, result: Path, progress: Progress | None) -> None:
+    """Run ``job`` in a process of its own, relaying its progress; it writes ``result``."""
+    read, write = os.pipe()
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(job), str(result), str(write)],
+            env=allocator.environment(), pass_fds=(write,),
+        )
+    finally:
+        os.close(write)
+    try:
+        with os.fdopen(read, encoding="utf-8") as lines:
+            for line in lines:
+                _relay(line, progress)
+        code = child.wait()
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+    if not result.exists():
+        raise FreshProcessError(f"the timing process ended with exit code {code} and no result")
+
+
+def _relay(line: str, progress: Progress | None) -> None:
+    done, total, what = line.rstrip("\n").split("\t", 2)
+    if progress is not None:
+        progress(int(done), int(total), what)
+
+
+def _outcome(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any],
+             progress: Progress | None, kind: str, value: Any) -> T:
+    """The job's result, or its error raised again here."""
     if kind == "ok":
         return value  # type: ignore[no-any-return]
     if kind == "unpicklable":
@@ -130,6 +160,83 @@ def run_fresh(fn: Callable[..., T], *args: Any, progress: Progress | None = None
     raise FreshProcessError(f"the timing process failed:\n{value}")
 
 
+class Worker:
+    """One fresh timing process for several jobs, started on the first (:func:`worker`)."""
+
+    def __init__(self) -> None:
+        self._child: subprocess.Popen[bytes] | None = None
+        self._lines: Any = None
+
+    def take(self, job: Path, result: Path, progress: Progress | None) -> None:
+        """Run ``job`` there (starting the process if need be), relaying its progress until
+        it is done; it writes ``result``."""
+        if self._child is None or self._child.poll() is not None:
+            self._start()
+        assert self._child is not None and self._child.stdin is not None
+        try:
+            self._child.stdin.write(f"{job}\t{result}\n".encode())
+            self._child.stdin.flush()
+            for line in self._lines:
+                if line.rstrip("\n") == _DONE:
+                    return
+                _relay(line, progress)
+        except BaseException:
+            self.close(kill=True)
+            raise
+        code = self._child.wait()
+        self._child = None
+        raise FreshProcessError(f"the timing process ended with exit code {code} during a job")
+
+    def _start(self) -> None:
+        read, write = os.pipe()
+        try:
+            self._child = subprocess.Popen(
+                [sys.executable, "-c", _WORKER, str(write)], stdin=subprocess.PIPE,
+                env=allocator.environment(), pass_fds=(write,))
+        finally:
+            os.close(write)
+        self._lines = os.fdopen(read, encoding="utf-8")
+
+    def close(self, kill: bool = False) -> None:
+        """End the process (its input closed: it ends after the job it is on, or at once)."""
+        child, self._child = self._child, None
+        if child is None:
+            return
+        if kill:
+            child.kill()
+        elif child.stdin is not None:
+            with contextlib.suppress(OSError):
+                child.stdin.close()
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        if self._lines is not None:
+            self._lines.close()
+            self._lines = None
+
+
+_CURRENT: list[Worker] = []
+"""The workers of the :func:`worker` blocks open now, innermost last."""
+
+
+@contextlib.contextmanager
+def worker() -> Iterator[Worker]:
+    """Within the block, :func:`run_fresh` runs its jobs in one fresh process, started on the
+    first job and ended with the block (a block inside another uses the outer one's)."""
+    if _CURRENT:
+        yield _CURRENT[-1]
+        return
+    kept = Worker()
+    _CURRENT.append(kept)
+    try:
+        yield kept
+    finally:
+        _CURRENT.remove(kept)
+        kept.close()
+
+
 def _here(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any],
           progress: Progress | None, why: str) -> T:
     warnings.warn(f"timing in this process, not in a fresh one like the ranks: {why}; "
@@ -141,6 +248,29 @@ def _here(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any],
 def _child(job: str, result: str, fd: str) -> None:
     """The fresh process: load the job, run it, write ``(kind, value)`` to ``result``."""
     out = os.fdopen(int(fd), "w", encoding="utf-8", buffering=1)
+    try:
+        _job(job, result, out)
+    finally:
+        out.close()
+
+
+def _serve(fd: str) -> None:
+    """A :class:`Worker`'s process: each line of its input names a job and its result file;
+    it runs them in turn, its progress and then :data:`_DONE` on ``fd``, until the input
+    closes."""
+    out = os.fdopen(int(fd), "w", encoding="utf-8", buffering=1)
+    try:
+        for line in sys.stdin:
+            job, result = line.rstrip("\n").split("\t")
+            _job(job, result, out)
+            out.write(_DONE + "\n")
+    finally:
+        out.close()
+
+
+def _job(job: str, result: str, out: Any) -> None:
+    """Load the job, run it with its progress on ``out``, write ``(kind, value)`` to
+    ``result``."""
 
     def relay(done: int, total: int, what: str) -> None:
         out.write(f"{done}\t{total}\t{str(what).replace(chr(10), ' ')}\n")
@@ -164,8 +294,6 @@ def _child(job: str, result: str, fd: str) -> None:
     except Exception:  # noqa: BLE001 - told back with its traceback
         write("error", traceback.format_exc())
         return
-    finally:
-        out.close()
     write("ok", value)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autosplit import checks
+from autosplit import checks, fresh_process
 from autosplit.capture.signature import call_arguments
 from autosplit.capture.trace import trace
 from autosplit.cost import OPTIMIZER_STATE, SCHEDULES
@@ -204,6 +204,13 @@ def plan_for_batch(
     if options.split_size is not None:
         split_size = min(options.split_size, int(inputs[0].shape[0]))
         sizes = tuple(sorted(set(sizes or ()) | {split_size}))
+    with fresh_process.worker():  # one timing process: the profile, then the candidates
+        return _plan_for_batch(graph, inputs, devices, options, sizes, split_size)
+
+
+def _plan_for_batch(graph: BlockGraph, inputs: tuple[torch.Tensor, ...],
+                    devices: Sequence[torch.device], options: PartitionOptions,
+                    sizes: tuple[int, ...] | None, split_size: int | None) -> Plan:
     profile_options = dict(options.profile_options)
     prof = profile_graph(graph, inputs, device=devices[0], microbatch_sizes=sizes,
                          stages=len(devices), **profile_options)

@@ -161,3 +161,43 @@ def test_a_plan_of_another_model_is_refused_before_any_process(
     monkeypatch.setattr(fresh_process, "run_fresh", no_process)
     with pytest.raises(ModelMismatchError):
         verify_and_choose(autosplit.trace(other), x, prof, candidates)
+
+
+def _pid(progress: object = None) -> int:
+    progress(1, 2, "half")  # type: ignore[operator]
+    return os.getpid()
+
+
+def _refuse(progress: object = None) -> None:
+    raise InvalidInputError(f"refused there, in {os.getpid()}")
+
+
+def _crash(progress: object = None) -> None:
+    os._exit(3)
+
+
+def test_one_worker_takes_every_job_of_a_block(fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the child imports this file
+    seen: list[tuple[int, int, str]] = []
+    with fresh_process.worker() as outer:
+        first = fresh_process.run_fresh(_pid, progress=lambda *a: seen.append(a))
+        with fresh_process.worker() as inner:  # a block inside uses the outer worker
+            assert inner is outer
+            second = fresh_process.run_fresh(_pid)
+        with pytest.raises(InvalidInputError, match="refused there"):  # errors come back
+            fresh_process.run_fresh(_refuse)
+        third = fresh_process.run_fresh(_pid)
+    assert first == second == third != os.getpid()
+    assert seen == [(1, 2, "half")]
+    with fresh_process.worker():  # a new block: a new process
+        assert fresh_process.run_fresh(_pid) != first
+    assert fresh_process.run_fresh(_pid) not in (first, os.getpid())  # outside: one per job
+
+
+def test_a_worker_that_dies_is_named_and_replaced(fresh: None,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    with fresh_process.worker():
+        with pytest.raises(fresh_process.FreshProcessError, match="exit code 3"):
+            fresh_process.run_fresh(_crash)
+        assert fresh_process.run_fresh(_pid) != os.getpid()  # a new process takes the next job

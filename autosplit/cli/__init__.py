@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from autosplit.cli.common import checked_outputs
 from autosplit.cli.parser import EXIT_USAGE, build_parser
 from autosplit.errors import AutosplitError, InfeasiblePlanError
+from autosplit.fresh_process import worker as timing_worker
 from autosplit.units import size_at_least
 
 __all__ = ["main", "entry", "build_parser"]
@@ -58,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UserWarning)
             args.outputs = checked_outputs(args)
-            code = int(args.run(args))
+            with timing_worker():  # one timing process for the whole command
+                code = int(args.run(args))
         for w in caught:
             if issubclass(w.category, UserWarning) and "CPU stand-ins" not in str(w.message):
                 print(f"note: {_one_line(w.message)}", file=sys.stderr)
