@@ -56,7 +56,7 @@ from autosplit.neighbour import Neighbour
 from autosplit.neighbour import enabled as neighbour_enabled
 from autosplit.profiler import check_inputs, check_microbatch_sizes
 
-__all__ = ["Beside", "Checkpointed", "Item", "SplitBackward", "StageRun", "StageTime",
+__all__ = ["Beside", "Checkpointed", "Item", "SplitBackward", "StageRun", "StageTime", "as_beside",
            "time_stages", "wrapped"]
 
 StageRun = tuple[int, int, int]
@@ -89,10 +89,10 @@ Item = StageRun | Beside | SplitBackward | Checkpointed
 """What :func:`time_stages` times: a run, alone or beside another, maybe wrapped."""
 
 
-def _job(item: Item) -> Beside:
+def as_beside(item: Item) -> Beside:
     """``item`` as ``(run, beside)``: a bare run is timed alone."""
     if isinstance(item, SplitBackward | Checkpointed):
-        return _job(item.item)
+        return as_beside(item.item)
     if isinstance(item[0], tuple):
         return item  # type: ignore[return-value]
     return item, None  # type: ignore[return-value]
@@ -237,14 +237,14 @@ def time_stages(
     checks.non_negative_int("warmup", warmup)
     batch = int(inputs[0].shape[0])
     for item in runs:
-        for first, end, b in filter(None, _job(item)):
+        for first, end, b in filter(None, as_beside(item)):
             graph.extract(first, end)  # checks the range
             check_microbatch_sizes([b], batch, "b")
     timing_loss(loss)  # checks the name
     options = {"device": device, "threads": threads, "warmup": warmup, "rounds": rounds,
                "max_rounds": max_rounds, "budget_s": budget_s, "loss": loss, "depths": depth}
     if neighbour is not None:
-        missing = {o for _, o in map(_job, runs) if o is not None} - set(neighbour.runs)
+        missing = {o for _, o in map(as_beside, runs) if o is not None} - set(neighbour.runs)
         if missing:
             raise InvalidInputError(f"neighbour: not started for the runs {sorted(missing)}")
         return _time_here(graph, inputs, runs, progress=progress, neighbour=neighbour,
@@ -278,7 +278,7 @@ def _time_here(
     start = time.perf_counter()
     old_threads = torch.get_num_threads()
     rng = [dev.index or 0] if dev.type == "cuda" else []
-    jobs = {item: _job(item) for item in runs}
+    jobs = {item: as_beside(item) for item in runs}
     own = list(dict.fromkeys(run for run, _ in jobs.values()))
     others = list(dict.fromkeys(o for _, o in jobs.values() if o is not None))
     fwd: dict[Any, list[float]] = {r: [] for r in runs}

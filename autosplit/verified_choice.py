@@ -31,9 +31,10 @@ from autosplit.graph import BlockGraph
 from autosplit.profiler import check_inputs
 from autosplit.records import Plan, Profile
 from autosplit.units import format_ms
-from autosplit.verify import _stage_runs, _timed_runs, verify_plans
+from autosplit.verify import _stage_runs, _timed_runs, session_estimate_s, verify_plans
 
-__all__ = ["RESOLVED_RATIO", "describe_shape", "steady_choice", "verify_and_choose"]
+__all__ = ["RESOLVED_RATIO", "VerificationSkipped", "describe_shape", "steady_choice",
+           "verify_and_choose"]
 
 RESOLVED_RATIO = PREDICTION_ERROR
 """The smallest difference between two verified steps (a fraction of the faster) that the
@@ -46,12 +47,28 @@ session that put it clearly ahead of b = 16 (the choice of the other two profile
 by block sums in all three), and b = 16 then measured 4 % faster."""
 
 
+class VerificationSkipped(Exception):
+    """Verifying would take longer than the budget left (:func:`verify_and_choose` with
+    ``fit_budget``): nothing was timed.
+
+    Attributes:
+        needed_s: about how long the least verification would take (s).
+        left_s: the budget left (s).
+    """
+
+    def __init__(self, needed_s: float, left_s: float) -> None:
+        super().__init__(f"verifying would take about {needed_s:.0f} s; {left_s:.0f} s are left")
+        self.needed_s, self.left_s = needed_s, left_s
+
+
 def verify_and_choose(
     graph: BlockGraph,
     example_inputs: Any,
     profile: Profile,
     candidates: Sequence[Plan],
     others: Mapping[str, Plan] | None = None,
+    *,
+    fit_budget: bool = False,
     **options: Any,
 ) -> tuple[Plan, dict[str, Plan]]:
     """Choose the candidate with the shortest verified step and predict it, and the plans
@@ -66,14 +83,23 @@ def verify_and_choose(
     CPU); ``budget_s`` (default 60 s) is shared by their stage runs. A single candidate is
     timed once, with the others.
 
+    ``fit_budget``: ``budget_s`` bounds the whole verification, as estimated from block sums
+    beforehand (:func:`~autosplit.verify.session_estimate_s`): both sessions when they fit,
+    else one, of block sums' best candidate with the others (the choice then is block sums'),
+    else none (:class:`VerificationSkipped`).
+
     Raises:
         InvalidInputError: no candidate; as :func:`~autosplit.verify.verify_plans`.
+        VerificationSkipped: with ``fit_budget``, not even one session fits ``budget_s``.
     """
     if not candidates:
         raise InvalidInputError("no candidate plan to verify")
     checks.instance_of("profile", profile, Profile, "an autosplit Profile")
     for plan in [*candidates, *(others or {}).values()]:  # before any process starts
         plan.check_model(graph.fingerprint, graph.model_name)
+    if fit_budget and options.get("budget_s") is not None:
+        return _within_budget(graph, example_inputs, profile, candidates, others or {},
+                              options)
     if (len(candidates) > 1 and resolve_device(options.get("device")).type == "cpu"
             and fresh_process.enabled()):  # both sessions in one fresh process
         progress = options.pop("progress", None)
@@ -130,6 +156,29 @@ def _choose_here(graph: BlockGraph, example_inputs: Any, profile: Profile,
         "from a second one",
     )
     return best, {n: verified[n] for n in others}
+
+
+def _within_budget(graph: BlockGraph, example_inputs: Any, profile: Profile,
+                   candidates: Sequence[Plan], others: Mapping[str, Plan],
+                   options: dict[str, Any]) -> tuple[Plan, dict[str, Plan]]:
+    """:func:`verify_and_choose` in the sessions that fit ``options["budget_s"]``."""
+    left = float(options["budget_s"])
+    cpu = resolve_device(options.get("device")).type == "cpu"
+    how = {"beside": cpu and neighbour.enabled(), "whole_batch": cpu}
+    named = {f"candidate {i}": c for i, c in enumerate(candidates)}
+    second = session_estimate_s(profile, {"candidate 0": candidates[0], **others}, **how)
+    first = session_estimate_s(profile, named, False, **how) if len(named) > 1 else 0.0
+    if second > left:
+        raise VerificationSkipped(second, left)
+    if first + second <= left:
+        return verify_and_choose(graph, example_inputs, profile, candidates, others, **options)
+    best, verified = verify_and_choose(graph, example_inputs, profile, candidates[:1], others,
+                                       **options)
+    best = dataclasses.replace(best, verification=(
+        f"{best.verification}; chosen by block sums among the {len(named)} best candidates: "
+        f"a session to choose among them by their stage runs would take about "
+        f"{first:.0f} s more than the {left:.0f} s left"))
+    return best, verified
 
 
 def steady_choice(first: Mapping[str, Plan],

@@ -68,14 +68,15 @@ from autosplit.stage_timing import (
     SplitBackward,
     StageRun,
     StageTime,
+    as_beside,
     time_stages,
     wrapped,
 )
 from autosplit.stages import block_ranges
 from autosplit.units import format_ms
 
-__all__ = ["PlanTimes", "StageTime", "predict_verified", "time_plans", "time_stages",
-           "verify_plans"]
+__all__ = ["PlanTimes", "SESSION_START_S", "StageTime", "predict_verified", "session_estimate_s",
+           "time_plans", "time_stages", "verify_plans"]
 
 
 def _step_of(t: StageTime, m: int) -> float:
@@ -306,8 +307,22 @@ def time_plans(
     checks.instance_of("profile", profile, Profile, "an autosplit Profile")
     for plan in plans.values():
         plan.check_model(graph.fingerprint, graph.model_name)
-    n = len(graph.blocks)
+    beside = resolve_device(options.get("device")).type == "cpu" and neighbour.enabled()
     whole = _whole_batch_fits(example_inputs, options.get("device"))
+    runs, depths, singles = _session(profile, plans, one_device, beside, whole)
+    times = time_stages(graph, example_inputs, runs, depths=depths,
+                        **{"loss": profile.loss, **options})
+    return PlanTimes(times, {name: tuple(_depths(plan)) for name, plan in plans.items()},
+                     singles, beside)
+
+
+def _session(profile: Profile, plans: Mapping[str, Plan], one_device: bool, beside: bool,
+             whole: Callable[[int], bool]
+             ) -> tuple[list[Any], dict[Any, int], dict[str, tuple[Beside, ...]]]:
+    """What a session of :func:`time_plans` times: the runs, the micro-batches each keeps in
+    flight (a run two plans share: the deeper of the two), and the ways one device is timed
+    per plan."""
+    n = len(profile.blocks)
     singles: dict[str, tuple[Beside, ...]] = {}  # the ways one device may run each batch
     for name, plan in plans.items():
         _, b_one = single_device_ms(profile, plan.batch_size)
@@ -315,19 +330,39 @@ def time_plans(
         if one_device and whole(plan.batch_size) and b_one != plan.batch_size:
             ways.append(((0, n, plan.batch_size), None))
         singles[name] = tuple(ways)
-    beside = resolve_device(options.get("device")).type == "cpu" and neighbour.enabled()
     runs: list[Any] = [r for plan in plans.values()
                        for r in (*_timed_items(plan, beside), *_whole_items(plan, beside))]
     runs += [r for ways in singles.values() for r in ways]
-    plan_depths = {name: tuple(_depths(plan)) for name, plan in plans.items()}
-    depths: dict[Any, int] = {}  # a run two plans share: the deeper of the two
-    for name, plan in plans.items():
+    depths: dict[Any, int] = {}
+    for plan in plans.values():
+        plan_depths = _depths(plan)
         for items in (_timed_items(plan, beside), _whole_items(plan, beside)):
-            for r, d in zip(items, plan_depths[name] * 2):
+            for r, d in zip(items, plan_depths * 2):
                 depths[r] = max(depths.get(r, 1), d)
-    times = time_stages(graph, example_inputs, runs, depths=depths,
-                        **{"loss": profile.loss, **options})
-    return PlanTimes(times, plan_depths, singles, beside)
+    return list(dict.fromkeys(runs)), depths, singles
+
+
+SESSION_START_S = 3.0
+"""What a session costs besides its rounds (s): the timing and neighbouring processes' start,
+the model's copy (about 2 s each on the development machines)."""
+
+
+def session_estimate_s(profile: Profile, plans: Mapping[str, Plan], one_device: bool = True,
+                       *, beside: bool = True, whole_batch: bool = True, warmup: int = 1,
+                       rounds: int = 3) -> float:
+    """About how long a session of :func:`time_plans` takes (s), by block sums: ``warmup`` +
+    ``rounds`` rounds of every run, each its blocks' forward and backward at its micro-batch
+    size times the micro-batches it keeps in flight (the whole batch at once at the per-sample
+    cost of the largest size measured), plus :data:`SESSION_START_S`."""
+    sizes = profile.microbatch_sizes
+    runs, depths, _ = _session(profile, plans, one_device, beside, lambda batch: whole_batch)
+    total = 0.0
+    for item in runs:
+        (first, end, b), _ = as_beside(item)
+        k = sizes.index(b) if b in sizes else len(sizes) - 1
+        ms = math.fsum(blk.fwd_ms[k] + blk.bwd_ms[k] for blk in profile.blocks[first:end])
+        total += ms * (b / sizes[k]) * depths.get(item, 1)
+    return SESSION_START_S + (warmup + max(rounds, 2)) * total / 1000.0
 
 
 def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTimes,

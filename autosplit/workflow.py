@@ -13,8 +13,8 @@ plans printed beside it. Each step runs once, in this order:
 3. **Verification** (a :data:`Verifier`, the caller's mechanism: it times stages): the
    candidates and the plans shown beside them (a hand split, the baselines) timed as they run;
    the best verified one is chosen (:func:`autosplit.verified_choice.verify_and_choose`).
-4. **The plans beside it**: those the caller gave, and the best pipeline when the choice has
-   replicas.
+4. **The plans beside it**: those the caller gave, and, when the choice has replicas, the best
+   pipeline by block sums (verified like them).
 
 Before the candidates, the runtime's cost per action is measured only for the schedules that
 can win (:func:`schedules_worth_measuring`): a schedule whose best plan, with no runtime cost
@@ -194,10 +194,9 @@ def choose_plan(profile: Profile, request: PlanRequest, verify: Verifier | None 
     kept = [c for c in candidates if c.predicted_step_ms <= best * (1 + SEPARATED)]
     aside = tuple(c for c in candidates if c not in kept)
     shown = dict(others or {})
-    # the pipelines verified again, by name (their stage runs are timed once; else the best
-    # by block sums): the best of them is printed beside a choice with replicas
-    again = [c for c in pipelines if c in kept] or list(pipelines[:1])
-    piped = {f"{PIPELINE_AGAIN}{i}": c for i, c in enumerate(again)} if replicated else {}
+    # the best pipeline by block sums, verified with the plans shown (a second time when it
+    # is a candidate): printed beside a choice with replicas
+    piped = {f"{PIPELINE_AGAIN}0": pipelines[0]} if replicated and pipelines else {}
     return _verified(candidates[0], kept, aside, {**shown, **piped}, layouts, verify,
                      tuple(candidates))
 

@@ -42,9 +42,23 @@ def _seed_and_quiet() -> None:
 
 @pytest.fixture(autouse=True)
 def _own_machine_cache(tmp_path_factory, monkeypatch) -> None:
-    """Each test measures the machine's figures into a cache file of its own: none reads the
-    cache of the machine it runs on (autosplit.machine_figures)."""
-    monkeypatch.setenv("AUTOSPLIT_CACHE", str(tmp_path_factory.mktemp("cache") / "machine.json"))
+    """Each test has a cache file of its own (autosplit.machine_figures), holding made-up
+    figures for this machine: no test reads the cache of the machine it runs on, or depends on
+    what measuring the machine gives (the measurers are tested by calling them)."""
+    import time
+
+    from autosplit.machine_figures import MachineFigures, MachineKey, save
+    from autosplit.runtime_cost import MEASURED
+
+    path = tmp_path_factory.mktemp("cache") / "machine.json"
+    names = tuple(dict.fromkeys(name for name, _ in MEASURED))
+    save(path, MachineFigures(MachineKey.here("gloo", "cpu", threads=1), time.time(),
+                              allreduce_bytes_per_s=1e9, allreduce_latency_ms=0.5,
+                              link_bytes_per_s=2e9,
+                              action_ms=tuple((n, 1.0 + i / 10) for i, n in enumerate(names)),
+                              action_spread=tuple((n, 0.1) for n in names),
+                              one_stage_action_ms=0.3, one_stage_action_spread=0.05))
+    monkeypatch.setenv("AUTOSPLIT_CACHE", str(path))
 
 
 @pytest.fixture(autouse=True)

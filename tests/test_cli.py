@@ -308,3 +308,16 @@ def test_run_shows_the_steps_range_and_the_prediction_with_its_spread() -> None:
     assert _against_plan(one, unverified, "2 ranks") == (
         "median step 9.0 ms (9.0 ms–9.0 ms, 1 step) on 2 ranks (cpu) · the plan predicted "
         "10.0 ms · measured -10%")
+
+
+def test_budget_bounds_the_whole_command(tmp_path, capsys) -> None:
+    plan = tmp_path / "plan.json"
+    code, out, err = run(capsys, "plan", TOY, "--gpus", "2", *FAST, "--budget", "0",
+                         "-o", str(plan))
+    assert code == 0, err
+    assert "not verified: verifying would take about" in out and "of --budget 0 s" in out
+    assert "(block sums)" in out and plan.exists()
+    code, out, err = run(capsys, "plan", TOY, "--gpus", "2", *FAST, "--budget", "600",
+                         "-o", str(plan))
+    assert code == 0, err
+    assert "verified in" in out and "not verified:" not in out

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from models import LongSkip, TiedLM
 from torch import nn
 
 import autosplit
-from autosplit import measurement, profiler, stage_timing, verify
+from autosplit import measurement, neighbour, profiler, stage_timing, verified_choice, verify
 from autosplit.capture.trace import trace
 from autosplit.claims import (
     PREDICTION_ERROR,
@@ -32,7 +33,7 @@ from autosplit.planner import plan_candidates
 from autosplit.records import Plan, Profile
 from autosplit.simulator import simulate_plan
 from autosplit.verified_choice import RESOLVED_RATIO, steady_choice, verify_and_choose
-from autosplit.verify import time_stages, verify_plans
+from autosplit.verify import SESSION_START_S, session_estimate_s, time_stages, verify_plans
 
 # ------------------------------------------------------------------------ claims (hand numbers)
 
@@ -763,3 +764,43 @@ def test_a_replica_of_one_stage_carries_the_one_stage_runtime_cost(small, fake_c
     assert "torch's runtime 100.00 ± 50.00 ms per action" in verified.verification
     # one stage alone (one device) trains without the runtime
     assert autosplit.plan(costly, 1, split_size=4).action_ms == 0.0
+
+
+def _long_skip_candidates() -> tuple[Any, Any, Profile, tuple[Plan, ...]]:
+    model, x = LongSkip(), torch.randn(8, 6)
+    prof = autosplit.profile(model, x, microbatch_sizes=[2, 4, 8], warmup=0, repeats=1)
+    candidates = plan_candidates(prof, 2, top_k=3)
+    assert len(candidates) > 1
+    return autosplit.trace(model), x, prof, candidates
+
+
+def test_a_session_is_estimated_from_block_sums() -> None:
+    _, _, prof, candidates = _long_skip_candidates()
+    one = session_estimate_s(prof, {"a": candidates[0]})
+    assert one > SESSION_START_S
+    more = session_estimate_s(prof, {"a": candidates[0], "b": candidates[1]})
+    assert more > one  # another plan's stages are timed too
+    assert session_estimate_s(prof, {"a": candidates[0]}, rounds=6) > one
+    again = session_estimate_s(prof, {"a": candidates[0], "b": candidates[0]})
+    assert again == pytest.approx(one)  # a run two plans share is timed once
+
+
+def test_verification_takes_the_sessions_its_budget_allows() -> None:
+    graph, x, prof, candidates = _long_skip_candidates()
+    others = {"hand": candidates[-1]}
+    how = {"beside": neighbour.enabled(), "whole_batch": True}
+    second = session_estimate_s(prof, {"candidate 0": candidates[0], **others}, **how)
+    first = session_estimate_s(prof, {f"candidate {i}": c for i, c in enumerate(candidates)},
+                               False, **how)
+    quick = {"rounds": 2, "max_rounds": 2}
+    with pytest.raises(verified_choice.VerificationSkipped) as skipped:
+        verify_and_choose(graph, x, prof, candidates, others, fit_budget=True,
+                          budget_s=second / 2, **quick)
+    assert skipped.value.needed_s == pytest.approx(second)
+    best, shown = verify_and_choose(graph, x, prof, candidates, others, fit_budget=True,
+                                    budget_s=second + first / 2, **quick)
+    assert "chosen by block sums among the 3 best candidates" in best.verification
+    assert best.balance == candidates[0].balance and shown["hand"].verification
+    best, _ = verify_and_choose(graph, x, prof, candidates, others, fit_budget=True,
+                                budget_s=2 * (first + second), **quick)
+    assert "first verification" in best.verification

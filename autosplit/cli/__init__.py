@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 
@@ -55,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.started_at = time.perf_counter()  # --budget counts from here
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UserWarning)

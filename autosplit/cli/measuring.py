@@ -55,10 +55,17 @@ def device_note(console: Console, gpus: int, device: str | None) -> None:
 
 def _progress(what: str, console: Console, **options: Any) -> Any:
     """A progress bar ``<what> {description} ━━━ 40% 0:00:03``."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     return Progress(TextColumn(f"{what} {{task.description}}"), BarColumn(),
                     TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(),
+                    TextColumn("· about"), TimeRemainingColumn(), TextColumn("left"),
                     console=console, **options)
 
 
@@ -115,7 +122,7 @@ def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, cons
             stages=stages,
             repeats=args.repeats,
             threads=args.threads,
-            budget_s=args.budget,
+            budget_s=profile_budget_s(args),
             progress=progress,
             loss=args.loss,
         )
@@ -270,6 +277,32 @@ def verifies(args: argparse.Namespace, prof: Profile) -> bool:
     return not args.no_verify and prof.source == "measured" and not args.profile
 
 
+PROFILE_BUDGET_S = 40.0
+"""How long profiling starts new default sizes without ``--budget`` (s)."""
+
+VERIFY_BUDGET_S = 60.0
+"""How long verification takes more rounds without ``--budget`` (s; at least 3 rounds)."""
+
+PROFILE_SHARE = 0.4
+"""The share of ``--budget`` profiling may take in a command that also plans."""
+
+
+def elapsed_s(args: argparse.Namespace) -> float:
+    """Seconds since the command started."""
+    import time
+
+    return time.perf_counter() - getattr(args, "started_at", time.perf_counter())
+
+
+def profile_budget_s(args: argparse.Namespace) -> float:
+    """How long profiling may start new default sizes (s): ``--budget``'s share (all of it
+    for ``autosplit profile``), else :data:`PROFILE_BUDGET_S`."""
+    if args.budget is None:
+        return PROFILE_BUDGET_S
+    share = 1.0 if getattr(args, "command", None) == "profile" else PROFILE_SHARE
+    return max(args.budget * share - elapsed_s(args), 0.0)
+
+
 def verifier(args: argparse.Namespace, model: Any, inputs: Any, prof: Profile,
              console: Console) -> Verifier | None:
     """How the command verifies candidates (:data:`autosplit.workflow.Verifier`): their
@@ -277,7 +310,7 @@ def verifier(args: argparse.Namespace, model: Any, inputs: Any, prof: Profile,
     not verify (:func:`verifies`)."""
     if not verifies(args, prof):
         return None
-    from autosplit.verified_choice import verify_and_choose
+    from autosplit.verified_choice import VerificationSkipped, verify_and_choose
 
     def verify(candidates: Sequence[Plan], others: Mapping[str, Plan]
                ) -> tuple[Plan, dict[str, Plan]]:
@@ -286,14 +319,26 @@ def verifier(args: argparse.Namespace, model: Any, inputs: Any, prof: Profile,
         listed = [name for name in others if not name.startswith(PIPELINE_AGAIN)]
         if listed:
             what += f" and {', '.join(listed)}"
+        left = None if args.budget is None else args.budget - elapsed_s(args)
+        skipped = None
         with _progress("verifying", console) as bar:
             task = bar.add_task(f"{what}, stage by stage", total=None)
-            result = verify_and_choose(
-                graph, flat, prof, candidates, others,
-                device=args.device, threads=args.threads, budget_s=args.budget,
-                progress=lambda done, total, _: bar.update(task, completed=done, total=total),
-            )
-            bar.update(task, completed=1, total=1)
+            try:
+                result = verify_and_choose(
+                    graph, flat, prof, candidates, others, fit_budget=left is not None,
+                    device=args.device, threads=args.threads,
+                    budget_s=VERIFY_BUDGET_S if left is None else max(left, 0.0),
+                    progress=lambda done, total, _: bar.update(task, completed=done,
+                                                               total=total),
+                )
+                bar.update(task, completed=1, total=1)
+            except VerificationSkipped as why:
+                skipped = why
+                bar.update(task, visible=False)
+        if skipped is not None:
+            console.print(f"not verified: {skipped} of --budget {args.budget:g} s; the "
+                          "predictions are block sums (a larger --budget verifies)")
+            return min(candidates, key=lambda c: c.predicted_step_ms), dict(others)
         return result
 
     return verify
@@ -301,7 +346,7 @@ def verifier(args: argparse.Namespace, model: Any, inputs: Any, prof: Profile,
 
 def report_verification(console: Console, planned: Planned) -> None:
     """One line: how long verification took, what it changed, what it left out."""
-    if not planned.verify_s:
+    if not planned.verify_s or not planned.plan.verification:
         return
     from autosplit.verified_choice import describe_shape
 

@@ -137,9 +137,13 @@ def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=_positive_int, default=3,
                    help="timed runs per block and size, at least; more (up to 3×) while their "
                         "spread is above 5%%; the median is kept (default 3)")
-    p.add_argument("--budget", type=_budget_seconds, default=40.0, metavar="SECONDS",
-                   help="stop starting new default sizes after this long (default 40; the "
-                        "sizes nearest m = 3p on both sides are measured whatever it costs)")
+    p.add_argument("--budget", type=_budget_seconds, default=None, metavar="SECONDS",
+                   help="about how long the whole command may take: profiling stops starting "
+                        "new default sizes after 40%% of it (all of it for `autosplit "
+                        "profile`; the sizes nearest m = 3p on both sides are measured "
+                        "whatever it costs), and verification takes what is left, in the "
+                        "sessions that fit, or none (default: profiling stops after 40 s, "
+                        "verification after 60 s)")
     p.add_argument("--loss", choices=("model", "mse", "none"), default=None,
                    help="the loss timed with the last block: model (the model's own, as "
                         "`autosplit run` trains a model that returns one; the default for "
