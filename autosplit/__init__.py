@@ -31,6 +31,7 @@ from autosplit.errors import (
     PlanMismatchError,  # noqa: F401 (former name of ModelMismatchError)
     RankFailedError,
     RecordFileError,
+    RendezvousError,
     ScheduleUnavailableError,
     TraceError,
 )
@@ -105,6 +106,7 @@ __all__ = [
     "ModelFileError",
     "RankFailedError",
     "ScheduleUnavailableError",
+    "RendezvousError",
     "__version__",
 ]
 

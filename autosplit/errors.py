@@ -21,6 +21,7 @@ __all__ = [
     "ModelFileError",
     "RankFailedError",
     "ScheduleUnavailableError",
+    "RendezvousError",
 ]
 
 
@@ -130,3 +131,9 @@ class ScheduleUnavailableError(InvalidInputError):
         self.schedule = schedule
         self.p, self.v, self.m = p, v, m
         self.reason = reason
+
+
+class RendezvousError(AutosplitError):
+    """A rank could not join its process group within the timeout: the rendezvous its
+    environment names (``MASTER_ADDR``:``MASTER_PORT``) had no rank 0, or not every rank came;
+    the message names the address, the rank and the variables it was read from."""

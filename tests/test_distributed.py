@@ -726,3 +726,28 @@ def test_cli_run_reports_a_dead_rank(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert code == 1
     assert "error: rank 1 failed: exited with code 9" in err
     assert time.monotonic() - start < LONG_TIMEOUT_S  # the failure ended it, not the timeout
+
+
+def test_a_rank_whose_rendezvous_has_no_rank_0_says_so_and_ends_at_the_timeout(
+        tmp_path: Path) -> None:
+    import subprocess
+
+    toy = str(Path(__file__).resolve().parent.parent / "examples" / "toy.py")
+    plan = tmp_path / "plan.json"
+    assert main(["plan", toy, "--gpus", "2", "--microbatch-sizes", "2,4", "--repeats", "1",
+                 "--no-verify", "--pipeline-only", "-o", str(plan)]) == 0
+    port = distributed.free_port()
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "autosplit", "run", toy, "--plan", str(plan),
+                           "--steps", "1", "--timeout", "3"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert f"rank 1 of 2 joining the rendezvous at 127.0.0.1:{port}" in lines[0]
+    assert "waiting for the other ranks (up to --timeout 3 s)" in lines[0]
+    assert lines[-1].startswith("error: rank 1 of 2 joining the rendezvous")
+    assert "no process group within 3 s" in lines[-1] and "unset RANK" in lines[-1]
+    assert "frame #" not in done.stderr and "Traceback" not in done.stderr
+    assert time.perf_counter() - started < 60

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import tempfile
 import time
 import uuid
@@ -26,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from autosplit import allocator
-from autosplit.errors import InvalidInputError, RankFailedError
+from autosplit.errors import InvalidInputError, RankFailedError, RendezvousError
 
 DEFAULT_TIMEOUT_S = 120.0
 """Process-group timeout (s): a collective or send/recv that waits longer raises on its rank."""
@@ -74,10 +75,50 @@ def init_distributed(
         torch.cuda.set_device(device)
         kwargs["device_id"] = device
     if not dist.is_initialized():
-        dist.init_process_group(
-            backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs
-        )
+        try:
+            with _native_stderr_held():  # c10d's retries print C++ frames: the line below says it
+                dist.init_process_group(
+                    backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs
+                )
+        except (RuntimeError, dist.DistError) as exc:  # the store timed out, or refused
+            raise RendezvousError(
+                f"{rendezvous_words()}: no process group within {timeout_s:g} s "
+                f"({_one_line(str(exc).split(' Exception raised from')[0])[:160]}); start "
+                "every rank (rank 0 listens there), or unset RANK, WORLD_SIZE, MASTER_ADDR and "
+                "MASTER_PORT to let autosplit start its own ranks") from None
     return device
+
+
+@contextlib.contextmanager
+def _native_stderr_held() -> Iterator[None]:
+    """What native code writes to file descriptor 2 meanwhile is held in a file, and written
+    out afterwards only if the block succeeds."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        held.seek(0)
+        text = held.read()
+        if text:
+            os.write(2, text)
+
+
+def rendezvous_words() -> str:
+    """Which rendezvous this process joins, as which rank, and the variables that say so."""
+    env = os.environ
+    where = f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}"
+    read = "RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"
+    if "TORCHELASTIC_RUN_ID" in env:
+        read += f" (torchrun's, run {env['TORCHELASTIC_RUN_ID']})"
+    elif "SLURM_JOB_ID" in env:
+        read += f" (beside Slurm's job {env['SLURM_JOB_ID']})"
+    return (f"rank {env.get('RANK', '?')} of {env.get('WORLD_SIZE', '?')} joining the "
+            f"rendezvous at {where}, as {read} say")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
