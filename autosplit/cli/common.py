@@ -13,7 +13,8 @@ from autosplit.outputs import Outputs, check_outputs
 
 __all__ = ["make_console", "checked_outputs", "device_spec", "load_model", "model_args"]
 
-_OUTPUTS = (("output", "-o"), ("emit", "--emit"), ("plot", "--plot"))
+_OUTPUTS = (("output", "-o"), ("emit", "--emit"), ("emit_torchtitan", "--emit-torchtitan"),
+            ("plot", "--plot"))
 """(attribute, option) of every file a command writes."""
 _INPUTS = (("model", "the model file"), ("profile", "--profile"), ("plan", "the plan file"),
            ("device_spec", "--device-spec"))

@@ -254,11 +254,10 @@ def profile_for(args: argparse.Namespace, source: Any, model: Any, inputs: Any,
 
     ``must_measure`` is a micro-batch size the measurement has to include (a hand split's).
     """
-    from autosplit.capture.trace import trace
 
     if args.profile:
         prof = Profile.load(args.profile)
-        fingerprint = trace(model).fingerprint
+        fingerprint = captured(args, model, inputs)[0].fingerprint  # as the command captures
         if prof.fingerprint != fingerprint:
             raise InvalidInputError(
                 f"profile {args.profile!r} was made for another model ({prof.model}, fingerprint "

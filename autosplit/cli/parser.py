@@ -215,6 +215,9 @@ def _add_plan_command(sub: Any) -> None:
                    help="where to write the plan (default plan.json)")
     p.add_argument("--emit", metavar="FILE.py",
                    help="also write the pipelined model as readable Python")
+    p.add_argument("--emit-torchtitan", metavar="JOB.toml",
+                   help="also write the plan as torchtitan's parallelism, training and "
+                        "activation-checkpoint sections (torchtitan 0.2's --job.config_file)")
     p.add_argument("--plot", metavar="FILE.png",
                    help="also draw the schedule timeline, time per stage and memory per device")
     _add_verify_argument(p)

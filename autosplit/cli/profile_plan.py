@@ -201,6 +201,12 @@ def plan_command(args: argparse.Namespace) -> int:
         from autosplit.codegen import emit
 
         code = emit(plan, source.ref, model=model, command=shlex.join(["autosplit", *args.argv]))
+    titan = None
+    if args.emit_torchtitan:
+        from autosplit.export import torchtitan_config
+
+        titan = torchtitan_config(plan, model,
+                                  source=shlex.join(["autosplit", *args.argv]))
     console.print()
     print_plan(console, plan, references)
     if memory is not None and args.gpus > 1:
@@ -215,6 +221,8 @@ def plan_command(args: argparse.Namespace) -> int:
     writes: dict[str, Any] = {"-o": plan.save}
     if code is not None:
         writes["--emit"] = lambda path: path.write_text(code)
+    if titan is not None:
+        writes["--emit-torchtitan"] = lambda path: path.write_text(titan)
     if args.plot:
         from autosplit.figures import plan_figure
 
