@@ -30,8 +30,9 @@ from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph
 from autosplit.profiler import check_inputs
 from autosplit.records import Plan, Profile
+from autosplit.timed_runs import session_estimate_s, stage_runs, timed_runs
 from autosplit.units import format_ms
-from autosplit.verify import _stage_runs, _timed_runs, session_estimate_s, verify_plans
+from autosplit.verify import verify_plans
 
 __all__ = ["RESOLVED_RATIO", "VerificationSkipped", "describe_shape", "steady_choice",
            "verify_and_choose"]
@@ -228,7 +229,7 @@ def _shared_neighbour(graph: BlockGraph, example_inputs: Any, profile: Profile,
     process started once, not once per session (its start, loading torch and the model, took
     about 2 s of each session on the development machines)."""
     beside = resolve_device(options.get("device")).type == "cpu" and neighbour.enabled()
-    runs = [other for plan in plans for _, other in _timed_runs(plan, beside) if other]
+    runs = [other for plan in plans for _, other in timed_runs(plan, beside) if other]
     if not runs or not beside or options.get("neighbour") is not None:
         return contextlib.nullcontext()
     return neighbour.Neighbour(graph, check_inputs(example_inputs), runs, profile.loss,
@@ -237,7 +238,7 @@ def _shared_neighbour(graph: BlockGraph, example_inputs: Any, profile: Profile,
 
 def _run_count(plans: Any) -> int:
     """Distinct stage runs of ``plans`` (a verification session takes turns over them)."""
-    return len({r for plan in plans for r in _stage_runs(plan)}) or 1
+    return len({r for plan in plans for r in stage_runs(plan)}) or 1
 
 
 def describe_shape(plan: Plan) -> str:

@@ -53,26 +53,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from autosplit import checks, neighbour, steal
-from autosplit.cost import single_device_ms
 from autosplit.devices import resolve_device
-from autosplit.errors import AutosplitError
 from autosplit.graph import BlockGraph
 from autosplit.profiler import check_inputs
 from autosplit.records import Plan, Profile
-from autosplit.schedules import SPLIT_BACKWARD, ScheduleOrder, torch_order
 from autosplit.simulator import overlap_fractions, simulate_plan
 from autosplit.stage_timing import (
     Beside,
     Checkpointed,
     Item,
     SplitBackward,
-    StageRun,
     StageTime,
-    as_beside,
     time_stages,
     wrapped,
 )
-from autosplit.stages import block_ranges
+from autosplit.timed_runs import (
+    SESSION_START_S,
+    depths,
+    session_estimate_s,
+    session_runs,
+    stage_ranks,
+    timed_items,
+    whole_items,
+)
 from autosplit.units import format_ms
 
 __all__ = ["PlanTimes", "SESSION_START_S", "StageTime", "predict_verified", "session_estimate_s",
@@ -84,101 +87,8 @@ def _step_of(t: StageTime, m: int) -> float:
     return m * t.per_step(m).compute_ms
 
 
-IN_FLIGHT_CAP_MS = 1000.0
-"""A stage run is timed with its schedule's micro-batches in flight when they take at most this
-long by block sums (ms), else one at a time: longer rounds would not fit the budget, and where
-the effect was measured on such long runs (ResNet50's stages) it was within 0.5 %."""
-
-
-def _order(plan: Plan) -> ScheduleOrder | None:
-    """torch's own action order for ``plan`` (``None`` where torch's class cannot run it)."""
-    v = plan.stages_per_rank
-    try:
-        return torch_order(plan.schedule, len(plan.stages) // v, v, plan.microbatches)
-    except AutosplitError:
-        return None
-
-
-def _depths(plan: Plan) -> list[int]:
-    """Per stage, the most micro-batches its schedule keeps in flight (forwards whose backward
-    has not started, in torch's own order: m on every GPipe stage, 1 on 1F1B's last), or 1 where
-    that many would take longer than :data:`IN_FLIGHT_CAP_MS` by block sums."""
-    n = len(plan.stages)
-    order = _order(plan)
-    if order is None:
-        return [1] * n
-    live, peak = [0] * n, [1] * n
-    for row in order.actions:
-        for a in row:
-            live[a.stage] += 1 if a.kind == "F" else -1 if a.kind in ("B", "I") else 0
-            peak[a.stage] = max(peak[a.stage], live[a.stage])
-    return [d if d * s.compute_ms <= IN_FLIGHT_CAP_MS else 1 for d, s in zip(peak, plan.stages)]
-
-
-def _stage_runs(plan: Plan) -> list[StageRun]:
-    return [(first, end, plan.split_size) for first, end in block_ranges(plan.balance)]
-
-
-def _timed_runs(plan: Plan, beside: bool = True) -> list[Beside]:
-    """What is timed for ``plan``: each stage's run beside what a neighbouring worker runs
-    meanwhile — the next stage on another rank (after the last stage, the first ones again:
-    a V-shaped schedule's rank 0 runs the first and the last stage, which never run at the
-    same time), the same stage for one stage on several replicas, nothing (the other cores
-    idle) for one stage on one device — then, for a plan of several stages and with
-    ``beside``, each stage's run alone (a pipeline's workers compute at the same time only for
-    part of the step: :func:`_stage_times`)."""
-    runs = _stage_runs(plan)
-    n = len(runs)
-    if n == 1:
-        return [(runs[0], runs[0] if plan.replicas > 1 else None)]
-    ranks = _stage_ranks(plan)
-    out: list[Beside] = []
-    for s, r in enumerate(runs):
-        nxt = next((t % n for t in range(s + 1, s + n) if ranks[t % n] != ranks[s]),
-                   (s + 1) % n)  # (every stage on one rank: the next one)
-        out.append((r, runs[nxt]))
-    return out + [(r, None) for r in runs] if beside else out
-
-
-def _timed_items(plan: Plan, beside: bool = True) -> list[Item]:
-    """:func:`_timed_runs`, each wrapped in :class:`SplitBackward` on a zero-bubble schedule
-    (:data:`~autosplit.schedules.SPLIT_BACKWARD`) where the stage's inputs need a gradient (all
-    stages but the model's first, whose backward torch runs whole, as weight work), and in
-    :class:`Checkpointed` where the plan checkpoints the stage."""
-    runs = _timed_runs(plan, beside)
-    n = len(plan.stages)
-    items: list[Item] = []
-    for k, r in enumerate(runs):
-        item: Item = SplitBackward(r) if plan.schedule in SPLIT_BACKWARD and r[0][0] > 0 else r
-        items.append(Checkpointed(item) if plan.stages[k % n].checkpoint else item)
-    return items
-
-
-def _whole_items(plan: Plan, beside: bool = True) -> list[Beside]:
-    """:func:`_timed_runs` with the backward whole, for a zero-bubble schedule that runs some
-    backwards of a stage timed split (:func:`_timed_items`) in one pass (DualPipeV's ``B``
-    actions: :attr:`~autosplit.records.Stage.whole_backward_ms`); else none."""
-    order = _order(plan) if plan.schedule in SPLIT_BACKWARD else None
-    if order is None:
-        return []
-    whole = {a.stage for row in order.actions for a in row if a.kind == "B"}
-    firsts = [first for first, _ in block_ranges(plan.balance)]
-    return _timed_runs(plan, beside) if any(firsts[s] > 0 for s in whole) else []
-
-
 BLEND_ROUNDS = 2
 """How often a pipeline's overlaps are simulated again from the stage times they gave."""
-
-
-def _stage_ranks(plan: Plan) -> list[int]:
-    """The rank that runs each stage, as torch's class places it
-    (:attr:`~autosplit.schedules.ScheduleOrder.stage_rank`; stage s on rank s mod p where
-    torch's class cannot run the plan)."""
-    order = _order(plan)
-    if order is None:
-        n = len(plan.stages)
-        return [s % max(n // plan.stages_per_rank, 1) for s in range(n)]
-    return list(order.stage_rank)
 
 
 def _stage_times(plan: Plan, timed: Sequence[StageTime], share: float | None = None,
@@ -186,7 +96,7 @@ def _stage_times(plan: Plan, timed: Sequence[StageTime], share: float | None = N
                  ) -> tuple[list[StageTime], str, list[StageTime] | None]:
     """Each stage's time for the prediction, from ``timed`` (as :func:`_timed_runs` lists),
     how it was made, in words for :attr:`Plan.verification`, and the same of each stage's
-    backward run in one pass, from ``whole`` (as :func:`_whole_items` lists; ``None`` if
+    backward run in one pass, from ``whole`` (as :func:`~autosplit.timed_runs.whole_items` lists; ``None`` if
     empty), weighed with the same shares.
 
     One device: its time alone. Replicas compute side by side all the time: their time beside
@@ -204,7 +114,7 @@ def _stage_times(plan: Plan, timed: Sequence[StageTime], share: float | None = N
         return together, "", one
     if n == 1:
         return together, ", beside its replica running on another core", one
-    ranks = _stage_ranks(plan)
+    ranks = stage_ranks(plan)
 
     def blend(shares: Sequence[float]) -> tuple[list[StageTime], list[StageTime] | None]:
         def mixed(rows: Sequence[StageTime]) -> list[StageTime]:
@@ -234,7 +144,7 @@ def _scaled(plan: Plan, times: Sequence[StageTime], factor: int,
     the runtime's cost per action by ``factor`` times ``action_spread_ms`` (not below 0); a
     stage's weight-gradient part is the share its split backward was timed with
     (:attr:`StageTime.weight_share`), else the share the search gave it; a stage timed split
-    and ``whole`` too (:func:`_whole_items`) keeps that backward as its one pass
+    and ``whole`` too (:func:`~autosplit.timed_runs.whole_items`) keeps that backward as its one pass
     (:attr:`~autosplit.records.Stage.whole_backward_ms`; ``None`` otherwise). A checkpointed
     stage was timed so (:class:`Checkpointed`): its backward less its forward is the backward
     the simulation adds the recomputation to."""
@@ -309,60 +219,11 @@ def time_plans(
         plan.check_model(graph.fingerprint, graph.model_name)
     beside = resolve_device(options.get("device")).type == "cpu" and neighbour.enabled()
     whole = _whole_batch_fits(example_inputs, options.get("device"))
-    runs, depths, singles = _session(profile, plans, one_device, beside, whole)
-    times = time_stages(graph, example_inputs, runs, depths=depths,
+    runs, deepest, singles = session_runs(profile, plans, one_device, beside, whole)
+    times = time_stages(graph, example_inputs, runs, depths=deepest,
                         **{"loss": profile.loss, **options})
-    return PlanTimes(times, {name: tuple(_depths(plan)) for name, plan in plans.items()},
+    return PlanTimes(times, {name: tuple(depths(plan)) for name, plan in plans.items()},
                      singles, beside)
-
-
-def _session(profile: Profile, plans: Mapping[str, Plan], one_device: bool, beside: bool,
-             whole: Callable[[int], bool]
-             ) -> tuple[list[Any], dict[Any, int], dict[str, tuple[Beside, ...]]]:
-    """What a session of :func:`time_plans` times: the runs, the micro-batches each keeps in
-    flight (a run two plans share: the deeper of the two), and the ways one device is timed
-    per plan."""
-    n = len(profile.blocks)
-    singles: dict[str, tuple[Beside, ...]] = {}  # the ways one device may run each batch
-    for name, plan in plans.items():
-        _, b_one = single_device_ms(profile, plan.batch_size)
-        ways: list[Beside] = [((0, n, b_one), None)] if one_device else []
-        if one_device and whole(plan.batch_size) and b_one != plan.batch_size:
-            ways.append(((0, n, plan.batch_size), None))
-        singles[name] = tuple(ways)
-    runs: list[Any] = [r for plan in plans.values()
-                       for r in (*_timed_items(plan, beside), *_whole_items(plan, beside))]
-    runs += [r for ways in singles.values() for r in ways]
-    depths: dict[Any, int] = {}
-    for plan in plans.values():
-        plan_depths = _depths(plan)
-        for items in (_timed_items(plan, beside), _whole_items(plan, beside)):
-            for r, d in zip(items, plan_depths * 2):
-                depths[r] = max(depths.get(r, 1), d)
-    return list(dict.fromkeys(runs)), depths, singles
-
-
-SESSION_START_S = 3.0
-"""What a session costs besides its rounds (s): the timing and neighbouring processes' start,
-the model's copy (about 2 s each on the development machines)."""
-
-
-def session_estimate_s(profile: Profile, plans: Mapping[str, Plan], one_device: bool = True,
-                       *, beside: bool = True, whole_batch: bool = True, warmup: int = 1,
-                       rounds: int = 3) -> float:
-    """About how long a session of :func:`time_plans` takes (s), by block sums: ``warmup`` +
-    ``rounds`` rounds of every run, each its blocks' forward and backward at its micro-batch
-    size times the micro-batches it keeps in flight (the whole batch at once at the per-sample
-    cost of the largest size measured), plus :data:`SESSION_START_S`."""
-    sizes = profile.microbatch_sizes
-    runs, depths, _ = _session(profile, plans, one_device, beside, lambda batch: whole_batch)
-    total = 0.0
-    for item in runs:
-        (first, end, b), _ = as_beside(item)
-        k = sizes.index(b) if b in sizes else len(sizes) - 1
-        ms = math.fsum(blk.fwd_ms[k] + blk.bwd_ms[k] for blk in profile.blocks[first:end])
-        total += ms * (b / sizes[k]) * depths.get(item, 1)
-    return SESSION_START_S + (warmup + max(rounds, 2)) * total / 1000.0
 
 
 def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTimes,
@@ -387,11 +248,11 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
     distinct = len(timed.times)
     out = {}
     for name, plan in plans.items():
-        items = _timed_items(plan, timed.beside)
+        items = timed_items(plan, timed.beside)
         stage_times, how, whole = _stage_times(
             plan, [timed.times[r].per_step(plan.microbatches) for r in items], share,
             [timed.times[r].per_step(plan.microbatches)
-             for r in _whole_items(plan, timed.beside)])
+             for r in whole_items(plan, timed.beside)])
         if any(isinstance(r, Checkpointed) for r in items):
             how += ("; checkpointed stages timed under activation checkpointing, their "
                     "backward with the recomputation")

@@ -17,7 +17,7 @@ from models import LongSkip
 from torch import nn
 
 import autosplit
-from autosplit import neighbour, verified_choice, verify
+from autosplit import neighbour, timed_runs, verified_choice, verify
 from autosplit.neighbour import Neighbour
 from autosplit.planner import plan_candidates, plan_with_balance
 from autosplit.simulator import overlap_fractions, simulate, simulate_plan
@@ -112,27 +112,27 @@ def test_a_plans_stages_are_timed_beside_the_next_stage_and_one_device_alone(
     profile = autosplit.profile(LongSkip(), (x,), microbatch_sizes=[2, 4], repeats=2)
     two = next(iter(plan_candidates(profile, 2)))
     assert len(two.stages) == 2
-    (s0, s1) = verify._stage_runs(two)
-    assert verify._timed_runs(two) == [(s0, s1), (s1, s0), (s0, None), (s1, None)]
-    assert verify._timed_runs(two, beside=False) == [(s0, s1), (s1, s0)]
+    (s0, s1) = timed_runs.stage_runs(two)
+    assert timed_runs.timed_runs(two) == [(s0, s1), (s1, s0), (s0, None), (s1, None)]
+    assert timed_runs.timed_runs(two, beside=False) == [(s0, s1), (s1, s0)]
     one = plan_with_balance(profile, [len(profile.blocks)], 4)
-    assert verify._timed_runs(one) == [((0, len(profile.blocks), 4), None)]
+    assert timed_runs.timed_runs(one) == [((0, len(profile.blocks), 4), None)]
     replicated = dataclasses.replace(plan_with_balance(profile, [len(profile.blocks)], 2),
                                      replicas=2, microbatches=2)
-    assert verify._timed_runs(replicated) == [((0, len(profile.blocks), 2),) * 2]
+    assert timed_runs.timed_runs(replicated) == [((0, len(profile.blocks), 2),) * 2]
 
 
 def test_a_v_shaped_plans_stages_are_timed_beside_a_stage_of_the_other_rank() -> None:
     graph, inputs = _wide()
     profile = autosplit.profile(graph.module, inputs, microbatch_sizes=[8], repeats=2)
     zbv = autosplit.plan(profile, gpus=2, split_size=8, schedule="zbv")
-    assert verify._stage_ranks(zbv) == [0, 1, 1, 0]  # rank 0 runs the first and the last
-    s0, s1, s2, s3 = verify._stage_runs(zbv)
-    assert verify._timed_runs(zbv, beside=False) == [(s0, s1), (s1, s3), (s2, s3), (s3, s1)]
+    assert timed_runs.stage_ranks(zbv) == [0, 1, 1, 0]  # rank 0 runs the first and the last
+    s0, s1, s2, s3 = timed_runs.stage_runs(zbv)
+    assert timed_runs.timed_runs(zbv, beside=False) == [(s0, s1), (s1, s3), (s2, s3), (s3, s1)]
     looped = autosplit.plan(profile, gpus=2, split_size=8, schedule="interleaved-1f1b")
-    assert verify._stage_ranks(looped) == [0, 1, 0, 1]
-    s0, s1, s2, s3 = verify._stage_runs(looped)
-    assert verify._timed_runs(looped, beside=False) == [(s0, s1), (s1, s2), (s2, s3), (s3, s0)]
+    assert timed_runs.stage_ranks(looped) == [0, 1, 0, 1]
+    s0, s1, s2, s3 = timed_runs.stage_runs(looped)
+    assert timed_runs.timed_runs(looped, beside=False) == [(s0, s1), (s1, s2), (s2, s3), (s3, s0)]
 
 
 def test_a_verified_plan_says_its_stages_ran_beside_each_other(beside: None) -> None:
@@ -200,7 +200,7 @@ def test_dualpipev_weighs_its_one_pass_backwards_with_the_same_shares() -> None:
     times, _, one = verify._stage_times(plan, together + alone, whole=one_beside + one_alone)
     assert one is not None
     shares = overlap_fractions(simulate_plan(verify._scaled(plan, times, 0, whole=one)))
-    ranks = verify._stage_ranks(plan)
+    ranks = timed_runs.stage_ranks(plan)
     for s in range(n):
         weighed = ((times[s].compute_ms - alone[s].compute_ms)
                    / (together[s].compute_ms - alone[s].compute_ms))
@@ -253,7 +253,7 @@ def test_both_verification_sessions_share_one_neighbour(beside: None,
                                             rounds=2, max_rounds=2)
     assert len(started) == 1  # one process for the choosing and the predicting sessions
     (shared,) = started
-    assert {o for p in [*candidates, hand] for _, o in verify._timed_runs(p) if o} \
+    assert {o for p in [*candidates, hand] for _, o in timed_runs.timed_runs(p) if o} \
         == set(shared.runs)
     assert shared._child is None  # closed, and waited for
     assert "beside its neighbouring worker" in best.verification

@@ -195,7 +195,7 @@ def test_the_command_writes_the_job_file_or_says_in_one_line_why_not(tmp_path, c
         code = main(["plan", str(path), "--gpus", "2", "--profile", str(prof), "--granularity",
                      granularity, "--schedule", "1f1b", "--emit-torchtitan", str(job),
                      "-o", str(tmp_path / "plan.json")])
-        out, err = capsys.readouterr()
+        _, err = capsys.readouterr()
         if ok:
             assert code == 0, err
             config = tomllib.loads(job.read_text())

@@ -15,7 +15,15 @@ from models import LongSkip, TiedLM
 from torch import nn
 
 import autosplit
-from autosplit import measurement, neighbour, profiler, stage_timing, verified_choice, verify
+from autosplit import (
+    measurement,
+    neighbour,
+    profiler,
+    stage_timing,
+    timed_runs,
+    verified_choice,
+    verify,
+)
 from autosplit.capture.trace import trace
 from autosplit.claims import (
     PREDICTION_ERROR,
@@ -276,11 +284,11 @@ def test_the_depth_in_flight_is_the_schedules_own() -> None:
 
     prof = make_profile([2], [[1.0]] * 4, batch_size=8)  # m = 4 of b = 2
     gpipe = autosplit.plan(prof, 2, schedule="gpipe")
-    assert verify._depths(gpipe) == [4, 4]
-    assert verify._depths(autosplit.plan(prof, 2, schedule="1f1b")) == [2, 1]
+    assert timed_runs.depths(gpipe) == [4, 4]
+    assert timed_runs.depths(autosplit.plan(prof, 2, schedule="1f1b")) == [2, 1]
     slow = dataclasses.replace(gpipe, stages=(dataclasses.replace(
-        gpipe.stages[0], compute_ms=verify.IN_FLIGHT_CAP_MS / 4 + 1), gpipe.stages[1]))
-    assert verify._depths(slow) == [1, 4]
+        gpipe.stages[0], compute_ms=timed_runs.IN_FLIGHT_CAP_MS / 4 + 1), gpipe.stages[1]))
+    assert timed_runs.depths(slow) == [1, 4]
 
 
 def test_every_other_round_starts_without_gradients(small, monkeypatch) -> None:
@@ -362,7 +370,7 @@ def test_the_chosen_candidate_is_predicted_from_a_second_session_not_the_one_tha
     assert not any(r[:2] == (0, n) for r in sessions[0])  # one device: the second session's
     assert any(r[:2] == (0, n) for r in sessions[1])
     assert {r[2] for r in sessions[1]} - {lucky, 4, x.shape[0]} == set()
-    assert all(r in sessions[1] for r in verify._stage_runs(best))
+    assert all(r in sessions[1] for r in timed_runs.stage_runs(best))
     # every printed figure comes from the second session, where the lucky draw is gone
     expected = verify_plans(graph, x, prof, {"c": candidates[-1]})["c"]
     assert best.predicted_step_ms == pytest.approx(expected.predicted_step_ms)
@@ -503,7 +511,7 @@ def test_dualpipev_stages_are_timed_in_two_passes_and_in_one(small, fake_clock) 
                    for b in prof.blocks)
     split = dataclasses.replace(prof, blocks=blocks)
     plan = autosplit.plan(split, 2, schedule="dualpipev", split_size=2)
-    assert verify._whole_items(plan) and not verify._whole_items(
+    assert timed_runs.whole_items(plan) and not timed_runs.whole_items(
         autosplit.plan(split, 2, schedule="zbv", split_size=2))
     got = verify_plans(trace(model), x, split, {"d": plan}, rounds=1, max_rounds=1)["d"]
     first, *others = got.stages
@@ -609,8 +617,8 @@ def test_a_checkpointed_stage_is_verified_with_its_recomputation(small, fake_clo
     plan = autosplit.plan(prof, 2, schedule="gpipe", split_size=4)
     marked = dataclasses.replace(plan, stages=(
         dataclasses.replace(plan.stages[0], checkpoint=True), plan.stages[1]))
-    assert isinstance(verify._timed_items(marked)[0], stage_timing.Checkpointed)
-    assert not any(isinstance(r, stage_timing.Checkpointed) for r in verify._timed_items(plan))
+    assert isinstance(timed_runs.timed_items(marked)[0], stage_timing.Checkpointed)
+    assert not any(isinstance(r, stage_timing.Checkpointed) for r in timed_runs.timed_items(plan))
     both = verify_plans(trace(model), x, prof, {"c": marked, "p": plan}, rounds=1,
                         max_rounds=1)
     got = both["c"]
