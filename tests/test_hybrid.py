@@ -201,3 +201,25 @@ def test_cli_run_trains_a_hybrid_plan_on_four_ranks(tmp_path: Path,
     assert main(["run", str(ROOT / "examples" / "toy.py"), "--plan", str(path),
                  "--batch-size", "4"]) == 2
     assert "2 replicas × 2 micro-batches of 2 = 8 rows" in capsys.readouterr().err
+
+
+def test_torchrun_launches_a_two_by_two_plan_on_four_local_ranks(tmp_path) -> None:
+    import shutil
+    import subprocess
+
+    toy = str(Path(__file__).resolve().parent.parent / "examples" / "toy.py")
+    plan = tmp_path / "plan.json"
+    assert main(["plan", toy, "--gpus", "4", "--replicas", "2", "--microbatch-sizes", "2,5",
+                 "--repeats", "1", "--no-verify", "-o", str(plan)]) == 0
+    saved = Plan.load(plan)
+    assert (len(saved.stages), saved.replicas) == (2, 2)
+    torchrun = shutil.which("torchrun") or pytest.skip("no torchrun on PATH")
+    done = subprocess.run(
+        [torchrun, "--standalone", "--nproc-per-node", "4", "-m", "autosplit", "run", toy,
+         "--plan", str(plan), "--steps", "2", "--timeout", "120"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "on 4 ranks (torchrun)" in done.stdout
+    assert [line.split()[0] for line in done.stdout.splitlines()
+            if line.startswith("step ")] == ["step", "step"]
+    assert done.stderr.count("joining the rendezvous") == 4  # every rank says where it joins
