@@ -90,7 +90,7 @@ def timed_runs(plan: Plan, beside: bool = True) -> list[Beside]:
 
 
 def timed_items(plan: Plan, beside: bool = True) -> list[Item]:
-    """:func:`_timed_runs`, each wrapped in :class:`SplitBackward` on a zero-bubble schedule
+    """:func:`timed_runs`, each wrapped in :class:`SplitBackward` on a zero-bubble schedule
     (:data:`~autosplit.schedules.SPLIT_BACKWARD`) where the stage's inputs need a gradient (all
     stages but the model's first, whose backward torch runs whole, as weight work), and in
     :class:`Checkpointed` where the plan checkpoints the stage."""
@@ -104,7 +104,7 @@ def timed_items(plan: Plan, beside: bool = True) -> list[Item]:
 
 
 def whole_items(plan: Plan, beside: bool = True) -> list[Beside]:
-    """:func:`_timed_runs` with the backward whole, for a zero-bubble schedule that runs some
+    """:func:`timed_runs` with the backward whole, for a zero-bubble schedule that runs some
     backwards of a stage timed split (:func:`timed_items`) in one pass (DualPipeV's ``B``
     actions: :attr:`~autosplit.records.Stage.whole_backward_ms`); else none."""
     order = order_of(plan) if plan.schedule in SPLIT_BACKWARD else None

@@ -94,7 +94,7 @@ BLEND_ROUNDS = 2
 def _stage_times(plan: Plan, timed: Sequence[StageTime], share: float | None = None,
                  whole: Sequence[StageTime] = ()
                  ) -> tuple[list[StageTime], str, list[StageTime] | None]:
-    """Each stage's time for the prediction, from ``timed`` (as :func:`_timed_runs` lists),
+    """Each stage's time for the prediction, from ``timed`` (as :func:`~autosplit.timed_runs.timed_runs` lists),
     how it was made, in words for :attr:`Plan.verification`, and the same of each stage's
     backward run in one pass, from ``whole`` (as :func:`~autosplit.timed_runs.whole_items` lists; ``None`` if
     empty), weighed with the same shares.
@@ -179,7 +179,7 @@ class PlanTimes:
         depths: per plan name, the micro-batches in flight each stage was timed with.
         singles: per plan name, the ways one device was timed running its batch.
         beside: whether the stages of plans with several workers were timed beside a
-            neighbour, and alone (:func:`_timed_runs`).
+            neighbour, and alone (:func:`~autosplit.timed_runs.timed_runs`).
     """
 
     times: Mapping[Item, StageTime]

@@ -224,7 +224,7 @@ def _in_rank(model: Any, inputs: Any, plan: Plan, loss: str, repeats: int
 
     import torch.distributed as dist
 
-    from autosplit import fresh_process, verify
+    from autosplit import fresh_process, timed_runs
     from autosplit.distributed import stage_ranks
     from autosplit.distributed.stage_module import V_SCHEDULES
     from autosplit.stage_timing import time_stages
@@ -234,7 +234,7 @@ def _in_rank(model: Any, inputs: Any, plan: Plan, loss: str, repeats: int
     rank, world = dist.get_rank(), dist.get_world_size()
     graph = autosplit.trace(model, example_inputs=inputs)
     place = stage_ranks(len(plan.stages), world, plan.schedule in V_SCHEDULES)
-    depths = verify._depths(plan)  # the depth in flight verification gives each stage
+    depths = timed_runs.depths(plan)  # the depth in flight verification gives each stage
     runs = {s: (first, end, plan.split_size)
             for s, (first, end) in enumerate(block_ranges(plan.balance)) if place[s] == rank}
     out: dict[str, dict[str, list[float]]] = {"alone": {}, "together": {}}
