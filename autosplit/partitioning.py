@@ -1,7 +1,10 @@
 """``autosplit.partition()``: the policy in front of :class:`~autosplit.pipeline.PipelinedModule`.
 
 Checks the arguments, picks the devices, traces the model, and — unless a plan is given —
-profiles it, measures the links between GPUs, plans and verifies the best candidates. With
+profiles it, measures the links between GPUs, plans and verifies the best candidates through
+the planning workflow that ``autosplit plan`` uses (:mod:`autosplit.workflow`), for a pipeline
+in one process: the distributed runtime's cost per action and the replicas' all-reduce, which
+``autosplit plan`` takes from the machine's figures, are not part of what it runs. With
 example inputs that happens now; without, the :class:`PipelinedModule` is given a planner
 that does it on its first batch.
 """
