@@ -321,3 +321,39 @@ def test_budget_bounds_the_whole_command(tmp_path, capsys) -> None:
                          "-o", str(plan))
     assert code == 0, err
     assert "verified in" in out and "not verified:" not in out
+
+
+def test_plan_measures_the_runtime_cost_of_only_the_schedules_that_can_win(
+        tmp_path, capsys, monkeypatch) -> None:
+    import os
+    import time as clock
+
+    from autosplit.cli import measuring
+    from autosplit.machine_figures import MachineFigures, MachineKey, Measurers, save
+
+    key = MachineKey.here("gloo", "cpu", threads=1)
+    path = tmp_path / "machine.json"  # the collectives measured, no schedule's cost yet
+    save(path, MachineFigures(key, clock.time(), 1e9, 0.5, 2e9, one_stage_action_ms=0.3,
+                              one_stage_action_spread=0.05))
+    monkeypatch.setenv("AUTOSPLIT_CACHE", str(path))
+    asked: list[tuple[str, ...]] = []
+
+    def actions(names):
+        asked.append(tuple(names))
+        return tuple((n, 1.0) for n in names), tuple((n, 0.1) for n in names)
+
+    def collectives():
+        raise AssertionError("the collectives were cached")
+
+    monkeypatch.setattr(measuring, "_machine", lambda prof: (
+        key, Measurers(collectives, actions, lambda: (0.3, 0.05))))
+    assert os.environ["AUTOSPLIT_CACHE"] == str(path)
+    code, out, err = run(capsys, "plan", TOY, "--gpus", "2", *FAST, "--no-verify",
+                         "-o", str(tmp_path / "plan.json"))
+    assert code == 0, err
+    measured = [n for names in asked for n in names]
+    assert measured and len(set(measured)) == len(measured)  # each at most once
+    assert set(measured) <= {"gpipe", "1f1b"}  # the toy's 2 blocks run no v = 2 schedule
+    assert len(asked) == 1  # two or fewer worth measuring: one round of ranks
+    assert f"measured now: {', '.join(measured)}" in out
+    assert "not measured: looped-bfs" in out

@@ -228,3 +228,41 @@ def test_a_fixed_schedule_or_layout_needs_what_it_names(tmp_path) -> None:
                                      ("1f1b",)) == ()
     every = schedules_worth_measuring(prof, PlanRequest(devices=2, replicas=2), ("gpipe",))
     assert "gpipe" not in every and "zbv" in every
+
+
+def test_the_most_promising_schedule_is_measured_first_then_those_that_can_still_win(
+        tmp_path, monkeypatch) -> None:
+    import argparse
+    import io
+    import time
+
+    from rich.console import Console
+
+    from autosplit.cli import measuring
+    from autosplit.machine_figures import MachineFigures, MachineKey, Measurers
+
+    _, _, prof = _model_and_profile(tmp_path)
+    heavy = _costs(dataclasses.replace(prof, blocks=tuple(
+        dataclasses.replace(b, param_bytes=50 * 10**6) for b in prof.blocks)))
+    request = PlanRequest(devices=2)
+    worth = schedules_worth_measuring(heavy, request, known=())
+    assert len(worth) > 2
+    key = MachineKey("host", "gloo", "cpu", 2, 1, "test")
+    asked: list[tuple[str, ...]] = []
+
+    def actions(names):
+        asked.append(tuple(names))
+        return tuple((n, 0.0) for n in names), tuple((n, 0.0) for n in names)
+
+    monkeypatch.setenv("AUTOSPLIT_CACHE", str(tmp_path / "machine.json"))
+    monkeypatch.setattr(measuring, "_machine", lambda p: (
+        key, Measurers(lambda: (1e9, 0.5, 2e9), actions, lambda: (0.1, 0.0))))
+    args = argparse.Namespace(schedule="auto", _machine_figures=[MachineFigures(
+        key, time.time(), 1e9, 0.5, 2e9, one_stage_action_ms=0.1, one_stage_action_spread=0.0)])
+    out = io.StringIO()
+    priced = measuring.with_schedule_costs(args, heavy, request, Console(file=out, width=400))
+    assert asked[0] == (worth[0],)  # the most promising, alone
+    assert all(set(a) <= set(worth) for a in asked) and len(asked) <= 2
+    rest = schedules_worth_measuring(priced, request, [n for n, _ in priced.action_ms])
+    assert rest == ()  # nothing that can still win is left unmeasured
+    assert "measured now: " + worth[0] in out.getvalue()

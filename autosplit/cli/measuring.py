@@ -232,7 +232,9 @@ def with_schedule_costs(args: argparse.Namespace, prof: Profile, request: Any,
         need = schedules_worth_measuring(prof, request, known)
         if not need:
             break
-        batch = list(need[:1] if first else need)
+        # the most promising first, when measuring it may spare the others (each round
+        # starts its own ranks: a few seconds)
+        batch = list(need[:1] if first and len(need) > 2 else need)
         figures, _ = figures_for(key, [*known, *batch], measurers, have=figures)
         measured_now += batch
         known = [name for name, _ in figures.action_ms]
