@@ -188,6 +188,9 @@ class Worker:
         raise FreshProcessError(f"the timing process ended with exit code {code} during a job")
 
     def _start(self) -> None:
+        if self._lines is not None:  # a process that died between jobs: its pipe too
+            self._lines.close()
+            self._lines = None
         read, write = os.pipe()
         try:
             self._child = subprocess.Popen(
