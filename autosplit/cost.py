@@ -38,6 +38,7 @@ __all__ = [
     "block_transient_bytes",
     "transfer_ms",
     "allreduce_ms",
+    "whole_update_ms",
     "replica_sync_ms",
     "step_ms",
     "single_device_ms",
@@ -169,8 +170,10 @@ def step_ms(bottleneck_ms: float, m: int, p: int) -> float:
     return (m + p - 1) * bottleneck_ms
 
 
-def single_device_ms(profile: Profile, batch_size: int) -> tuple[float, int]:
-    """Best predicted step on one device over the measured sizes: (ms, b)."""
+def single_device_ms(profile: Profile, batch_size: int, optimizer: str = "sgd"
+                     ) -> tuple[float, int]:
+    """Best predicted step on one device over the measured sizes, then the whole model's
+    update by ``optimizer`` (where the profile timed it): (ms, b)."""
     best = (math.inf, 0)
     for k, b in enumerate(profile.microbatch_sizes):
         if b > batch_size:
@@ -178,4 +181,11 @@ def single_device_ms(profile: Profile, batch_size: int) -> tuple[float, int]:
         m = math.ceil(batch_size / b)
         t = m * sum(block_time_ms(blk, k) for blk in profile.blocks)
         best = min(best, (t, -b))
-    return best[0], -best[1]
+    return best[0] + whole_update_ms(profile, optimizer), -best[1]
+
+
+def whole_update_ms(profile: Profile, optimizer: str) -> float:
+    """The update of every block's parameters by ``optimizer`` on one device (ms per step;
+    :meth:`Profile.update_ms_of`), 0 where the profile did not time it."""
+    row = profile.update_ms_of(optimizer)
+    return math.fsum(row) if row is not None else 0.0

@@ -82,6 +82,9 @@ def summary_lines(plan: Any) -> list[str]:
     if d > 1:
         lines.append(f"gradient all-reduce among {d} replicas: "
                      f"{format_ms(plan.replica_sync_ms)} per step, after the last backward")
+    if getattr(plan, "update_ms", 0.0) > 0:
+        lines.append(f"optimizer step ({plan.optimizer}): {format_ms(plan.update_ms)} on the "
+                     "slowest rank, after the last backward")
     if getattr(plan, "placement", ""):
         from autosplit.topology import placement_text
 

@@ -100,6 +100,10 @@ class BlockProfile:
         checkpoint_saved_bytes: bytes the block keeps for backward per micro-batch when it is
             checkpointed: its tensor inputs only (deduplicated by storage); ``None`` for
             older profiles.
+        update_ms: ``(optimizer, ms)`` for each optimizer of
+            :data:`autosplit.update_timing.UPDATES`: one step of it over the block's own
+            parameters (a shared one counted in its first block), once per training step
+            whatever the micro-batches; ``None`` where not timed (older or estimated profiles).
     """
 
     name: str
@@ -118,6 +122,7 @@ class BlockProfile:
     split_held_bytes: tuple[int, ...] | None = None
     recompute_ms: tuple[float, ...] | None = None
     checkpoint_saved_bytes: tuple[int, ...] | None = None
+    update_ms: tuple[tuple[str, float], ...] | None = None
 
     def __post_init__(self) -> None:
         checked(self, check_block)
@@ -285,6 +290,16 @@ class Profile:
         if self.one_stage_action_ms is None:
             return self.action_ms_of("gpipe"), self.action_spread_of("gpipe")
         return self.one_stage_action_ms, self.one_stage_action_spread or 0.0
+
+    def update_ms_of(self, optimizer: str) -> tuple[float, ...] | None:
+        """Each block's update by ``optimizer`` (ms per step, :attr:`BlockProfile.update_ms`);
+        zeros for ``"none"``; ``None`` when a block's was not timed."""
+        if optimizer == "none":
+            return (0.0,) * len(self.blocks)
+        rows = [dict(b.update_ms) if b.update_ms is not None else {} for b in self.blocks]
+        if any(optimizer not in row for row in rows):
+            return None
+        return tuple(row[optimizer] for row in rows)
 
     def describe(self) -> str:
         """One line: how and where this profile was made."""

@@ -46,6 +46,7 @@ from autosplit.measurement import (
     within_budget,
 )
 from autosplit.records import BlockProfile, CutProfile, Profile
+from autosplit.update_timing import time_updates
 
 __all__ = [
     "profile",
@@ -313,6 +314,7 @@ def _profile_here(
     old_threads = torch.get_num_threads()
     rng_devices = [dev.index or 0] if dev.type == "cuda" else []
     measured: dict[int, SizeResult] = {}
+    updates: tuple[tuple[tuple[str, float], ...], ...] = ()
     failures: list[tuple[int, Exception]] = []
     set_aside: list[int] = []  # a block's index per timed round the hypervisor disturbed
     cap = max(max_repeats if max_repeats is not None else 3 * repeats, repeats)
@@ -350,6 +352,10 @@ def _profile_here(
                     progress, loss=loss_fn,
                     split_at=b0 if b0 in chosen else chosen[0], set_aside=set_aside,
                 )
+                own = dict(work.module.named_parameters())
+                updates = time_updates(
+                    [[own[name] for name, _ in block.params if name in own]
+                     for block in work.blocks], dev)
     finally:
         torch.set_num_threads(old_threads)
     if failures and (explicit or not measured):
@@ -388,6 +394,7 @@ def _profile_here(
                 **_backward_split(measured, order, split_sizes, i),
                 recompute_ms=tuple(measured[b].fwd_ms[i] for b in order),
                 checkpoint_saved_bytes=tuple(measured[b].input_bytes[i] for b in order),
+                update_ms=updates[i],
             )
         )
     cuts = tuple(

@@ -210,6 +210,10 @@ class Plan:
         action_ms: what torch's pipeline runtime costs per action beyond the stages' compute
             (ms, ``Profile.action_ms`` of the plan's schedule), in every action of the
             predicted step; 0 when not measured (plans saved before this field load with 0).
+        update_ms: the optimizer's update after the last backward (and the all-reduces),
+            once per step: the slowest rank's (ms, from :attr:`BlockProfile.update_ms` of
+            ``optimizer``), included in ``predicted_step_ms``; 0 when the profile did not time
+            it (plans saved before this field load with 0).
     """
 
     model: str
@@ -239,6 +243,7 @@ class Plan:
     stages_per_rank: int = 1
     action_ms: float = 0.0
     single_device_split: int | None = None
+    update_ms: float = 0.0
 
     def __post_init__(self) -> None:
         checked(self, lambda p: check_plan(
@@ -266,9 +271,15 @@ class Plan:
         """What runs after the pipeline's last backward and no schedule hides (ms): the
         all-reduce of every weight shared across stages (``shared``) and, with replicas, of
         the replicas' gradients (``replica_sync_ms``). ``predicted_step_ms`` is the schedule's
-        simulation plus this."""
+        simulation plus this and the update (:attr:`after_pipeline_ms`)."""
         shared = math.fsum(w.sync_ms for w in self.shared)
         return shared + (self.replica_sync_ms if self.replicas > 1 else 0.0)
+
+    @property
+    def after_pipeline_ms(self) -> float:
+        """All that runs after the pipeline's last backward (ms): :attr:`sync_after_ms`, then
+        the optimizer's update (``update_ms``)."""
+        return self.sync_after_ms + self.update_ms
 
     @property
     def speedup(self) -> float:

@@ -258,6 +258,18 @@ def check_block(b: Any) -> None:
     for field, row in _rows(b).items():
         check_row(row, field, check_ms if field.endswith("_ms") else check_bytes)
         check_length(row, field, len(b.fwd_ms), "values in fwd_ms")
+    if b.update_ms is not None:
+        check_row(b.update_ms, "update_ms", _check_update)
+        check_unique([(f"update_ms[{i}]", name) for i, (name, _) in enumerate(b.update_ms)],
+                     "optimizer names")
+
+
+def _check_update(value: Any, path: str) -> None:
+    """One ``(optimizer name, ms)`` pair of ``BlockProfile.update_ms``."""
+    if not (isinstance(value, tuple) and len(value) == 2):
+        raise RecordError(path, f"is {show(value)}: give an (optimizer, ms) pair")
+    check_text(value[0], f"{path}[0]")
+    check_ms(value[1], f"{path}[1]")
 
 
 def check_cut(c: Any) -> None:
@@ -395,7 +407,7 @@ def check_plan(p: Any, *, stage_type: type, weight_type: type) -> None:
                                              f"{len(p.stages)} stages")
     check_choice(p.optimizer, "optimizer", KNOWN_OPTIMIZERS)
     for field in ("predicted_step_ms", "single_device_ms", "bound_step_ms", "replica_sync_ms",
-                  "action_ms"):
+                  "action_ms", "update_ms"):
         check_ms(getattr(p, field), field)
     _check_bandwidth(p.allreduce_bytes_per_s, "allreduce_bytes_per_s")
     check_choice(p.placement, "placement", ("", "pp-inner", "dp-inner"))

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autosplit import checks, neighbour, steal
+from autosplit.cost import whole_update_ms
 from autosplit.devices import resolve_device
 from autosplit.graph import BlockGraph
 from autosplit.profiler import check_inputs
@@ -232,9 +233,9 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
 
     Each returned plan's stages have ``compute_ms`` / ``forward_ms`` from the stage runs,
     ``block_sum_ms`` from the search and ``verified_spread``; ``predicted_step_ms`` is the
-    schedule simulation of those times plus the all-reduces after the last backward, from the
-    cost model (:attr:`Plan.sync_after_ms`: weights shared across stages, the replicas'
-    gradients), ``step_spread`` its spread (the simulation of every
+    schedule simulation of those times plus the all-reduces and the update after the last
+    backward, from the cost model (:attr:`Plan.after_pipeline_ms`: weights shared across
+    stages, the replicas' gradients, the profile's timed update), ``step_spread`` its spread (the simulation of every
     stage at median ± spread and of the runtime's cost per action at its median ± spread,
     :attr:`Profile.action_spread`), ``single_device_ms`` the whole model timed in one piece (the
     faster of the profile's best micro-batch size, accumulated, and, on a CPU, the whole batch
@@ -265,11 +266,12 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
             else profile.one_stage_action()[1] if plan.replicas > 1 else 0.0)
         mid, low, high = (_scaled(plan, stage_times, f, action_spread, whole)
                           for f in (0, -1, 1))
-        step = simulate_plan(mid).step_ms + plan.sync_after_ms  # all-reduces: not timed
+        step = simulate_plan(mid).step_ms + plan.after_pipeline_ms  # all-reduces, update
         spread = (simulate_plan(high).step_ms - simulate_plan(low).step_ms) / 2 / step
         one_ms, one, one_split = min(
-            ((_step_of(timed.times[r], math.ceil(plan.batch_size / r[0][2])), timed.times[r],
-              r[0][2]) for r in timed.singles[name]),
+            ((_step_of(timed.times[r], math.ceil(plan.batch_size / r[0][2]))
+              + whole_update_ms(profile, plan.optimizer), timed.times[r], r[0][2])
+             for r in timed.singles[name]),
             key=lambda way: way[0],
             default=(plan.single_device_ms, None, plan.single_device_split))
         p = len(plan.stages)

@@ -127,8 +127,11 @@ def brute_force(prof: autosplit.Profile, p: int, kw: dict) -> tuple[float, int, 
             act = prof.action_ms_of(kw["schedule"]) if p > 1 else 0.0  # per action (ms)
             fwd, bwd = [x + act for x in fwd], [x + act for x in bwd]
             cores = prof.device.kind == "cpu"  # gloo between CPU workers: the cores copy
+            update = prof.update_ms_of("sgd") or (0.0,) * len(prof.blocks)
+            slowest = max(math.fsum(u / speeds[s] for u in update[a:e])
+                          for s, (a, e) in enumerate(stages))  # after the last backward
             found.append((simulate(fwd, bwd, m, kw["schedule"], comm, comm,
-                                   transfers_on_cores=cores).step_ms, b, bal))
+                                   transfers_on_cores=cores).step_ms + slowest, b, bal))
     best = min(v for v, _, _ in found)
     return next(x for x in found if x[0] <= best * (1 + TIE_RTOL))
 
@@ -148,6 +151,10 @@ def random_case(rng: random.Random) -> tuple[autosplit.Profile, int, dict]:
     if rng.random() < 0.5:  # the runtime's cost per action, measured (ms)
         prof = dataclasses.replace(prof, action_ms=(("gpipe", rng.randint(1, 4) / 8),
                                                     ("1f1b", rng.randint(1, 4) / 8)))
+    if rng.random() < 0.5:  # the optimizer's update of each block, timed (ms per step)
+        prof = dataclasses.replace(prof, blocks=tuple(
+            dataclasses.replace(blk, update_ms=(("sgd", rng.randint(0, 8) / 4),))
+            for blk in prof.blocks))
     kw: dict = {
         "schedule": rng.choice(["gpipe", "1f1b"]),
         "speeds": [rng.choice([0.5, 1.0, 2.0]) for _ in range(p)],
@@ -160,7 +167,7 @@ def random_case(rng: random.Random) -> tuple[autosplit.Profile, int, dict]:
 
 def test_planner_equals_brute_force_on_random_profiles(method: str) -> None:
     """p = 2 … 5, 5–8 blocks, 1–2 sizes, transfers, speeds, memory limits, both schedules,
-    with and without the runtime's cost per action."""
+    with and without the runtime's cost per action and the optimizer's update."""
     rng = random.Random(2024)
     checked = 0
     while checked < 500:
@@ -317,6 +324,43 @@ def test_search_with_a_cost_per_action_equals_brute_force(method: str, schedule:
         found = solve_step(problem, balances[rng.randrange(len(balances))])
         assert found is not None and found.balance == want
         assert found.step_ms == pytest.approx(float(steps.min()), rel=1e-9)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_search_with_an_update_equals_the_simulator_plus_the_slowest_update(
+        method: str, schedule: str) -> None:
+    """Every stage updates its parameters after the last backward: the objective is the event
+    simulation plus the slowest stage's update (the oracle here: :func:`simulate` of every
+    balance, independent of the vectorised form); the search's bounds leave it out."""
+    rng = random.Random(31)
+    for _ in range(40):
+        n, p, m = rng.randint(6, 10), rng.randint(2, 4), rng.randint(1, 8)
+        fwd = tuple(tuple(rng.uniform(0.1, 2.0) for _ in range(n)) for _ in range(p))
+        bwd = tuple(tuple(rng.uniform(0.1, 3.0) for _ in range(n)) for _ in range(p))
+        comm = tuple(rng.uniform(0.0, 0.5) * rng.choice([0, 1]) for _ in range(n - 1))
+        # from negligible to an update that outweighs the blocks' compute
+        update = tuple(tuple(rng.uniform(0.0, 1.0) * rng.choice([0.1, 1.0, 10.0])
+                             for _ in range(n)) for _ in range(p))
+        problem = StepProblem(fwd, bwd, comm, comm, m, schedule, update=update)
+        found = solve_step(problem)
+        oracle = []
+        for bal in compositions(n, p):
+            stages = list(stage_ranges(bal))
+            f = [math.fsum(fwd[s][a:e]) for s, (a, e) in enumerate(stages)]
+            b = [math.fsum(bwd[s][a:e]) for s, (a, e) in enumerate(stages)]
+            cuts = [comm[e - 1] for _, e in stages[:-1]]
+            slowest = max(math.fsum(update[s][a:e]) for s, (a, e) in enumerate(stages))
+            oracle.append((simulate(f, b, m, schedule, cuts, cuts).step_ms + slowest, bal))
+        best = min(v for v, _ in oracle)
+        want = next(bal for v, bal in oracle if v <= best * (1 + TIE_RTOL))
+        assert found is not None and found.balance == want
+        assert found.step_ms == pytest.approx(best, rel=1e-9)
+
+
+def test_a_bad_update_table_is_named() -> None:
+    one = ((1.0, 1.0),)
+    with pytest.raises(autosplit.InvalidInputError, match="update"):
+        StepProblem(one * 2, one * 2, (0.0,), (0.0,), 2, "gpipe", update=((1.0,),) * 2)
 
 
 def test_a_bad_cost_per_action_is_named() -> None:

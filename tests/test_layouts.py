@@ -77,13 +77,16 @@ def _brute_force(prof, devices: int, batch: int, capacity: float | None, schedul
             step = simulate(fwd, bwd, m, schedule, comm, comm,  # CPU workers: cores copy
                             transfers_on_cores=prof.device.kind == "cpu").step_ms
             grads = max(sum(blk.param_bytes for blk in stage) for stage in blocks)
-            best = min(best, step + replica_sync_ms(grads, d, width))
+            # then every stage's optimizer update, the slowest last
+            update = max(math.fsum(dict(blk.update_ms or ())["sgd"] if blk.update_ms else 0.0
+                                   for blk in stage) for stage in blocks)
+            best = min(best, step + replica_sync_ms(grads, d, width) + update)
     return best
 
 
 def _random_profile(rng: random.Random, n: int, batch: int):
     sizes = sorted(rng.sample([1, 2, 3, 4, 6], rng.randint(1, 3)))
-    return make_profile(
+    prof = make_profile(
         sizes,
         [[rng.uniform(0.2, 2.0) for _ in sizes] for _ in range(n)],
         batch_size=batch,
@@ -91,6 +94,11 @@ def _random_profile(rng: random.Random, n: int, batch: int):
         saved_bytes_per_sample=[rng.choice([0, 10**5, 10**6]) for _ in range(n)],
         cut_bytes_per_sample=[rng.choice([0, 10**4, 10**5, 10**6]) for _ in range(n - 1)],
     )
+    if rng.random() < 0.5:  # each block's optimizer update, timed (ms per step)
+        prof = dataclasses.replace(prof, blocks=tuple(
+            dataclasses.replace(blk, update_ms=(("sgd", rng.uniform(0.0, 3.0)),))
+            for blk in prof.blocks))
+    return prof
 
 
 @pytest.mark.parametrize("seed", range(8))

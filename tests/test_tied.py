@@ -90,7 +90,7 @@ def test_a_weight_shared_by_stages_of_one_rank_costs_no_all_reduce(schedule: str
     v_shaped = autosplit.plan(prof, gpus=2, split_size=2, schedule=schedule)
     (weight,) = v_shaped.shared
     assert weight.stages == (0, 3) and weight.mode == "one rank" and weight.sync_ms == 0.0
-    assert v_shaped.predicted_step_ms == simulate_plan(v_shaped).step_ms
+    assert v_shaped.predicted_step_ms == simulate_plan(v_shaped).step_ms + v_shaped.update_ms
     assert "shared weight embed.weight: stages 0 and 3, on one rank: one copy" in str(v_shaped)
     v_shaped.save(tmp_path / "plan.json")
     assert Plan.load(tmp_path / "plan.json") == v_shaped
@@ -99,7 +99,7 @@ def test_a_weight_shared_by_stages_of_one_rank_costs_no_all_reduce(schedule: str
     (weight,) = looped.shared
     assert weight.stages == (0, 3) and weight.mode == "all-reduce" and weight.sync_ms > 0
     assert looped.predicted_step_ms == pytest.approx(simulate_plan(looped).step_ms
-                                                     + weight.sync_ms)
+                                                     + weight.sync_ms + looped.update_ms)
 
 
 def test_plans_saved_before_shared_weights_load_with_none(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ from autosplit.claims import (
 )
 from autosplit.cli import main
 from autosplit.comparison import manual_plan
-from autosplit.cost import single_device_ms
+from autosplit.cost import single_device_ms, whole_update_ms
 from autosplit.errors import InvalidInputError
 from autosplit.plan_text import one_device_way
 from autosplit.planner import plan_candidates
@@ -336,10 +336,16 @@ def test_verified_plans_record_their_stage_times(small, fake_clock) -> None:
         assert all(s.compute_ms == 2000.0 and s.forward_ms == 1000.0 for s in plan.stages)
         assert all(s.block_sum_ms is not None and s.verified_spread == 0.0 for s in plan.stages)
         # one device: the faster of the whole batch (8 samples, all in x) in one piece on a
-        # CPU and the best micro-batch size accumulated — here the whole batch, one run of 2 s
-        assert plan.batch_size == x.shape[0] and plan.single_device_ms == 2000.0
-    # equal stage times: the step is the simulation of them, (m + p − 1) · 2 s for GPipe
-    assert checked.predicted_step_ms == pytest.approx((checked.microbatches + 1) * 2000.0, abs=1)
+        # CPU and the best micro-batch size accumulated — here the whole batch, one run of 2 s,
+        # then the whole model's update, as profiled (the stage runs do not time it)
+        assert plan.batch_size == x.shape[0]
+        assert plan.single_device_ms == pytest.approx(
+            2000.0 + whole_update_ms(prof, plan.optimizer), rel=1e-12)
+        assert 0 < plan.update_ms < whole_update_ms(prof, plan.optimizer)
+    # equal stage times: the step is the simulation of them, (m + p − 1) · 2 s for GPipe, and
+    # the slowest stage's update after it
+    assert checked.predicted_step_ms == pytest.approx(
+        (checked.microbatches + 1) * 2000.0 + checked.update_ms, abs=1)
     # the fewest micro-batches wins when every stage costs the same, whatever the block sums
     assert best.microbatches == min(c.microbatches for c in candidates)
 
@@ -456,7 +462,8 @@ def test_one_device_is_the_faster_of_the_whole_batch_and_accumulated_micro_batch
     n = len(prof.blocks)
     assert (0, n, b_one) in timed and (0, n, plan.batch_size) in timed  # both ways timed
     per_sample = min(whole_per_sample, 1.0)
-    assert verified.single_device_ms == pytest.approx(plan.batch_size * per_sample)
+    assert verified.single_device_ms == pytest.approx(
+        plan.batch_size * per_sample + whole_update_ms(prof, plan.optimizer))
     # the plan says which way its one-device figure runs, and prints it
     way = plan.batch_size if whole_per_sample < 1.0 else b_one
     assert verified.single_device_split == way
@@ -474,7 +481,8 @@ def test_one_device_accumulates_where_the_examples_hold_less_than_the_batch(smal
     verified = verify_plans(trace(model), few, prof, {"p": plan}, rounds=1, max_rounds=1)["p"]
     b_one = single_device_ms(prof, plan.batch_size)[1]
     assert b_one < plan.batch_size
-    assert verified.single_device_ms == 2000.0 * plan.batch_size / b_one
+    assert verified.single_device_ms == pytest.approx(
+        2000.0 * plan.batch_size / b_one + whole_update_ms(prof, plan.optimizer), rel=1e-12)
 
 
 def test_a_zero_bubble_stage_is_timed_with_its_backward_in_two_passes(small, fake_clock) -> None:
@@ -717,7 +725,8 @@ def test_a_verified_plan_keeps_the_all_reduce_of_its_shared_weights(fake_clock) 
     assert all(s.compute_ms == 2000.0 for s in verified.stages)
     simulated = simulate_plan(verified).step_ms
     assert simulated > (verified.microbatches + 1) * 2000.0
-    assert verified.predicted_step_ms == pytest.approx(simulated + weight.sync_ms, rel=1e-12)
+    assert verified.predicted_step_ms == pytest.approx(
+        simulated + weight.sync_ms + verified.update_ms, rel=1e-12)
 
 
 def test_the_runtime_cost_per_action_widens_the_step_by_its_spread(small, fake_clock) -> None:
@@ -735,7 +744,8 @@ def test_the_runtime_cost_per_action_widens_the_step_by_its_spread(small, fake_c
                                       max_rounds=2)["p"] for p in (costly, sure))
     m = plan.microbatches
     # GPipe on 2 equal stages: (m + 1) · (f + b + 2 o); o = 100 ± 50 ms
-    assert verified.predicted_step_ms == pytest.approx((m + 1) * 2200.0, rel=1e-6)
+    assert verified.predicted_step_ms == pytest.approx(
+        (m + 1) * 2200.0 + verified.update_ms, rel=1e-6)
     assert verified.step_spread == pytest.approx(100.0 / 2200.0, rel=1e-3)
     assert certain.predicted_step_ms == verified.predicted_step_ms
     assert certain.step_spread == 0.0
@@ -745,7 +755,8 @@ def test_the_runtime_cost_per_action_widens_the_step_by_its_spread(small, fake_c
                                action_spread=(("gpipe", 100.0),))
     free = verify_plans(graph, x, zero, {"p": dataclasses.replace(plan, action_ms=0.0)},
                         one_device=False, rounds=2, max_rounds=2)["p"]
-    assert free.predicted_step_ms == pytest.approx((m + 1) * 2000.0, rel=1e-6)
+    assert free.predicted_step_ms == pytest.approx((m + 1) * 2000.0 + free.update_ms,
+                                                   rel=1e-6)
     assert free.step_spread == pytest.approx(100.0 / 2000.0, rel=1e-3)
     assert "torch's runtime 0.00 ± 100.00 ms per action" in free.verification
 
@@ -765,8 +776,8 @@ def test_a_replica_of_one_stage_carries_the_one_stage_runtime_cost(small, fake_c
     verified = verify_plans(trace(model), x, costly, {"dp": dp}, one_device=False, rounds=2,
                             max_rounds=2)["dp"]
     m = dp.microbatches  # one stage: m · (f + b + 2 o) one after the other, then the sync
-    assert verified.predicted_step_ms == pytest.approx(m * 2200.0 + dp.replica_sync_ms,
-                                                       rel=1e-6)
+    assert verified.predicted_step_ms == pytest.approx(
+        m * 2200.0 + dp.replica_sync_ms + dp.update_ms, rel=1e-6)
     assert verified.step_spread == pytest.approx(m * 100.0 / verified.predicted_step_ms,
                                                  rel=1e-3)
     assert "torch's runtime 100.00 ± 50.00 ms per action" in verified.verification

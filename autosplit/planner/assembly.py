@@ -24,8 +24,10 @@ from autosplit.planner.problems import (
     counted_twice,
     partition_problem,
     runtime_action_ms,
+    slowest_update_ms,
     stage_transient_bytes,
     transient_bytes,
+    update_table,
 )
 from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile, SharedWeight, Stage
@@ -74,8 +76,9 @@ def assemble(
     memory, and the shared weights; ``replicas``: of each stage, for the runtime's cost per
     action (:func:`~autosplit.planner.problems.runtime_action_ms`; the caller adds their
     all-reduce). The predicted step is the schedule's simulation plus the
-    all-reduce of every weight shared across stages (``SharedWeight.sync_ms``, ms): it runs
-    after the last backward, so nothing hides it. The search itself does not weigh it."""
+    all-reduce of every weight shared across stages (``SharedWeight.sync_ms``, ms) and the
+    slowest stage's optimizer update (``Plan.update_ms``): they run after the last backward, so
+    nothing hides them. The search weighs the update, not the shared weights' all-reduce."""
     b = profile.microbatch_sizes[k]
     m = math.ceil(settings.batch_size / b)
     p = settings.gpus
@@ -103,7 +106,7 @@ def assemble(
                 memory_bytes=int(held),
             )
         )
-    single, single_split = single_device_ms(profile, settings.batch_size)
+    single, single_split = single_device_ms(profile, settings.batch_size, settings.optimizer)
     capacity = settings.capacity_bytes
     shared = shared_weights(settings, profile, part.bounds)
     plan = Plan(
@@ -124,9 +127,10 @@ def assemble(
         optimizer=settings.optimizer,
         shared=shared,
         action_ms=runtime_action_ms(settings, profile, replicas),
+        update_ms=slowest_update_ms(update_table(settings), [[r] for r in part.bounds]),
     )
-    # the shared weights' all-reduce runs after the pipeline's last backward: it adds up
-    simulated = simulate_plan(plan).step_ms + plan.sync_after_ms
+    # the shared weights' all-reduce and the update run after the pipeline's last backward
+    simulated = simulate_plan(plan).step_ms + plan.after_pipeline_ms
     return dataclasses.replace(
         plan, predicted_step_ms=simulated, bound_step_ms=step_ms(part.bottleneck, m, p)
     )

@@ -262,7 +262,7 @@ def plan_replicated(
     candidates = tuple(profile.microbatch_sizes[c] for c in sizes)
     piped = assemble(settings, profile, balance, k, label, candidates, replicas)
     synced = sync(_max_stage(grads, balance))
-    single, single_split = single_device_ms(profile, batch)
+    single, single_split = single_device_ms(profile, batch, settings.optimizer)
     return dataclasses.replace(
         piped, batch_size=batch, replicas=replicas, replica_sync_ms=synced,
         allreduce_bytes_per_s=width,

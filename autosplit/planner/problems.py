@@ -7,6 +7,7 @@ step needs (:mod:`autosplit.solve.exact`). Times in ms, sizes in bytes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from autosplit.cost import (
@@ -22,8 +23,8 @@ from autosplit.records import Profile
 from autosplit.solve import PartitionProblem
 from autosplit.solve.step_problem import StepProblem
 
-__all__ = ["counted_twice", "partition_problem", "runtime_action_ms", "stage_transient_bytes",
-           "step_problem", "transient_bytes"]
+__all__ = ["counted_twice", "partition_problem", "runtime_action_ms", "slowest_update_ms",
+           "stage_transient_bytes", "step_problem", "transient_bytes", "update_table"]
 
 
 def _costs(settings: PlanSettings, profile: Profile, b: int) -> tuple[tuple[float, ...], ...]:
@@ -139,7 +140,31 @@ def step_problem(settings: PlanSettings, profile: Profile, k: int, m: int,
                        problem.memory, problem.memory_first, problem.capacity,
                        problem.memory_last,
                        action_ms=runtime_action_ms(settings, profile, replicas),
-                       transfers_on_cores=settings.transfers_on_cores)
+                       transfers_on_cores=settings.transfers_on_cores,
+                       update=update_table(settings))
+
+
+def update_table(settings: PlanSettings) -> tuple[tuple[float, ...], ...] | None:
+    """``[s][i]``: the optimizer's update of block i on device s (ms per step, from that
+    device's profile and speed: :meth:`Profile.update_ms_of` of ``settings.optimizer``);
+    ``None`` when a profile did not time it (the update then counts as 0)."""
+    rows = []
+    for prof, speed in zip(settings.profiles, settings.speeds):
+        row = prof.update_ms_of(settings.optimizer)
+        if row is None:
+            return None
+        rows.append(tuple(u / speed for u in row))
+    return tuple(rows)
+
+
+def slowest_update_ms(table: tuple[tuple[float, ...], ...] | None,
+                      ranges: Sequence[Sequence[tuple[int, int]]]) -> float:
+    """The slowest rank's update (ms): max over ranks r of Σ over r's stages' block ranges
+    ``ranges[r]`` (first, end) of ``table[r]``; 0 without a table."""
+    if table is None:
+        return 0.0
+    return max((math.fsum(u for a, e in spans for u in table[r][a:e])
+                for r, spans in enumerate(ranges)), default=0.0)
 
 
 def runtime_action_ms(settings: PlanSettings, profile: Profile, replicas: int = 1) -> float:

@@ -44,6 +44,7 @@ from autosplit.solve.joint import (
     solve_joint,
     stage_costs,
 )
+from autosplit.solve.joint_problem import rank_update_ms
 
 __all__ = ["SEARCHED", "ScheduleChoice", "ScheduleOption", "joint_problem", "plan_schedules",
            "too_many_cuts"]
@@ -129,6 +130,7 @@ def joint_problem(settings: PlanSettings, profile: Profile, k: int, m: int) -> J
         shared=tuple((w.blocks, float(w.bytes * (factor - 1)), float(w.bytes))
                      for w in profile.shared),
         transfers_on_cores=settings.transfers_on_cores,
+        update_ms=profile.update_ms_of(settings.optimizer),
     )
 
 
@@ -172,7 +174,7 @@ def _assemble(settings: PlanSettings, profile: Profile, k: int, schedule: str, v
             else None))
         start = end
     shared = shared_weights(settings, profile, bounds, order.stage_rank)
-    single, single_split = single_device_ms(profile, settings.batch_size)
+    single, single_split = single_device_ms(profile, settings.batch_size, settings.optimizer)
     capacity = settings.capacity_bytes
     plan = Plan(
         model=profile.model, fingerprint=profile.fingerprint, stages=tuple(stages),
@@ -183,7 +185,8 @@ def _assemble(settings: PlanSettings, profile: Profile, k: int, schedule: str, v
         memory_limit_bytes=None if capacity is None else int(min(capacity)),
         optimizer=settings.optimizer, shared=shared, stages_per_rank=v,
         action_ms=profile.action_ms_of(schedule),
-    )
+        update_ms=rank_update_ms(problem, found.balance, order.stage_rank, p),
+    )  # the replayed step has the update in it already
     return dataclasses.replace(plan, predicted_step_ms=found.step_ms + plan.sync_after_ms)
 
 

@@ -4,8 +4,11 @@ Symbols: n blocks, p stages (stage s on device s), m micro-batches; f_s, b_s the
 backward time of one micro-batch on stage s (ms), cf_c, cb_c the forward and backward transfer
 over cut c (ms), t_s = f_s + b_s (each with the runtime's cost per action,
 ``StepProblem.action_ms``). The objective is :func:`autosplit.simulator.simulate`'s
-``step_ms`` for the balance, GPipe or 1F1B; :func:`step_times` evaluates it for many balances at
-once with the simulator's own arithmetic (same operations in the same order).
+``step_ms`` for the balance, GPipe or 1F1B, plus the slowest stage's optimizer update
+(``StepProblem.update``: every stage updates its own parameters after the last backward);
+:func:`step_times` evaluates it for many balances at once with the simulator's own arithmetic
+(same operations in the same order). The bounds below leave the update out: they stay below
+the objective.
 
 Why not the min-max DP alone: the DP minimises t_max, but the simulated step is a longest path
 through the schedule's dependency graph. For GPipe the path has a closed form (proved by
@@ -72,7 +75,7 @@ import numpy as np
 
 from autosplit.errors import InvalidInputError
 from autosplit.simulator import schedule_order
-from autosplit.solve.step_bounds import Tables, device_1f1b, pairs, stage_g
+from autosplit.solve.step_bounds import Tables, device_1f1b, pairs, stage_g, update_prefix
 from autosplit.solve.step_problem import StepProblem, StepSolution
 
 __all__ = ["TIE_RTOL", "StepProblem", "StepSolution", "solve_step", "step_times"]
@@ -149,6 +152,7 @@ def step_times(problem: StepProblem, balances: Sequence[Sequence[int]]) -> np.nd
     tables.b = np.array([np.concatenate(([0.0], np.cumsum(r))) for r in problem.bwd])
     tables.cf = np.append(np.asarray(problem.comm_fwd, dtype=float), 0.0)
     tables.cb = np.append(np.asarray(problem.comm_bwd, dtype=float), 0.0)
+    tables.u = update_prefix(problem)
     bal = np.asarray(balances, dtype=np.int64).reshape(-1, problem.p)
     if bal.size and (bal.min() < 1 or np.any(bal.sum(axis=1) != problem.n)):
         raise InvalidInputError(
@@ -165,8 +169,12 @@ def _evaluate(problem: StepProblem, tables: Tables, bal: np.ndarray) -> np.ndarr
     fwd = tables.f[rows, bounds.T[1:]] - tables.f[rows, bounds.T[:-1]] + a
     bwd = tables.b[rows, bounds.T[1:]] - tables.b[rows, bounds.T[:-1]] + a
     ends = bounds.T[1:-1] - 1
-    return _simulate_many(fwd, bwd, tables.cf[ends], tables.cb[ends], problem.m, problem.schedule,
-                          problem.transfers_on_cores)
+    steps = _simulate_many(fwd, bwd, tables.cf[ends], tables.cb[ends], problem.m,
+                           problem.schedule, problem.transfers_on_cores)
+    if tables.u is None:
+        return steps
+    update = tables.u[rows, bounds.T[1:]] - tables.u[rows, bounds.T[:-1]]
+    return steps + update.max(axis=0)
 
 
 def solve_step(

@@ -9,7 +9,9 @@ I_0 = 0, W_0 = B_0, and nothing is held in place of its activations between the 
 
 The objective is the step of :func:`autosplit.schedules.replay` on the schedule's own order
 (:class:`~autosplit.schedules.ScheduleOrder`) for the stage costs of a balance (blocks per
-stage) and a checkpoint mask, among those whose memory fits every rank:
+stage) and a checkpoint mask, plus the slowest rank's optimizer update after it
+(``JointProblem.update_ms``; the bounds below leave it out), among those whose memory fits
+every rank:
 
     memory_r = Σ_{s on r} static_s + m · (bytes of each cut that r's stages send or
                receive: torch's per micro-batch buffers) + peak in-flight bytes of rank r
@@ -68,6 +70,7 @@ from autosplit.solve.joint_problem import (
     JointSolution,
     first_weight_pass,
     rank_static_bytes,
+    rank_update_ms,
     stage_costs,
 )
 
@@ -83,7 +86,8 @@ def _replayed(problem: JointProblem, order: ScheduleOrder, balance: Sequence[int
     """Replayed step (ms) and memory per rank (bytes) of one candidate."""
     timeline = replay(order, stage_costs(problem, balance, mask, order))
     static = rank_static_bytes(problem, balance, order.stage_rank, order.p)
-    return timeline.step_ms, tuple(a + b for a, b in zip(static, timeline.peak_bytes))
+    update = rank_update_ms(problem, balance, order.stage_rank, order.p)
+    return timeline.step_ms + update, tuple(a + b for a, b in zip(static, timeline.peak_bytes))
 
 
 def _shared_once_per_rank(problem: JointProblem, order: ScheduleOrder, end: np.ndarray,
@@ -357,6 +361,12 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
     # backward and the replay's durations only add, so it bounds every mask from below
     no_mask = _steps(order, sequence, {"F": fo, "W": w + o, "I": go, "B": bo}, hop_f, hop_b,
                      problem.transfers_on_cores)
+    # every rank updates its stages' parameters after the last backward: the slowest adds
+    update = np.zeros(len(f))
+    if problem.update_ms is not None:
+        u = sums(problem.update_ms)
+        update = np.max([u[:, o].sum(axis=1) for o in on], axis=0)
+    no_mask = no_mask + update
 
     def memory(rows: np.ndarray, c: np.ndarray) -> np.ndarray:
         """The rows' memory per rank (bytes), R × p, under the checkpoint mask c."""
@@ -417,7 +427,7 @@ def solve_joint(problem: JointProblem, order: ScheduleOrder, checkpointing: bool
             dur = {"F": fo[rows], "W": w[rows] + o, "I": recompute[rows] + go[rows],
                    "B": recompute[rows] + bo[rows]}
             steps = _steps(order, sequence, dur, hop_f[rows], hop_b[rows],
-                           problem.transfers_on_cores)
+                           problem.transfers_on_cores) + update[rows]
         else:  # replayed already
             steps = no_mask[rows]
         low = steps.min()

@@ -21,7 +21,7 @@ from autosplit.schedules.replay import StageCosts
 from autosplit.schedules.torch_order import ScheduleOrder
 
 __all__ = ["JointProblem", "JointSolution", "first_weight_pass", "rank_static_bytes",
-           "shared_grad_excess", "stage_costs", "stage_transient"]
+           "rank_update_ms", "shared_grad_excess", "stage_costs", "stage_transient"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +75,10 @@ class JointProblem:
             (the pass that allocates it; the others add into it).
         transfers_on_cores: whether a transfer between ranks costs both ranks compute (gloo
             between CPU workers: :attr:`~autosplit.schedules.StageCosts.transfers_on_cores`).
+        update_ms: the optimizer's update of each block's parameters (N entries, ms per
+            step), or ``None`` (not counted): every rank updates its stages' parameters after
+            the step's last backward, so the objective is the replay plus the slowest rank's
+            update (:func:`rank_update_ms`).
     """
 
     fwd_ms: tuple[float, ...]
@@ -97,12 +101,14 @@ class JointProblem:
     action_ms: float = 0.0
     shared: tuple[tuple[tuple[int, ...], float, float], ...] = ()
     transfers_on_cores: bool = False
+    update_ms: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.fwd_ms)
         rows = [self.bwd_ms, self.saved_bytes, self.static_bytes,
                 *(r for r in (self.input_grad_ms, self.weight_grad_ms, self.input_bytes,
-                              self.split_held_bytes, self.transient_bytes, self.grad_bytes)
+                              self.split_held_bytes, self.transient_bytes, self.grad_bytes,
+                              self.update_ms)
                    if r)]
         if n < 1 or any(len(r) != n for r in rows):
             raise InvalidInputError(f"every per-block row needs {n} ≥ 1 entries")
@@ -267,3 +273,18 @@ def rank_static_bytes(problem: JointProblem, balance: Sequence[int], stage_rank:
             users = sum(stage_rank[stage_of[i]] == r for i in blocks)
             out[r] -= max(users - 1, 0) * nbytes
     return out
+
+
+def rank_update_ms(problem: JointProblem, balance: Sequence[int],
+                   stage_rank: Sequence[int], ranks: int) -> float:
+    """The slowest rank's optimizer update (ms): max over ranks of the updates of the blocks
+    of its stages (``balance``: blocks per stage, stage s on ``stage_rank[s]``); 0 without
+    ``update_ms``."""
+    if problem.update_ms is None:
+        return 0.0
+    per_rank = [0.0] * ranks
+    start = 0
+    for s, count in enumerate(balance):
+        per_rank[stage_rank[s]] += math.fsum(problem.update_ms[start:start + count])
+        start += count
+    return max(per_rank)

@@ -15,7 +15,8 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["MEMORY_RTOL", "Tables", "device_1f1b", "pair_gain", "pairs", "stage_g"]
+__all__ = ["MEMORY_RTOL", "Tables", "device_1f1b", "pair_gain", "pairs", "stage_g",
+           "update_prefix"]
 
 MEMORY_RTOL = 1e-12
 """The DP's tolerance on memory limits."""
@@ -36,6 +37,7 @@ class StepProblem(Protocol):
     capacity: Sequence[float] | None
     grad_bytes: Sequence[float] | None
     grad_limit: float | None
+    update: Sequence[Sequence[float]] | None
 
     @property
     def n(self) -> int: ...
@@ -130,6 +132,13 @@ def pairs(f: list[float], b: list[float], fk: np.ndarray, bk: np.ndarray,
     return out, within
 
 
+def update_prefix(problem: StepProblem) -> np.ndarray | None:
+    """Prefix sums of each device's update per block (p × (n + 1)), ``None`` without one."""
+    if problem.update is None:
+        return None
+    return np.array([np.concatenate(([0.0], np.cumsum(r))) for r in problem.update])
+
+
 class Tables:
     """Prefix sums and the suffix DPs the bounds use (numpy, O(p · n²) element work)."""
 
@@ -139,6 +148,7 @@ class Tables:
         self.b = np.array([np.concatenate(([0.0], np.cumsum(r))) for r in problem.bwd])
         self.cf = np.append(np.asarray(problem.comm_fwd, dtype=float), 0.0)  # cf[n-1]: no cut
         self.cb = np.append(np.asarray(problem.comm_bwd, dtype=float), 0.0)
+        self.u = update_prefix(problem)
         self.fits = self._fits(problem)
         # rest_max[r][e] / rest_sum[r][e]: blocks e … n-1 on stages r … p-1, memory respected:
         # the smallest possible slowest t, and the smallest Σ t + Σ transfers between them;

@@ -44,6 +44,11 @@ class StepProblem:
         transfers_on_cores: whether a transfer costs both devices compute (gloo between CPU
             workers; :func:`autosplit.simulator.simulate`'s ``transfers_on_cores``). The
             bounds leave it out: it only lengthens a step.
+        update: ``update[s][i]`` the optimizer's update of block i's parameters on device s
+            (ms, once per step), or ``None`` (not counted). Every stage updates after the
+            pipeline's last backward: the step is the simulation plus the slowest stage's
+            update, max_s Σ_{i on s} update[s][i]. The bounds leave it out: it only
+            lengthens a step.
     """
 
     fwd: tuple[tuple[float, ...], ...]
@@ -60,6 +65,7 @@ class StepProblem:
     grad_limit: float | None = None
     action_ms: float = 0.0
     transfers_on_cores: bool = False
+    update: tuple[tuple[float, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         checks.instance_of("transfers_on_cores", self.transfers_on_cores, bool, "True or False")
@@ -82,6 +88,9 @@ class StepProblem:
         if self.memory is None and any(x is not None for x in (
                 self.capacity, self.memory_first, self.memory_last)):
             raise InvalidInputError("capacity, memory_first and memory_last need memory as well")
+        if self.update is not None and (len(self.update) != p
+                                        or any(len(r) != n for r in self.update)):
+            raise InvalidInputError("update must be a p × n table (one row per stage)")
         if self.grad_limit is not None and (self.grad_bytes is None or len(self.grad_bytes) != n):
             raise InvalidInputError(f"grad_limit needs grad_bytes, one entry per block ({n})")
 
@@ -102,7 +111,7 @@ class StepSolution:
 
     Attributes:
         balance: blocks per stage.
-        step_ms: its simulated step time (ms).
+        step_ms: its simulated step time (ms), the slowest stage's update included.
         nodes: partial balances the search expanded (a measure of its work).
         proven: ``True`` when the search finished (the balance is the optimum); ``False``
             when it stopped at its time limit (the best balance found by then).
