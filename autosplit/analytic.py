@@ -58,6 +58,7 @@ from autosplit.op_counting import BlockCost, ModelCosts, count_costs
 from autosplit.profiler import check_inputs
 from autosplit.records import BlockProfile, CutProfile, DeviceInfo, Profile
 from autosplit.specs import DeviceSpec, op_time_s
+from autosplit.update_timing import UPDATE_PASSES
 
 __all__ = [
     "build_on_meta",
@@ -93,6 +94,7 @@ def profile_from_costs(costs: ModelCosts, spec: DeviceSpec) -> Profile:
                 peak_bytes=None,
                 saved_shared_bytes=tuple(c.saved_shared_bytes for c in row),
                 **_estimated_split(row, spec, costs.dtype),
+                update_ms=_estimated_update(costs.param_bytes[i], spec, costs.dtype),
             )
         )
     cuts = tuple(
@@ -132,6 +134,15 @@ def _estimated_split(row: Sequence[BlockCost], spec: DeviceSpec, dtype: str) -> 
         "recompute_ms": tuple(_ops_ms(c.fwd_ops, spec, dtype) for c in row),
         "checkpoint_saved_bytes": tuple(c.input_bytes for c in row),
     }
+
+
+def _estimated_update(param_bytes: int, spec: DeviceSpec, dtype: str
+                      ) -> tuple[tuple[str, float], ...]:
+    """Each optimizer's update of ``param_bytes`` as one memory-bound operator: the bytes it
+    reads and writes per parameter byte (:data:`~autosplit.update_timing.UPDATE_PASSES`) at
+    the device's memory bandwidth (ms); 0 without parameters."""
+    return tuple((name, op_time_s(0.0, passes * param_bytes, spec, dtype) * 1000.0
+                  if param_bytes else 0.0) for name, passes in UPDATE_PASSES.items())
 
 
 def _ops_ms(ops: Sequence[tuple[int, int]], spec: DeviceSpec, dtype: str) -> float:

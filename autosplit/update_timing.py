@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["UPDATES", "time_updates"]
+__all__ = ["UPDATES", "UPDATE_PASSES", "time_updates"]
 
 Factory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 
@@ -36,6 +36,17 @@ UPDATES: dict[str, Factory] = {
 }
 """The optimizer timed for each name of :data:`autosplit.cost.OPTIMIZER_STATE` ("none"
 updates nothing)."""
+
+UPDATE_PASSES: dict[str, int] = {
+    "sgd": 3,  # read the parameter and its gradient, write the parameter
+    "sgd-momentum": 5,  # and read and write the momentum
+    "adagrad": 5,  # and read and write the sum of squares
+    "adam": 7,  # and read and write both moments
+    "adamw": 7,
+    "adam-mixed": 14,  # fp32 master and moments (4 bytes each) over 2-byte parameters
+}
+"""Bytes each update reads and writes per parameter byte, as a memory-bound kernel: what an
+estimated profile (:mod:`autosplit.analytic`) charges for it."""
 
 
 class _Update:

@@ -223,6 +223,7 @@ def row(name: str, plan: Plan, names: Sequence[str], times: list[float], same_as
         "name": name, "balance": list(plan.balance), "replicas": plan.replicas,
         "cut_before": cut, "split_size": plan.split_size, "microbatches": plan.microbatches,
         "predicted_ms": plan.predicted_step_ms, "measured_ms": ms,
+        "update_ms": plan.update_ms, "allreduce_ms": plan.replica_sync_ms,
         "median_ms": s["median"], "min_ms": s["min"], "max_ms": s["max"], "iqr_ms": iqr(ms),
         "error": abs(plan.predicted_step_ms - s["median"]) / s["median"],
         "signed_error": (plan.predicted_step_ms - s["median"]) / s["median"],
@@ -314,13 +315,15 @@ def markdown(data: dict[str, Any]) -> str:
         c = m["config"]
         lines += [f"## {m['model']}: {c['layers']} layers, hidden {c['hidden']}, vocabulary "
                   f"{c['vocab']}, B={m['batch']} × {c['tokens']} tokens", "",
-                  "| configuration | balance × replicas | b | predicted ms | measured median ms "
-                  "| min–max | IQR | error |", "|---|---|---|---|---|---|---|---|"]
+                  "| configuration | balance × replicas | b | predicted ms | of which all-reduce "
+                  "/ optimizer step | measured median ms | min–max | IQR | error |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in m["rows"]:
             same = f" (= {r['same_plan_as']})" if r["same_plan_as"] else ""
             lines.append(
                 f"| {r['name']}{same} | {r['balance']} × {r['replicas']} | {r['split_size']} | "
-                f"{r['predicted_ms']:.1f} | {r['median_ms']:.1f} | {r['min_ms']:.1f}–"
+                f"{r['predicted_ms']:.1f} | {r.get('allreduce_ms', 0.0):.1f} / "
+                f"{r.get('update_ms', 0.0):.1f} | {r['median_ms']:.1f} | {r['min_ms']:.1f}–"
                 f"{r['max_ms']:.1f} | {r['iqr_ms']:.1f} | {r['signed_error']:+.1%} |")
         choice = m["layouts_choice"]
         lines += ["", f"autosplit's choice over every layout (`plan_layouts`, as `autosplit plan "
