@@ -14,6 +14,7 @@ import copy
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,33 +22,29 @@ import torch
 from autosplit import steal
 from autosplit.block_memory import split_held_bytes, working_bytes
 from autosplit.graph import BlockGraph, Segment
+from autosplit.profile_budget import Deadline, spread_settled
 from autosplit.tensors import backward_from, fresh_leaves, nbytes, tensor_leaves
 
 __all__ = [
-    "SPREAD_TOLERANCE",
+    "Interleaved",
     "Progress",
-    "Deadline",
     "Loss",
+    "RoundOptions",
     "SizeResult",
     "SizeState",
     "measure_interleaved",
     "private_copy",
     "segment_args",
-    "spread_settled",
     "stage_inputs",
     "timed_run",
     "timed_split_backward",
     "timed_split_run",
     "warm_up",
-    "within_budget",
 ]
 
 Progress = Callable[[int, int, str], None]
 """``progress(done, total, what)``: called after each block measurement."""
 
-SPREAD_TOLERANCE = 0.05
-"""Repeats go on (up to the cap) while a figure's interquartile range exceeds this share of its
-median (or 0.01 ms, for tiny blocks)."""
 
 
 class SizeResult:
@@ -241,48 +238,6 @@ def warm_up(graph: BlockGraph, segments: Sequence[Segment], state: SizeState,
     return estimate
 
 
-def within_budget(sizes: Sequence[int], b0: int, estimate_ms: Sequence[float], runs: int,
-                   elapsed_s: float, budget_s: float | None, always: int) -> list[int]:
-    """The sizes, in order of preference, whose estimated measurement fits the budget (the
-    first ``always`` are kept whatever it costs). Cost scales with b from the warm-up's."""
-    if budget_s is None:
-        return list(sizes)
-    per_sample_s = sum(estimate_ms) / 1000.0 / b0 * runs
-    chosen, total = [], elapsed_s
-    for k, b in enumerate(sizes):
-        if k >= always and total + per_sample_s * b > budget_s:
-            break
-        chosen.append(b)
-        total += per_sample_s * b
-    return chosen
-
-
-class Deadline:
-    """Whether one more round of repeats still fits the time budget, leaving the estimated
-    time of the blocks not yet measured."""
-
-    def __init__(self, start: float, budget_s: float | None, estimate_ms: Sequence[float],
-                 scale: dict[int, float], runs: int) -> None:
-        self.start, self.budget_s = start, budget_s
-        per_block = [e / 1000.0 * sum(scale.values()) * runs for e in estimate_ms]
-        self.rest_s = [sum(per_block[i + 1:]) for i in range(len(per_block))]
-
-    def allows(self, block: int, round_s: float) -> bool:
-        if self.budget_s is None:
-            return True
-        elapsed = time.perf_counter() - self.start
-        return elapsed + round_s + self.rest_s[block] <= self.budget_s
-
-
-def spread_settled(values: Sequence[float]) -> bool:
-    """At least 3 values whose interquartile range is within :data:`SPREAD_TOLERANCE` of
-    their median (or 0.01 ms)."""
-    if len(values) < 3:
-        return False
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return q3 - q1 <= max(SPREAD_TOLERANCE * statistics.median(values), 0.01)
-
-
 def _iqr(values: Sequence[float]) -> float:
     if len(values) < 2:
         return 0.0
@@ -290,22 +245,50 @@ def _iqr(values: Sequence[float]) -> float:
     return q3 - q1
 
 
+@dataclass(frozen=True, slots=True)
+class RoundOptions:
+    """How :func:`measure_interleaved` times a block's sizes.
+
+    Attributes:
+        warmup: untimed rounds first.
+        repeats: timed rounds at least; more while a figure's spread is not settled.
+        cap: timed rounds at most.
+        explicit: the user named the sizes: the first size the model fails on ends it all.
+        split_at: the size whose backward is also timed in its two passes, or ``None``.
+    """
+
+    warmup: int
+    repeats: int
+    cap: int
+    explicit: bool = False
+    split_at: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Interleaved:
+    """What :func:`measure_interleaved` counted.
+
+    Attributes:
+        measured: each size that ran every block, with its results.
+        failures: ``(size, exception)`` for each size the model failed on.
+        set_aside: a block's index for each timed round the hypervisor disturbed.
+    """
+
+    measured: dict[int, SizeResult]
+    failures: tuple[tuple[int, Exception], ...]
+    set_aside: tuple[int, ...]
+
+
 def measure_interleaved(
     graph: BlockGraph,
     segments: Sequence[Segment],
     states: dict[int, SizeState],
     dev: torch.device,
-    warmup: int,
-    repeats: int,
-    cap: int,
-    failures: list[tuple[int, Exception]],
-    explicit: bool,
+    rounds: RoundOptions,
     deadline: Deadline,
-    progress: Progress | None,
+    progress: Progress | None = None,
     loss: Loss | None = None,
-    split_at: int | None = None,
-    set_aside: list[int] | None = None,
-) -> dict[int, SizeResult]:
+) -> Interleaved:
     """Measure every block at every size, block after block; within a block the sizes take
     turns, round after round (the order rotates each round), so that a machine slowing down
     or speeding up meanwhile shifts every size alike instead of one size against another.
@@ -319,6 +302,9 @@ def measure_interleaved(
     A timed round during which the hypervisor took more than its share of the CPUs
     (:class:`autosplit.steal.Window`) is set aside: its timings count only for a block that has
     no other round, and the block's index goes into ``set_aside`` (one entry per round)."""
+    warmup, repeats, cap, split_at = rounds.warmup, rounds.repeats, rounds.cap, rounds.split_at
+    failures: list[tuple[int, Exception]] = []
+    set_aside: list[int] = []
     params = {_storage(p) for p in graph.module.parameters()}
     total = len(states) * len(segments)
     for i, seg in enumerate(segments):
@@ -361,8 +347,8 @@ def measure_interleaved(
                 except Exception as exc:  # noqa: BLE001 - the user's model failed on this input
                     failures.append((b, exc))
                     del states[b]
-                    if explicit:
-                        return {}
+                    if rounds.explicit:
+                        return Interleaved({}, tuple(failures), tuple(set_aside))
                     continue
                 if run == 0:
                     kept[b] = outputs
@@ -378,7 +364,7 @@ def measure_interleaved(
             round_s = time.perf_counter() - round_start
             if run >= warmup:
                 kept_round = not window.disturbed()
-                if not kept_round and set_aside is not None:
+                if not kept_round:
                     set_aside.append(i)
                 to_f, to_b = (fwd, bwd) if kept_round else (spare_f, spare_b)
                 for b, f_ms in round_f.items():
@@ -432,7 +418,8 @@ def measure_interleaved(
             if progress is not None:
                 progress(i * len(states) + k + 1, total,
                          f"{graph.blocks[i].name} @ b={b}")
-    return {b: state.result for b, state in states.items()}
+    return Interleaved({b: state.result for b, state in states.items()}, tuple(failures),
+                       tuple(set_aside))
 
 
 def clock(dev: torch.device) -> Any:

@@ -24,7 +24,8 @@ from autosplit.capture.trace import trace
 from autosplit.errors import ArgumentTypeError, InvalidInputError
 from autosplit.graph import BlockGraph, Granularity
 from autosplit.meta_device import META, model_dtype, to_meta
-from autosplit.profiler import check_inputs, check_microbatch_sizes, default_microbatch_sizes
+from autosplit.profile_budget import default_microbatch_sizes
+from autosplit.profiler import check_inputs, check_microbatch_sizes
 from autosplit.records import SharedParam
 from autosplit.tensors import fresh_leaves, nbytes, tensor_leaves
 
@@ -244,7 +245,7 @@ def count_costs(
         example_inputs: a tensor or tuple of tensors (any device, meta included); dimension 0
             is the batch B. Only shapes and dtypes are used.
         microbatch_sizes: sizes b to count; default
-            :func:`autosplit.profiler.default_microbatch_sizes` for B and ``stages``.
+            :func:`autosplit.profile_budget.default_microbatch_sizes` for B and ``stages``.
         stages: the number of stages planned for (only used for the default sizes).
         granularity: see :func:`autosplit.capture.trace.trace`.
         leaf_modules: see :func:`autosplit.capture.trace.trace`.

@@ -36,13 +36,18 @@ from autosplit.errors import ArgumentTypeError, InvalidInputError
 from autosplit.graph import BlockGraph, Granularity
 from autosplit.losses import check_loss, default_loss, timing_loss
 from autosplit.measurement import (
-    Deadline,
     Progress,
+    RoundOptions,
     SizeResult,
     SizeState,
     measure_interleaved,
     private_copy,
     warm_up,
+)
+from autosplit.profile_budget import (
+    Deadline,
+    bracketing_count,
+    default_microbatch_sizes,
     within_budget,
 )
 from autosplit.records import BlockProfile, CutProfile, Profile
@@ -116,34 +121,6 @@ def check_microbatch_sizes(
     if len(set(sizes)) != len(sizes):
         raise InvalidInputError(f"micro-batch sizes repeat: {sizes}")
     return sizes
-
-
-def default_microbatch_sizes(batch_size: int, stages: int = 2, max_count: int = 8) -> list[int]:
-    """The micro-batch sizes worth measuring for a batch of B on p stages, most useful first.
-
-    Sizes b that split B into m whole micro-batches, for m from 1 up to
-    ``max(max_count, 4·p)``, ordered by how near m is to 3·p (enough micro-batches to hide the
-    pipeline bubble, not so many that each is small and slow). The profiler measures them in
-    this order until its time budget is spent.
-    """
-    batch_size = checks.positive_int("batch_size", batch_size)
-    stages = checks.positive_int("stages", stages)
-    max_count = checks.positive_int("max_count", max_count)
-    top = max(max_count, 4 * stages)
-    ms = [m for m in range(1, min(top, batch_size) + 1) if batch_size % m == 0]
-    ms.sort(key=lambda m: (abs(m - 3 * stages), -m))
-    return [batch_size // m for m in ms]
-
-
-def bracketing_count(sizes: Sequence[int], batch_size: int, stages: int) -> int:
-    """How many of ``sizes`` (in order) to measure whatever the budget: up to the first size
-    of fewer micro-batches than 3·p and the first of more (m = ⌈B / b⌉), where the list has
-    them, so that the planner weighs the bubble against the cost per sample from both sides
-    (at least 1). For B = 120 on 2 stages: 20 (m = 6), 24 (m = 5), 15 (m = 8), i.e. 3."""
-    target = 3 * stages
-    fewer = next((k for k, b in enumerate(sizes) if -(-batch_size // b) < target), None)
-    more = next((k for k, b in enumerate(sizes) if -(-batch_size // b) > target), None)
-    return max(1, *(k + 1 for k in (fewer, more) if k is not None))
 
 
 def _check_options(
@@ -345,13 +322,16 @@ def _profile_here(
                     max(len(first), bracketing_count(sizes, batch, stages)),
                 )
                 states = {b: states.get(b) or SizeState(work, inputs, b, dev) for b in chosen}
-                measured = measure_interleaved(
-                    work, segments, states, dev, warmup, repeats, cap, failures, explicit,
+                counted = measure_interleaved(
+                    work, segments, states, dev,
+                    RoundOptions(warmup, repeats, cap, explicit,
+                                 split_at=b0 if b0 in chosen else chosen[0]),
                     Deadline(start, budget_s, estimate_ms, {b: b / b0 for b in chosen},
-                              warmup + repeats),
+                             warmup + repeats),
                     progress, loss=loss_fn,
-                    split_at=b0 if b0 in chosen else chosen[0], set_aside=set_aside,
                 )
+                measured, set_aside = counted.measured, list(counted.set_aside)
+                failures += counted.failures
                 own = dict(work.module.named_parameters())
                 updates = time_updates(
                     [[own[name] for name, _ in block.params if name in own]

@@ -54,6 +54,7 @@ from autosplit.graph import BlockGraph, Segment
 from autosplit.losses import timing_loss
 from autosplit.neighbour import Neighbour
 from autosplit.neighbour import enabled as neighbour_enabled
+from autosplit.profile_budget import spread_settled
 from autosplit.profiler import check_inputs, check_microbatch_sizes
 
 __all__ = ["Beside", "Checkpointed", "Item", "SplitBackward", "StageRun", "StageTime", "as_beside",
@@ -316,7 +317,7 @@ def _time_here(
             total = warmup + max(rounds, max_rounds)
             for k in range(total):
                 if k >= warmup + rounds:
-                    settled = all(measurement.spread_settled(x) for x in sums.values())
+                    settled = all(spread_settled(x) for x in sums.values())
                     elapsed = time.perf_counter() - start
                     per_round = elapsed / k
                     if settled or (budget_s is not None and elapsed + per_round > budget_s):

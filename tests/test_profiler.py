@@ -10,7 +10,7 @@ from torch import nn
 
 import autosplit
 from autosplit.errors import InvalidInputError, PlanFileError
-from autosplit.profiler import bracketing_count, default_microbatch_sizes
+from autosplit.profile_budget import bracketing_count, default_microbatch_sizes
 
 
 class WithDropout(nn.Module):
