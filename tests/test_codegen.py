@@ -633,3 +633,21 @@ def test_cuda_stages_after_a_cpu_stage(tmp_path: Path) -> None:
     params = dict(model.named_parameters())
     for name, p in ref.named_parameters():
         torch.testing.assert_close(params[name].grad.cpu(), p.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_a_model_called_with_keyword_inputs_is_refused_in_one_line_naming_partition() -> None:
+    """A Hugging Face model is captured from its example call (keyword inputs); the emitted
+    module is written from a torch.fx trace, which such a model's decorated forward refuses:
+    the error says so and names the runtime that takes it."""
+    pytest.importorskip("transformers")
+    ref = str(ROOT / "examples" / "llama.py") + ":build_model"
+    spec = load_model_file(str(ROOT / "examples" / "llama.py"))
+    model = spec.build()
+    inputs = spec.example_inputs(4)
+    prof = autosplit.profile(model, (), inputs, microbatch_sizes=[2], repeats=1, warmup=0)
+    plan = autosplit.plan(prof, 2, split_size=2)
+    with pytest.raises(CodegenError) as caught:
+        emit(plan, ref, model=model)
+    message = str(caught.value)
+    assert "\n" not in message and "autosplit.partition(model, plan=plan)" in message
+    assert "example_inputs must be a tensor" not in message

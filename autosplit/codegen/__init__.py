@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from autosplit import checks
+from autosplit.capture.signature import example_call
 from autosplit.capture.trace import trace
 from autosplit.codegen.model_source import ModelSource
 from autosplit.codegen.names import GLOBALS
@@ -38,7 +39,6 @@ from autosplit.codegen.template import ModuleWriter
 from autosplit.codegen.text import LINE_LENGTH
 from autosplit.errors import CodegenError, InvalidInputError, TraceError
 from autosplit.graph import Granularity, leaf_module_list
-from autosplit.profiler import check_inputs
 from autosplit.records import Plan
 from autosplit.runnable import require_pipeline_only
 
@@ -104,12 +104,15 @@ def emit(
     except TraceError:
         if source.example_inputs is None:
             raise
-        # torch.fx cannot trace it: the fallback to its children needs example inputs
+        # torch.fx cannot trace it alone: the capture needs the example call (positional
+        # inputs, keyword inputs, or both, as a model file's example_inputs gives them)
+        call_args, call_kwargs = example_call(source.example_inputs(None))
         graph = trace(
             model,
             granularity=granularity,
             leaf_modules=tuple(leaf_modules),
-            example_inputs=check_inputs(source.example_inputs(None)),
+            example_inputs=call_args,
+            example_kwargs=call_kwargs,
         )
     plan.check_model(graph.fingerprint, graph.model_name)
     plan.check_blocks(graph.block_names, graph.model_name)
