@@ -27,6 +27,9 @@ at n bytes again (:func:`autosplit.cost.replica_sync_ms`). On 2 gloo CPU workers
 0.45–0.7 ms: next to a small model's millisecond steps, what the bandwidth alone leaves out (a
 replicated 16 × 16 layer's one-stage step took 1.1 ms on the runtime, its compute 0.3 ms).
 
+:func:`measure_collectives` takes the three figures the machine's cache keeps (the
+synchronisation at n bytes, at :data:`LATENCY_BYTES`, and the link) on one start of the ranks.
+
 The link (:func:`measure_link_bandwidth`) is timed as the pipeline runtime sends a stage's
 output: a non-blocking send and receive of n bytes between 2 ranks, back and forth; its figure
 is n over half a round trip (bytes/s, one direction), the bandwidth of
@@ -45,8 +48,9 @@ from typing import Any
 from autosplit import checks
 from autosplit.errors import InvalidInputError
 
-__all__ = ["LATENCY_BYTES", "AllReduceCost", "bus_bandwidth", "measure_allreduce",
-           "measure_allreduce_bandwidth", "measure_link_bandwidth"]
+__all__ = ["LATENCY_BYTES", "AllReduceCost", "Collectives", "bus_bandwidth",
+           "measure_allreduce", "measure_allreduce_bandwidth", "measure_collectives",
+           "measure_link_bandwidth"]
 
 LATENCY_BYTES = 4096
 """Gradient bytes of the model the all-reduce's latency is timed on (one 1024 → 1 layer)."""
@@ -85,45 +89,54 @@ def _join(rank: int, ranks: int, port: int, backend: str) -> Any:
     return device
 
 
-def _rank(rank: int, ranks: int, port: int, backend: str, nbytes: int, repeats: int,
-          results: Any) -> None:
+def _sync_seconds(rank: int, backend: str, device: Any, nbytes: int, repeats: int) -> float:
+    """In a joined process group: the median time DDP's synchronisation of ``nbytes`` of
+    gradients adds to a backward (s; see the module docstring)."""
     import torch
     import torch.distributed as dist
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
 
+    width = 1024  # layers of 4 MiB (fp32 weights), the last one cut to n bytes in all
+    full, rest = divmod(max(nbytes // 4, width), width * width)
+    layers = [nn.Linear(width, width, bias=False) for _ in range(full)]
+    if rest // width:
+        layers.append(nn.Linear(width, rest // width, bias=False))
+    model = nn.Sequential(*layers).to(device)
+    ddp = DistributedDataParallel(model, device_ids=[rank] if backend == "nccl" else None)
+    x = torch.randn(8, width, device=device)
+
+    def backward() -> float:
+        dist.barrier()
+        if backend == "nccl":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        ddp(x).sum().backward()  # noqa: F821 - a closure cell, deleted below on purpose
+        if backend == "nccl":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    backward()  # warm-up: buckets, connections
+    added = []
+    for _ in range(repeats):
+        with ddp.no_sync():
+            alone = backward()
+        added.append(backward() - alone)
+    dist.barrier()  # no rank tears down while another still synchronises
+    del ddp  # DDP's reducer before its process group: its threads end first
+    return max(statistics.median(added), 1e-6)
+
+
+def _rank(rank: int, ranks: int, port: int, backend: str, nbytes: int, repeats: int,
+          results: Any) -> None:
     device = _join(rank, ranks, port, backend)
     try:
-        width = 1024  # layers of 4 MiB (fp32 weights), the last one cut to n bytes in all
-        full, rest = divmod(max(nbytes // 4, width), width * width)
-        layers = [nn.Linear(width, width, bias=False) for _ in range(full)]
-        if rest // width:
-            layers.append(nn.Linear(width, rest // width, bias=False))
-        model = nn.Sequential(*layers).to(device)
-        ddp = DistributedDataParallel(model, device_ids=[rank] if backend == "nccl" else None)
-        x = torch.randn(8, width, device=device)
-
-        def backward() -> float:
-            dist.barrier()
-            if backend == "nccl":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            ddp(x).sum().backward()  # noqa: F821 - a closure cell, deleted below on purpose
-            if backend == "nccl":
-                torch.cuda.synchronize(device)
-            return time.perf_counter() - t0
-
-        backward()  # warm-up: buckets, connections
-        added = []
-        for _ in range(repeats):
-            with ddp.no_sync():
-                alone = backward()
-            added.append(backward() - alone)
+        seconds = _sync_seconds(rank, backend, device, nbytes, repeats)
         if rank == 0:
-            results.put(max(statistics.median(added), 1e-6))
-        dist.barrier()  # no rank tears down while another still synchronises
-        del ddp  # DDP's reducer before its process group: its threads end first
+            results.put(seconds)
     finally:
+        import torch.distributed as dist
+
         dist.destroy_process_group()
 
 
@@ -154,7 +167,7 @@ def measure_allreduce_bandwidth(ranks: int = 2, nbytes: int = 32 * 2**20, repeat
     key = (ranks, nbytes, repeats, backend)
     if key not in _MEASURED:
         _MEASURED[key] = bus_bandwidth(nbytes, ranks,
-                                       _measure(_rank, ranks, nbytes, repeats, backend))
+                                       float(_measure(_rank, ranks, nbytes, repeats, backend)))
     return _MEASURED[key]
 
 
@@ -185,39 +198,120 @@ def measure_allreduce(ranks: int = 2, nbytes: int = 32 * 2**20, repeats: int = 7
     return AllReduceCost(bus_bandwidth(nbytes, ranks, beyond), latency * 1000.0)
 
 
-def _link_rank(rank: int, ranks: int, port: int, backend: str, nbytes: int, repeats: int,
-               results: Any) -> None:
-    """Send ``nbytes`` from rank 0 to rank 1 and back, ``repeats`` times after a warm-up; rank
-    0 puts the median of half a round trip (s)."""
+@dataclass(frozen=True, slots=True)
+class Collectives:
+    """The figures of :func:`measure_collectives`.
+
+    Attributes:
+        allreduce: the replicas' gradient synchronisation, as :func:`measure_allreduce`.
+        link_bytes_per_s: one stage's send to the next, as :func:`measure_link_bandwidth`
+            (bytes/s, one direction).
+    """
+
+    allreduce: AllReduceCost
+    link_bytes_per_s: float
+
+
+def measure_collectives(ranks: int = 2, nbytes: int = 32 * 2**20,
+                        link_bytes: int = 16 * 2**20, repeats: int = 7,
+                        backend: str | None = None) -> Collectives:
+    """:func:`measure_allreduce` and :func:`measure_link_bandwidth` (between ranks 0 and 1) at
+    once, on one set of ``ranks`` fresh processes: what the machine's figures need, for one
+    process start instead of three. Each figure is kept for the process's lifetime, as the
+    functions it stands for keep theirs, and taken from there when they measured it already.
+
+    Raises:
+        As :func:`measure_allreduce` and :func:`measure_link_bandwidth`.
+    """
+    import torch
+
+    ranks = checks.positive_int("ranks", ranks)
+    nbytes = checks.positive_int("nbytes", nbytes)
+    link_bytes = checks.positive_int("link_bytes", link_bytes)
+    repeats = checks.positive_int("repeats", repeats)
+    if backend is None:
+        backend = "nccl" if torch.cuda.device_count() >= ranks else "gloo"
+    checks.one_of("backend", backend, ("gloo", "nccl"))
+    if ranks < 2:
+        raise InvalidInputError(f"ranks={ranks}: collectives are measured among 2 ranks or "
+                                "more")
+    if nbytes <= LATENCY_BYTES:
+        raise InvalidInputError(f"nbytes={nbytes}: the bandwidth is measured above the "
+                                f"latency's {LATENCY_BYTES} bytes")
+    keys = ((ranks, nbytes, repeats, backend), (ranks, LATENCY_BYTES, 3 * repeats, backend),
+            (0, link_bytes, repeats, backend))
+    if any(key not in _MEASURED for key in keys):
+        whole, small, link = _measure(_all_rank, ranks, (nbytes, LATENCY_BYTES, link_bytes),
+                                      repeats, backend)
+        for key, seconds in zip(keys, (whole, small)):
+            _MEASURED.setdefault(key, bus_bandwidth(key[1], ranks, float(seconds)))
+        _MEASURED.setdefault(keys[2], link_bytes / float(link))
+    return Collectives(measure_allreduce(ranks, nbytes, repeats, backend),
+                       measure_link_bandwidth(link_bytes, repeats, backend))
+
+
+def _link_seconds(rank: int, backend: str, device: Any, nbytes: int, repeats: int) -> float:
+    """In a joined process group: ``nbytes`` sent from rank 0 to rank 1 and back, ``repeats``
+    times after a warm-up; the median of half a round trip (s). Ranks beyond 1 only keep
+    step."""
     import torch
     import torch.distributed as dist
 
+    out = torch.ones(max(nbytes // 4, 1), device=device)
+    into = torch.empty_like(out)
+    other = 1 - rank
+
+    def hop(send: bool) -> None:
+        op = dist.isend(out, other) if send else dist.irecv(into, other)
+        op.wait()
+
+    halves = []
+    for i in range(repeats + 1):  # the first: connections and buffers, not timed
+        dist.barrier()
+        if rank > 1:
+            continue
+        if backend == "nccl":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        hop(rank == 0)
+        hop(rank == 1)
+        if backend == "nccl":
+            torch.cuda.synchronize(device)
+        if i:
+            halves.append((time.perf_counter() - t0) / 2)
+    dist.barrier()
+    return max(statistics.median(halves), 1e-9) if halves else 0.0
+
+
+def _link_rank(rank: int, ranks: int, port: int, backend: str, nbytes: int, repeats: int,
+               results: Any) -> None:
+    """:func:`_link_seconds` on a process group of its own; rank 0 puts it (s)."""
     device = _join(rank, ranks, port, backend)
     try:
-        out = torch.ones(max(nbytes // 4, 1), device=device)
-        into = torch.empty_like(out)
-        other = 1 - rank
-
-        def hop(send: bool) -> None:
-            op = dist.isend(out, other) if send else dist.irecv(into, other)
-            op.wait()
-
-        halves = []
-        for i in range(repeats + 1):  # the first: connections and buffers, not timed
-            dist.barrier()
-            if backend == "nccl":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            hop(rank == 0)
-            hop(rank == 1)
-            if backend == "nccl":
-                torch.cuda.synchronize(device)
-            if i:
-                halves.append((time.perf_counter() - t0) / 2)
+        seconds = _link_seconds(rank, backend, device, nbytes, repeats)
         if rank == 0:
-            results.put(max(statistics.median(halves), 1e-9))
-        dist.barrier()
+            results.put(seconds)
     finally:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+def _all_rank(rank: int, ranks: int, port: int, backend: str,
+              sizes: tuple[int, int, int], repeats: int, results: Any) -> None:
+    """The synchronisation at ``sizes[0]`` and at ``sizes[1]`` bytes (the latter 3 ·
+    ``repeats`` times) and the link at ``sizes[2]`` bytes, on one process group: rank 0 puts
+    the three times (s)."""
+    device = _join(rank, ranks, port, backend)
+    try:
+        whole = _sync_seconds(rank, backend, device, sizes[0], repeats)
+        small = _sync_seconds(rank, backend, device, sizes[1], 3 * repeats)
+        link = _link_seconds(rank, backend, device, sizes[2], repeats)
+        if rank == 0:
+            results.put((whole, small, link))
+    finally:
+        import torch.distributed as dist
+
         dist.destroy_process_group()
 
 
@@ -243,13 +337,13 @@ def measure_link_bandwidth(nbytes: int = 16 * 2**20, repeats: int = 7,
     checks.one_of("backend", backend, ("gloo", "nccl"))
     key = (0, nbytes, repeats, backend)  # 0 ranks: the link's key, not an all-reduce's
     if key not in _MEASURED:
-        _MEASURED[key] = nbytes / _measure(_link_rank, 2, nbytes, repeats, backend)
+        _MEASURED[key] = nbytes / float(_measure(_link_rank, 2, nbytes, repeats, backend))
     return _MEASURED[key]
 
 
-def _measure(rank_fn: Any, ranks: int, nbytes: int, repeats: int, backend: str) -> float:
+def _measure(rank_fn: Any, ranks: int, nbytes: Any, repeats: int, backend: str) -> Any:
     """Run ``rank_fn`` on ``ranks`` fresh local processes of one intra-op thread; what rank 0
-    puts (s)."""
+    puts (s, or a tuple of them)."""
     import torch.multiprocessing as mp
 
     from autosplit.distributed.launch import free_port
@@ -271,4 +365,4 @@ def _measure(rank_fn: Any, ranks: int, nbytes: int, repeats: int, backend: str) 
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
             os.environ["OMP_NUM_THREADS"] = env
-    return float(results.get())
+    return results.get()

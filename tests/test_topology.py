@@ -259,6 +259,29 @@ def test_a_measured_link_is_the_planners_default_and_an_old_profile_keeps_the_ki
     assert Profile.load(tmp_path / "p.json").link_bytes_per_s == 1e9
 
 
+def test_the_collectives_measured_at_once_are_the_figures_each_measurer_keeps(
+        monkeypatch) -> None:
+    """One start of the ranks times the synchronisation at two sizes and the link; each figure
+    is then the one its own measurer returns, without measuring again."""
+    from autosplit import collectives
+
+    monkeypatch.setattr(collectives, "_MEASURED", {})
+    found = collectives.measure_collectives(2, nbytes=2**17, link_bytes=2**16, repeats=1,
+                                            backend="gloo")
+    assert found.link_bytes_per_s > 0 and found.allreduce.latency_ms > 0
+    assert len(collectives._MEASURED) == 3
+
+    def no_start(*args, **kwargs):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(collectives, "_measure", no_start)
+    assert measure_allreduce(2, nbytes=2**17, repeats=1, backend="gloo") == found.allreduce
+    assert measure_link_bandwidth(nbytes=2**16, repeats=1,
+                                  backend="gloo") == found.link_bytes_per_s
+    with pytest.raises(InvalidInputError, match="latency"):
+        collectives.measure_collectives(2, nbytes=LATENCY_BYTES, backend="gloo")
+
+
 def test_a_rank_aborting_after_the_figure_keeps_the_figure(monkeypatch) -> None:
     """A rank killed at teardown after rank 0 put its timing (DDP's threads now and then abort
     there) leaves the figure standing; killed before it, the failure is raised."""

@@ -141,15 +141,16 @@ def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, cons
 
 def _machine(prof: Profile) -> tuple[Any, Any]:
     """This machine's key and the measurers of its figures for ``prof``'s kind of device."""
-    from autosplit.collectives import measure_allreduce, measure_link_bandwidth
+    from autosplit.collectives import measure_collectives
     from autosplit.machine_figures import MachineKey, Measurers
     from autosplit.runtime_cost import action_costs, measure_one_stage_action_ms
 
     cpu = prof.device.kind == "cpu"
 
     def collectives() -> tuple[float, float, float]:
-        allreduce = measure_allreduce(2)
-        return allreduce.bus_bytes_per_s, allreduce.latency_ms, measure_link_bandwidth()
+        found = measure_collectives(2)  # one start of the ranks for the three figures
+        return (found.allreduce.bus_bytes_per_s, found.allreduce.latency_ms,
+                found.link_bytes_per_s)
 
     def actions(names: Sequence[str]) -> tuple[Any, Any]:
         costs = action_costs(schedules=names)
