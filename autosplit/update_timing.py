@@ -2,9 +2,8 @@
 its last backward (and after the replicas' all-reduce), once per step, on every device.
 
 The update runs once per step whatever the micro-batches, on each stage's own parameters, so a
-pipeline of p stages spends about 1/p of it per device and a data-parallel replica all of it.
-On 2 CPU workers a tiny Llama's SGD step took 1.2–1.5 ms of an 87 ms step; Adam's takes a few
-times SGD's.
+pipeline of p stages spends about 1/p of it per device and a data-parallel replica all of it
+(docs/planning.md, "The optimizer's update").
 
 Each optimizer of :data:`UPDATES` (the names of :data:`autosplit.cost.OPTIMIZER_STATE`) is
 timed on copies of the block's parameters with a gradient set, as torch builds it by default
