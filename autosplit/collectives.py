@@ -48,9 +48,9 @@ from typing import Any
 from autosplit import checks
 from autosplit.errors import InvalidInputError
 
-__all__ = ["LATENCY_BYTES", "AllReduceCost", "Collectives", "bus_bandwidth",
-           "measure_allreduce", "measure_allreduce_bandwidth", "measure_collectives",
-           "measure_link_bandwidth"]
+__all__ = ["LATENCY_BYTES", "AllReduceCost", "Collectives", "bus_bandwidth", "collectives_of",
+           "link_seconds", "measure_allreduce", "measure_allreduce_bandwidth",
+           "measure_collectives", "measure_link_bandwidth", "sync_seconds"]
 
 LATENCY_BYTES = 4096
 """Gradient bytes of the model the all-reduce's latency is timed on (one 1024 → 1 layer)."""
@@ -89,7 +89,7 @@ def _join(rank: int, ranks: int, port: int, backend: str) -> Any:
     return device
 
 
-def _sync_seconds(rank: int, backend: str, device: Any, nbytes: int, repeats: int) -> float:
+def sync_seconds(rank: int, backend: str, device: Any, nbytes: int, repeats: int) -> float:
     """In a joined process group: the median time DDP's synchronisation of ``nbytes`` of
     gradients adds to a backward (s; see the module docstring)."""
     import torch
@@ -131,7 +131,7 @@ def _rank(rank: int, ranks: int, port: int, backend: str, nbytes: int, repeats: 
           results: Any) -> None:
     device = _join(rank, ranks, port, backend)
     try:
-        seconds = _sync_seconds(rank, backend, device, nbytes, repeats)
+        seconds = sync_seconds(rank, backend, device, nbytes, repeats)
         if rank == 0:
             results.put(seconds)
     finally:
@@ -212,6 +212,17 @@ class Collectives:
     link_bytes_per_s: float
 
 
+def collectives_of(ranks: int, nbytes: int, seconds: float, latency_s: float,
+                   link_bytes: int, link_s: float) -> Collectives:
+    """The figures from the times measured (s): the synchronisation of ``nbytes`` took
+    ``seconds``, that of :data:`LATENCY_BYTES` ``latency_s``, half a round trip of
+    ``link_bytes`` ``link_s`` (the arithmetic of :func:`measure_allreduce` and
+    :func:`measure_link_bandwidth`)."""
+    beyond = max(seconds - latency_s, seconds / 2)  # a noisy α: never more than half of it
+    return Collectives(AllReduceCost(bus_bandwidth(nbytes, ranks, beyond), latency_s * 1000.0),
+                       link_bytes / max(link_s, 1e-9))
+
+
 def measure_collectives(ranks: int = 2, nbytes: int = 32 * 2**20,
                         link_bytes: int = 16 * 2**20, repeats: int = 7,
                         backend: str | None = None) -> Collectives:
@@ -250,7 +261,7 @@ def measure_collectives(ranks: int = 2, nbytes: int = 32 * 2**20,
                        measure_link_bandwidth(link_bytes, repeats, backend))
 
 
-def _link_seconds(rank: int, backend: str, device: Any, nbytes: int, repeats: int) -> float:
+def link_seconds(rank: int, backend: str, device: Any, nbytes: int, repeats: int) -> float:
     """In a joined process group: ``nbytes`` sent from rank 0 to rank 1 and back, ``repeats``
     times after a warm-up; the median of half a round trip (s). Ranks beyond 1 only keep
     step."""
@@ -285,10 +296,10 @@ def _link_seconds(rank: int, backend: str, device: Any, nbytes: int, repeats: in
 
 def _link_rank(rank: int, ranks: int, port: int, backend: str, nbytes: int, repeats: int,
                results: Any) -> None:
-    """:func:`_link_seconds` on a process group of its own; rank 0 puts it (s)."""
+    """:func:`link_seconds` on a process group of its own; rank 0 puts it (s)."""
     device = _join(rank, ranks, port, backend)
     try:
-        seconds = _link_seconds(rank, backend, device, nbytes, repeats)
+        seconds = link_seconds(rank, backend, device, nbytes, repeats)
         if rank == 0:
             results.put(seconds)
     finally:
@@ -304,9 +315,9 @@ def _all_rank(rank: int, ranks: int, port: int, backend: str,
     the three times (s)."""
     device = _join(rank, ranks, port, backend)
     try:
-        whole = _sync_seconds(rank, backend, device, sizes[0], repeats)
-        small = _sync_seconds(rank, backend, device, sizes[1], 3 * repeats)
-        link = _link_seconds(rank, backend, device, sizes[2], repeats)
+        whole = sync_seconds(rank, backend, device, sizes[0], repeats)
+        small = sync_seconds(rank, backend, device, sizes[1], 3 * repeats)
+        link = link_seconds(rank, backend, device, sizes[2], repeats)
         if rank == 0:
             results.put((whole, small, link))
     finally:

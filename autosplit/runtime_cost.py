@@ -40,7 +40,6 @@ prediction times its stages (:mod:`autosplit.stage_timing`); fitted on one plain
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
 from collections.abc import Sequence
@@ -48,14 +47,14 @@ from typing import Any
 
 from autosplit import checks
 from autosplit.claims import half_iqr
-from autosplit.errors import InvalidInputError
 from autosplit.planner.schedules import SEARCHED
-from autosplit.schedules import StageCosts, simulate_schedule, torch_class_name, torch_order
-from autosplit.simulator import overlap_shares
+from autosplit.runtime_fit import fit_action_ms, fit_weighed_action_ms
+from autosplit.schedules import StageCosts, torch_class_name, torch_order
 
 __all__ = ["LAYERS", "MEASURED", "PLAIN_RUNS", "ROUNDS", "ROWS", "WARMUP_ROUNDS", "WIDTH",
-           "action_costs", "fit_action_ms", "fit_weighed_action_ms", "forget_measurements",
-           "measure_action_ms", "measure_action_spread", "measure_one_stage_action_ms"]
+           "action_costs", "forget_measurements",
+           "measure_action_ms", "measure_action_spread", "measure_one_stage_action_ms",
+           "one_stage_fits", "one_stage_rounds"]
 
 MEASURED = SEARCHED
 """The (schedule, stages per rank) pairs measured: those ``schedule="auto"`` searches."""
@@ -80,101 +79,11 @@ ROUNDS = 10
 spread over 1.4–8.1 ms in 16 rounds on 16 layers; Intel Xeon)."""
 WARMUP_ROUNDS = 3
 """Untimed rounds first: a process's first rounds fitted up to twice the later ones."""
-BLEND_ROUNDS = 2
-"""How often the overlaps are replayed again from the costs they weighed (as
-:data:`autosplit.verify.BLEND_ROUNDS`)."""
 _CACHE: dict[str, dict[str, list[float]]] = {}
 _Runs = dict[int, tuple[float, float, float, float]]
 """Per stage of a rank: (forward, input pass, weight pass, backward in one pass) ms of its plain
 runs."""
 _ONE_STAGE = "one stage"  # the one-stage runtime's fits, in _CACHE beside the schedules'
-
-
-def fit_action_ms(schedule: str, v: int, m: int, step_ms: float, p: int = 2,
-                  costs: StageCosts | None = None) -> float:
-    """The cost of one action (ms) for which the replay of ``schedule``'s order (p ranks, v
-    stages per rank, m micro-batches) with the stages' ``costs`` (their ``action_ms`` ignored;
-    ``None``: stages that cost nothing) lasts ``step_ms``; 0 when the replay without a cost per
-    action lasts that long already.
-
-    Without ``costs`` every action costs the same ``o`` and nothing else costs time, so the
-    replayed step is ``o`` times the step of actions that cost one unit each: ``o = step_ms /
-    units`` (a DualPipeV full backward, ``B`` beside its split ``I`` and ``W``, is one action
-    too). With ``costs`` the replayed step grows with ``o`` continuously and without bound, and
-    ``o`` is found by bisection (to 1e-6 ms).
-
-    Raises:
-        ArgumentTypeError, InvalidInputError: a count that is not a positive integer, a step
-            that is not a finite number ≥ 0, ``costs`` that is not a StageCosts of p·v stages.
-        ScheduleUnavailableError: torch's class cannot run (p, v, m).
-    """
-    checks.non_negative_finite("step_ms", step_ms, "ms")
-    n = checks.positive_int("p", p) * checks.positive_int("v", v)
-    checks.positive_int("m", m)
-    if costs is None:
-        zero = (0.0,) * n
-        units = simulate_schedule(schedule, p, v, m,
-                                  StageCosts(zero, zero, zero, action_ms=1.0)).step_ms
-        return step_ms / units
-    checks.instance_of("costs", costs, StageCosts, "a StageCosts")
-
-    def replayed(o: float) -> float:
-        return simulate_schedule(schedule, p, v, m,
-                                 dataclasses.replace(costs, action_ms=o)).step_ms
-
-    if replayed(0.0) >= step_ms:
-        return 0.0
-    low, high = 0.0, max(step_ms, 1e-3)
-    while replayed(high) < step_ms:  # each action costs at least 1 ms more per step: bounded
-        high *= 2.0
-    while high - low > 1e-6:
-        mid = (low + high) / 2.0
-        low, high = (mid, high) if replayed(mid) < step_ms else (low, mid)
-    return high
-
-
-def fit_weighed_action_ms(schedule: str, v: int, m: int, step_ms: float,
-                          alone: StageCosts, together: StageCosts, p: int = 2) -> float:
-    """The cost of one action (ms) for which the replay of ``schedule``'s order lasts
-    ``step_ms``, with each stage's costs weighed as a verified prediction weighs its stage
-    times (:mod:`autosplit.verify`): its costs ``alone`` (the other ranks idle) plus, for the
-    share of its rank's work that overlaps another rank's in the replay
-    (:func:`~autosplit.simulator.overlap_shares`, with the cost per action in it), the
-    difference to its costs ``together`` (every rank computing at once); the shares are
-    replayed again from the costs they weighed (:data:`BLEND_ROUNDS`).
-
-    So the cost is what a prediction made the planner's way misses on the measuring stages.
-
-    Raises:
-        ArgumentTypeError, InvalidInputError: as :func:`fit_action_ms`; ``alone`` and
-            ``together`` not StageCosts of one length.
-    """
-    checks.instance_of("alone", alone, StageCosts, "a StageCosts")
-    checks.instance_of("together", together, StageCosts, "a StageCosts")
-    if alone.n != together.n:
-        raise InvalidInputError(f"alone has {alone.n} stages but together has {together.n}: "
-                                "give both for the same stages")
-    costs = alone
-    o = fit_action_ms(schedule, v, m, step_ms, p, costs=costs)
-    for _ in range(BLEND_ROUNDS):
-        timeline = simulate_schedule(schedule, p, v, m, dataclasses.replace(costs, action_ms=o))
-        shares = overlap_shares(timeline.actions)
-        share = [shares[r] for r in timeline.order.stage_rank]
-        costs = _weighed(alone, together, share)
-        o = fit_action_ms(schedule, v, m, step_ms, p, costs=costs)
-    return o
-
-
-def _weighed(alone: StageCosts, together: StageCosts, share: Sequence[float]) -> StageCosts:
-    """Per stage s, ``alone + share[s] · (together − alone)`` for every time (ms)."""
-    def mix(a: Sequence[float], t: Sequence[float]) -> tuple[float, ...]:
-        return tuple(x + w * (y - x) for x, y, w in zip(a, t, share))
-
-    return StageCosts(mix(alone.fwd_ms, together.fwd_ms),
-                      mix(alone.bwd_input_ms, together.bwd_input_ms),
-                      mix(alone.bwd_weight_ms, together.bwd_weight_ms),  # type: ignore[arg-type]
-                      bwd_whole_ms=mix(alone.bwd_whole_ms,  # type: ignore[arg-type]
-                                       together.bwd_whole_ms))  # type: ignore[arg-type]
 
 
 def _pairs(schedules: Sequence[str] | None) -> tuple[tuple[str, int], ...]:
@@ -273,14 +182,20 @@ def measure_one_stage_action_ms(backend: str = "gloo", timeout_s: float = 120.0
     if _ONE_STAGE not in known:
         from autosplit.distributed import launch
 
-        rounds = launch(_one_stage_rank, 2, backend=backend, timeout_s=timeout_s)[0]
-        known[_ONE_STAGE] = [fit_action_ms("gpipe", 1, _MICROBATCHES, step, p=1, costs=costs)
-                             for step, costs in rounds]
+        known[_ONE_STAGE] = one_stage_fits(
+            launch(one_stage_rounds, 2, backend=backend, timeout_s=timeout_s)[0])
     fits = known[_ONE_STAGE]
     return statistics.median(fits), half_iqr(fits)
 
 
-def _one_stage_rank(repeats: int = 9, warmup: int = 2
+def one_stage_fits(rounds: Sequence[tuple[float, StageCosts]]) -> list[float]:
+    """The one-stage runtime's cost per action fitted to each timed round of
+    :func:`one_stage_rounds` (ms)."""
+    return [fit_action_ms("gpipe", 1, _MICROBATCHES, step, p=1, costs=costs)
+            for step, costs in rounds]
+
+
+def one_stage_rounds(repeats: int = 9, warmup: int = 2
                     ) -> list[tuple[float, StageCosts]] | None:
     """Time a one-stage ``ScheduleGPipe`` of a measuring stage on each rank at once, each step
     right after a plain run of the stage (both ranks at once); rank 0 returns every rank's

@@ -153,3 +153,43 @@ def test_figures_at_hand_measure_only_what_they_lack(tmp_path: Path) -> None:
     assert dict(more.action_ms) == {"zbv": 0.5}
     assert more.allreduce_bytes_per_s == first.allreduce_bytes_per_s
     assert path.exists()
+
+
+def test_a_cold_cache_starts_the_cpu_ranks_once_for_the_collectives_and_the_one_stage_cost(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between CPU workers the all-reduce, the link and the one-stage runtime's cost are
+    measured on one launch of the ranks: the one-stage measurer then takes what it brought."""
+    from synthetic import make_profile
+
+    from autosplit import machine_measure, runtime_cost
+    from autosplit.cli.measuring import _machine
+    from autosplit.collectives import AllReduceCost, Collectives
+
+    launches: list[int] = []
+
+    def measured() -> machine_measure.CpuMachine:
+        launches.append(1)
+        return machine_measure.CpuMachine(Collectives(AllReduceCost(1e9, 0.5), 2e9),
+                                          (0.3, 0.1))
+
+    def never() -> tuple[float, float]:
+        raise AssertionError("a second launch")
+
+    monkeypatch.setattr(machine_measure, "measure_cpu_machine", measured)
+    monkeypatch.setattr(runtime_cost, "measure_one_stage_action_ms", never)
+    prof = make_profile([1], [[1.0]], batch_size=2)  # measured on a CPU worker
+    _, measurers = _machine(prof)
+    assert measurers.collectives() == (1e9, 0.5, 2e9)
+    assert measurers.one_stage() == (0.3, 0.1)
+    assert launches == [1]
+
+
+def test_the_cpu_machine_is_measured_on_one_launch_of_two_ranks() -> None:
+    from autosplit.machine_measure import measure_cpu_machine
+
+    machine = measure_cpu_machine(nbytes=2**17, link_bytes=2**16, repeats=1)
+    found = machine.collectives
+    assert found.allreduce.bus_bytes_per_s > 0 and found.allreduce.latency_ms > 0
+    assert found.link_bytes_per_s > 0
+    ms, spread = machine.one_stage_action
+    assert ms >= 0 and spread >= 0

@@ -20,12 +20,11 @@ from autosplit.planner.settings import PlanSettings
 from autosplit.runtime_cost import (
     MEASURED,
     action_costs,
-    fit_action_ms,
-    fit_weighed_action_ms,
     measure_action_ms,
     measure_action_spread,
     measure_one_stage_action_ms,
 )
+from autosplit.runtime_fit import fit_action_ms, fit_weighed_action_ms
 from autosplit.schedules import SPLIT_BACKWARD, StageCosts, simulate_schedule, torch_order
 from autosplit.solve.joint import JointProblem, brute_force_joint, solve_joint
 
@@ -249,7 +248,7 @@ def test_the_one_stage_fit_takes_every_rank_s_rounds(monkeypatch) -> None:
     steps = [8 * 3.0 + 16 * o for o in (0.4, 0.5, 0.5, 0.6)]
 
     def fake(fn, nprocs, **kwargs):
-        assert fn is runtime_cost._one_stage_rank and nprocs == 2
+        assert fn is runtime_cost.one_stage_rounds and nprocs == 2
         return {0: [(step, costs) for step in steps], 1: None}
 
     monkeypatch.setattr(distributed, "launch", fake)

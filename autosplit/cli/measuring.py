@@ -143,21 +143,31 @@ def _machine(prof: Profile) -> tuple[Any, Any]:
     """This machine's key and the measurers of its figures for ``prof``'s kind of device."""
     from autosplit.collectives import measure_collectives
     from autosplit.machine_figures import MachineKey, Measurers
+    from autosplit.machine_measure import measure_cpu_machine
     from autosplit.runtime_cost import action_costs, measure_one_stage_action_ms
 
     cpu = prof.device.kind == "cpu"
+    stash: list[tuple[float, float]] = []  # the one-stage cost, measured with the collectives
 
     def collectives() -> tuple[float, float, float]:
-        found = measure_collectives(2)  # one start of the ranks for the three figures
+        if cpu:  # one start of the ranks for these and the one-stage runtime's cost
+            machine = measure_cpu_machine()
+            found = machine.collectives
+            stash.append(machine.one_stage_action)
+        else:
+            found = measure_collectives(2)
         return (found.allreduce.bus_bytes_per_s, found.allreduce.latency_ms,
                 found.link_bytes_per_s)
+
+    def one_stage() -> tuple[float, float]:
+        return stash.pop() if stash else measure_one_stage_action_ms()
 
     def actions(names: Sequence[str]) -> tuple[Any, Any]:
         costs = action_costs(schedules=names)
         return costs["action_ms"], costs["action_spread"]
 
     measurers = Measurers(collectives, actions if cpu else None,  # gloo only, so far
-                          measure_one_stage_action_ms if cpu else None)
+                          one_stage if cpu else None)
     # (the ranks that measure them run one thread each, autosplit.distributed.launch's default)
     return MachineKey.here("gloo" if cpu else "nccl", prof.device.kind, threads=1), measurers
 
