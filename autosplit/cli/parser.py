@@ -192,8 +192,9 @@ def _add_plan_command(sub: Any) -> None:
     add_topology_arguments(p, _positive_int, _byte_size("bandwidth"))
     p.add_argument("--profile", metavar="profile.json",
                    help="plan from this profile instead of measuring")
-    _add_memory_arguments(p, "optimizer assumed by the memory model: sgd, sgd-momentum, "
-                             "adam … (default sgd)", plans=True)
+    _add_memory_arguments(p, "optimizer the plan assumes, its state in the memory and its "
+                             "update in the step: sgd, sgd-momentum, adam … (default sgd)",
+                          plans=True)
     p.add_argument("--split-size", type=_positive_int, metavar="K",
                    help="fix the micro-batch size instead of choosing it")
     p.add_argument("--solver", choices=("dp", "milp"), default="dp",
@@ -249,7 +250,8 @@ def _add_compare_command(sub: Any) -> None:
                         "repeat for more stages")
     p.add_argument("--manual-split-size", type=_positive_int, metavar="K",
                    help="micro-batch size of the hand-written split")
-    _add_memory_arguments(p, "optimizer assumed by the memory model (default sgd)")
+    _add_memory_arguments(p, "optimizer the plans assume, its state in the memory and its "
+                             "update in the step (default sgd)")
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw the plans' predicted (and measured) step times side by side")
     p.add_argument("--measure", action="store_true",

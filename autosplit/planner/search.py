@@ -119,7 +119,8 @@ def plan(
             stage per device, no recomputation); ``"looped-bfs"``, ``"interleaved-1f1b"``,
             ``"interleaved-zb"``, ``"zbv"`` or ``"dualpipev"`` fix it for the joint search.
             ``"auto"`` on devices of different speeds or profiles compares GPipe and 1F1B.
-        optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"`` … (state held per parameter).
+        optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"`` … (state held per parameter, and
+            the update timed per block: ``BlockProfile.update_ms``).
         split_size: fix the micro-batch size b (must have been profiled); ``None`` chooses.
         bandwidth_bytes_per_s: link bandwidth between consecutive stages.
         solver: the min-max solver whose cut seeds the exact search: ``"dp"`` (dynamic
