@@ -1,7 +1,7 @@
 """The package's shape: no import cycle in autosplit/, no module over 450 lines, and no public
 function of more than 8 parameters (but those listed until their options become records).
 
-Both read the source with ``ast`` and import nothing, so they are fast and see every module,
+All read the source with ``ast`` and import nothing, so they are fast and see every module,
 including those that need optional dependencies.
 
 The import graph has an edge A → B for every ``import``/``from … import`` of an autosplit
