@@ -31,7 +31,6 @@ from autosplit.blocks import (
     Granularity,
     leaf_module_list,
 )
-from autosplit.blocks import module_path as _module_path  # noqa: F401 (used by distributed)
 from autosplit.capture.signature import InputSignature
 from autosplit.capture.values import size_chain, value_kinds
 from autosplit.errors import InvalidInputError
@@ -46,6 +45,7 @@ __all__ = [
     "Capture",
     "Granularity",
     "leaf_module_list",
+    "plain_structure",
 ]
 
 _INPUT_BLOCK = -1
@@ -390,7 +390,7 @@ class BlockGraph:
         if self.output_spec is not None and self.capture is not None \
                 and self.capture.front == "export":
             return list(structure), self.output_spec
-        leaves, spec = pytree.tree_flatten(_plain(structure))
+        leaves, spec = pytree.tree_flatten(plain_structure(structure))
         return leaves, self.output_spec or spec
 
     def output_structure(self) -> Any:
@@ -416,14 +416,14 @@ class Segment:
     end: int
 
 
-def _plain(structure: Any) -> Any:
+def plain_structure(structure: Any) -> Any:
     """fx's immutable containers in an output structure as the dict and list they were."""
     if isinstance(structure, dict):
-        return {k: _plain(v) for k, v in structure.items()}
+        return {k: plain_structure(v) for k, v in structure.items()}
     if isinstance(structure, list):
-        return [_plain(v) for v in structure]
+        return [plain_structure(v) for v in structure]
     if isinstance(structure, tuple) and not hasattr(structure, "_fields"):
-        return tuple(_plain(v) for v in structure)
+        return tuple(plain_structure(v) for v in structure)
     return structure
 
 

@@ -226,3 +226,23 @@ def test_no_public_function_takes_more_than_8_parameters() -> None:
     over = {name for name, count in functions.items() if count > MAX_PARAMETERS}
     assert over - MANY_PARAMETERS_FOR_NOW == set(), "take an options record instead"
     assert MANY_PARAMETERS_FOR_NOW - over == set(), "fixed: take it off the list"
+
+
+def _package_of(module: str) -> str:
+    """The package a module belongs to: ``autosplit.solve.exact`` → ``autosplit.solve``."""
+    path = MODULES[module]
+    return module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+
+
+def test_no_private_name_is_imported_across_packages() -> None:
+    crossing = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.module
+                    and node.module in MODULES):
+                continue
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private and _package_of(module) != _package_of(node.module):
+                    crossing.append(f"{module} imports {node.module}.{alias.name}")
+    assert crossing == [], "make the name public, or keep it inside its package"

@@ -33,7 +33,7 @@ from autosplit.capture.layers import Granularity
 from autosplit.capture.signature import call_arguments
 from autosplit.capture.values import value_kinds
 from autosplit.errors import InvalidInputError, TraceError
-from autosplit.graph import BlockGraph, Capture, _plain
+from autosplit.graph import BlockGraph, Capture, plain_structure
 
 __all__ = ["Capture", "trace"]
 
@@ -200,7 +200,7 @@ def _output_spec(model: nn.Module, args: tuple[Any, ...], gm: fx.GraphModule,
     finally:
         model.train(was)
     leaves, spec = pytree.tree_flatten(out)
-    traced, _ = pytree.tree_flatten(_plain(structure))
+    traced, _ = pytree.tree_flatten(plain_structure(structure))
     return spec if len(leaves) == len(traced) else None
 
 

@@ -111,13 +111,13 @@ def run_command(args: argparse.Namespace) -> int:
             return 0
         where = f"{world} ranks (torchrun)"
     else:
-        from autosplit.distributed.job import _model_and_batch, capture_of, plan_rows
+        from autosplit.distributed.job import capture_of, model_and_batch, plan_rows
         from autosplit.errors import ModelFileError, TraceError
         from autosplit.modelfile import load_model_file
 
         # the model and the plan are checked here, so that mistakes end before any process starts
         try:
-            model, (call_args, call_kwargs) = _model_and_batch(spec, plan_rows(plan))
+            model, (call_args, call_kwargs) = model_and_batch(spec, plan_rows(plan))
         except ModelFileError:  # no inputs: still say first if the plan is of another model
             with contextlib.suppress(TraceError):  # (where the model traces without them)
                 graph_for_plan(load_model_file(spec.model, spec.entry).build(

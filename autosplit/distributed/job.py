@@ -158,7 +158,7 @@ def train_model_file(spec: RunSpec) -> RunResult:
     """
 
     plan = spec.plan
-    model, inputs = _model_and_batch(spec, plan_rows(plan))
+    model, inputs = model_and_batch(spec, plan_rows(plan))
     trainer, targets = _trainer(spec, model, inputs, plan)
     times, losses = [], []
     for _ in range(spec.steps):
@@ -191,7 +191,7 @@ Batch = tuple[tuple[Any, ...], dict[str, Any]]
 """One call's inputs: (positional, keyword)."""
 
 
-def _model_and_batch(spec: RunSpec, batch: int) -> tuple[nn.Module, Batch]:
+def model_and_batch(spec: RunSpec, batch: int) -> tuple[nn.Module, Batch]:
     """The model file's model (seeded) and a batch of ``batch`` rows of its inputs."""
     from autosplit.capture.signature import example_call
     from autosplit.modelfile import load_model_file
@@ -259,7 +259,7 @@ def measure_plans(spec: RunSpec, plans: Sequence[Plan], rounds: int = 2) -> list
     if len(batch) != 1 or len({len(p.stages) * p.replicas for p in plans}) != 1:
         raise InvalidInputError(
             "measure_plans needs plans of one batch size and one rank count (stages × replicas)")
-    model, inputs = _model_and_batch(spec, batch.pop())
+    model, inputs = model_and_batch(spec, batch.pop())
     runs = [_trainer(spec, model, inputs, plan) for plan in plans]
     for trainer, targets in runs:
         _timed_step(trainer, inputs, targets)

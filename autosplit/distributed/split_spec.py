@@ -59,7 +59,7 @@ def split_spec_problems(model: nn.Module, plan: Plan) -> list[str]:
     after it begins with the first operation of a submodule that is called once: splitting
     "at the beginning of" that submodule then cuts the same place.
     """
-    from autosplit.graph import _module_path
+    from autosplit.blocks import module_path
 
     graph = graph_for_plan(model, plan)
     nodes = [n for n in graph.module.graph.nodes if n.op not in ("placeholder", "output")]
@@ -74,7 +74,7 @@ def split_spec_problems(model: nn.Module, plan: Plan) -> list[str]:
             problems.append(f"stage {s} begins with block {fqn!r}, which is not a submodule")
             continue
         inside = [position[n.name] for n in nodes
-                  if (p := _module_path(graph.module, n)) == fqn or p.startswith(fqn + ".")]
+                  if (p := module_path(graph.module, n)) == fqn or p.startswith(fqn + ".")]
         if not inside or inside[0] != position[block.nodes[0]]:
             problems.append(f"stage {s} begins inside module {fqn!r}, not where its forward begins")
         elif inside != list(range(inside[0], inside[0] + len(inside))):
