@@ -153,17 +153,9 @@ def measure_allreduce_bandwidth(ranks: int = 2, nbytes: int = 32 * 2**20, repeat
         ArgumentTypeError, InvalidInputError: a count that is not a positive integer, fewer
             than 2 ranks, an unknown backend.
     """
-    import torch
-
-    ranks = checks.positive_int("ranks", ranks)
+    ranks, backend = _group(ranks, backend)
     nbytes = checks.positive_int("nbytes", nbytes)
     repeats = checks.positive_int("repeats", repeats)
-    if backend is None:
-        backend = "nccl" if torch.cuda.device_count() >= ranks else "gloo"
-    checks.one_of("backend", backend, ("gloo", "nccl"))
-    if ranks < 2:
-        raise InvalidInputError(f"ranks={ranks}: an all-reduce is measured among 2 ranks or "
-                                "more")
     key = (ranks, nbytes, repeats, backend)
     if key not in _MEASURED:
         _MEASURED[key] = bus_bandwidth(nbytes, ranks,
@@ -172,6 +164,38 @@ def measure_allreduce_bandwidth(ranks: int = 2, nbytes: int = 32 * 2**20, repeat
 
 
 _MEASURED: dict[tuple[int, int, int, str], float] = {}
+
+
+def _group(ranks: int, backend: str | None) -> tuple[int, str]:
+    """Checked ``ranks`` (2 or more) and ``backend`` (default: NCCL with a GPU per rank,
+    else gloo)."""
+    import torch
+
+    ranks = checks.positive_int("ranks", ranks)
+    if backend is None:
+        backend = "nccl" if torch.cuda.device_count() >= ranks else "gloo"
+    checks.one_of("backend", backend, ("gloo", "nccl"))
+    if ranks < 2:
+        raise InvalidInputError(f"ranks={ranks}: an all-reduce is measured among 2 ranks or "
+                                "more")
+    return ranks, backend
+
+
+def _above_latency(nbytes: int) -> int:
+    """``nbytes`` checked to exceed :data:`LATENCY_BYTES`, where the bandwidth is measured."""
+    nbytes = checks.positive_int("nbytes", nbytes)
+    if nbytes <= LATENCY_BYTES:
+        raise InvalidInputError(f"nbytes={nbytes}: the bandwidth is measured above the "
+                                f"latency's {LATENCY_BYTES} bytes")
+    return nbytes
+
+
+def _allreduce_cost(ranks: int, nbytes: int, seconds: float, latency_s: float
+                    ) -> AllReduceCost:
+    """α and W from the synchronisation of ``nbytes`` taking ``seconds`` and that of
+    :data:`LATENCY_BYTES` taking ``latency_s`` (s)."""
+    beyond = max(seconds - latency_s, seconds / 2)  # a noisy α: never more than half of it
+    return AllReduceCost(bus_bandwidth(nbytes, ranks, beyond), latency_s * 1000.0)
 
 
 def measure_allreduce(ranks: int = 2, nbytes: int = 32 * 2**20, repeats: int = 7,
@@ -186,16 +210,12 @@ def measure_allreduce(ranks: int = 2, nbytes: int = 32 * 2**20, repeats: int = 7
     Raises:
         As :func:`measure_allreduce_bandwidth`; ``nbytes`` must exceed :data:`LATENCY_BYTES`.
     """
-    nbytes = checks.positive_int("nbytes", nbytes)
-    if nbytes <= LATENCY_BYTES:
-        raise InvalidInputError(f"nbytes={nbytes}: the bandwidth is measured above the "
-                                f"latency's {LATENCY_BYTES} bytes")
+    nbytes = _above_latency(nbytes)
     whole = measure_allreduce_bandwidth(ranks, nbytes, repeats, backend)
     small = measure_allreduce_bandwidth(ranks, LATENCY_BYTES, 3 * repeats, backend)
     seconds = bus_bandwidth(nbytes, ranks, 1.0) / whole  # the time measured at nbytes
     latency = bus_bandwidth(LATENCY_BYTES, ranks, 1.0) / small
-    beyond = max(seconds - latency, seconds / 2)  # a noisy α: never more than half of it
-    return AllReduceCost(bus_bandwidth(nbytes, ranks, beyond), latency * 1000.0)
+    return _allreduce_cost(ranks, nbytes, seconds, latency)
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,8 +238,7 @@ def collectives_of(ranks: int, nbytes: int, seconds: float, latency_s: float,
     ``seconds``, that of :data:`LATENCY_BYTES` ``latency_s``, half a round trip of
     ``link_bytes`` ``link_s`` (the arithmetic of :func:`measure_allreduce` and
     :func:`measure_link_bandwidth`)."""
-    beyond = max(seconds - latency_s, seconds / 2)  # a noisy α: never more than half of it
-    return Collectives(AllReduceCost(bus_bandwidth(nbytes, ranks, beyond), latency_s * 1000.0),
+    return Collectives(_allreduce_cost(ranks, nbytes, seconds, latency_s),
                        link_bytes / max(link_s, 1e-9))
 
 
@@ -234,21 +253,10 @@ def measure_collectives(ranks: int = 2, nbytes: int = 32 * 2**20,
     Raises:
         As :func:`measure_allreduce` and :func:`measure_link_bandwidth`.
     """
-    import torch
-
-    ranks = checks.positive_int("ranks", ranks)
-    nbytes = checks.positive_int("nbytes", nbytes)
+    ranks, backend = _group(ranks, backend)
+    nbytes = _above_latency(nbytes)
     link_bytes = checks.positive_int("link_bytes", link_bytes)
     repeats = checks.positive_int("repeats", repeats)
-    if backend is None:
-        backend = "nccl" if torch.cuda.device_count() >= ranks else "gloo"
-    checks.one_of("backend", backend, ("gloo", "nccl"))
-    if ranks < 2:
-        raise InvalidInputError(f"ranks={ranks}: collectives are measured among 2 ranks or "
-                                "more")
-    if nbytes <= LATENCY_BYTES:
-        raise InvalidInputError(f"nbytes={nbytes}: the bandwidth is measured above the "
-                                f"latency's {LATENCY_BYTES} bytes")
     keys = ((ranks, nbytes, repeats, backend), (ranks, LATENCY_BYTES, 3 * repeats, backend),
             (0, link_bytes, repeats, backend))
     if any(key not in _MEASURED for key in keys):
