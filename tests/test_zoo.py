@@ -118,3 +118,21 @@ def test_a_model_that_returns_its_loss_is_profiled_with_it() -> None:
     unlabelled = {k: v for k, v in kwargs.items() if k != "labels"}
     prof = autosplit.profile(model, args, unlabelled, microbatch_sizes=[2], warmup=0, repeats=1)
     assert prof.loss == "mse"
+
+
+def test_one_tensor_given_for_two_inputs_is_captured_as_two() -> None:
+    """Captured from ``labels=input_ids`` (one tensor), the split Llama still embeds the ids
+    and scores the labels when a later call gives them apart (labels masked with -100)."""
+    model, call = build("hf-llama")
+    ref_model = copy.deepcopy(model)
+    args, kwargs = call(ROWS)
+    assert kwargs["labels"] is kwargs["input_ids"]
+    graph = trace(model, example_inputs=args, example_kwargs=kwargs)
+    plan = plan_of(graph, even_balance(len(graph.blocks), 2), SPLIT, ROWS // SPLIT)
+    pm = autosplit.partition(model, args, kwargs, plan=plan, devices=["cpu"] * 2)
+    labels = (kwargs["input_ids"] + 1) % 64
+    labels[:, :3] = -100
+    other = {**kwargs, "labels": labels}
+    got, want = pm(*args, **other), reference(ref_model, args, other, SPLIT)
+    torch.testing.assert_close(got.loss, want.loss)
+    torch.testing.assert_close(got.logits, want.logits)

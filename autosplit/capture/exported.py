@@ -76,7 +76,8 @@ def export_graph(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any
     batch = next((int(x.shape[0]) for x in flat if isinstance(x, torch.Tensor) and x.dim()), 0)
     if batch == 1:  # a batch of 1 would be specialised: capture with 2 rows
         flat = [torch.cat([x, x]) if isinstance(x, torch.Tensor) and x.dim() else x for x in flat]
-        call_args, call_kwargs = pytree.tree_unflatten(flat, spec)
+    flat = _distinct(flat)
+    call_args, call_kwargs = pytree.tree_unflatten(flat, spec)
     dynamic = _dynamic_batch(model, call_args, call_kwargs)
     try:
         with _quiet_torch_logs():  # a failed capture is reported once, here, in one line
@@ -89,6 +90,20 @@ def export_graph(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     signature = InputSignature.of(args, {**kwargs, **defaults}, names, defaults)
     return gm, signature, ep.call_spec.out_spec
+
+
+def _distinct(flat: Sequence[Any]) -> list[Any]:
+    """The call's leaves with every tensor its own object: one tensor given twice
+    (``labels=input_ids``) would be captured as one input, and the graph would read either
+    where the model reads the other."""
+    seen: set[int] = set()
+    out = []
+    for x in flat:
+        if isinstance(x, torch.Tensor):
+            x = x.clone() if id(x) in seen else x
+            seen.add(id(x))
+        out.append(x)
+    return out
 
 
 @contextlib.contextmanager
