@@ -79,9 +79,15 @@ def summary_lines(plan: Any) -> list[str]:
         f"({how}) · bubble {plan.bubble_fraction:.0%} · "
         f"vs one device{one_device_way(plan)}: {over_one} (ideal ×{p * d:.2f})",
     ]
-    if d > 1:
-        lines.append(f"gradient all-reduce among {d} replicas: "
+    mode = getattr(plan, "replica_mode", "ddp")
+    if d > 1 and mode == "ddp":
+        lines.append(f"replicas: DDP · gradient all-reduce among {d} replicas: "
                      f"{format_ms(plan.replica_sync_ms)} per step, after the last backward")
+    elif d > 1:
+        how = "resharding after forward" if mode == "fsdp2" else "no resharding after forward"
+        lines.append(f"replicas: FSDP2 (fully_shard along dp, {how}) · all-gathers and "
+                     f"gradient reduce-scatter among {d} replicas: "
+                     f"{format_ms(plan.replica_sync_ms)} per step")
     if getattr(plan, "update_ms", 0.0) > 0:
         lines.append(f"optimizer step ({plan.optimizer}): {format_ms(plan.update_ms)} on the "
                      "slowest rank, after the last backward")

@@ -214,6 +214,11 @@ class Plan:
             once per step: the slowest rank's (ms, from :attr:`BlockProfile.update_ms` of
             ``optimizer``), included in ``predicted_step_ms``; 0 when the profile did not time
             it (plans saved before this field load with 0).
+        replica_mode: how each stage's replicas keep equal (:data:`autosplit.sharding.
+            REPLICA_MODES`): ``"ddp"`` (whole copies, gradients all-reduced), ``"fsdp2"``
+            (``fully_shard`` along "dp", resharding after forward) or ``"fsdp2-no-reshard"``;
+            ``replica_sync_ms`` is then its all-gathers and reduce-scatter. Plans saved
+            before this field load with ``"ddp"``.
     """
 
     model: str
@@ -244,6 +249,7 @@ class Plan:
     action_ms: float = 0.0
     single_device_split: int | None = None
     update_ms: float = 0.0
+    replica_mode: str = "ddp"
 
     def __post_init__(self) -> None:
         checked(self, lambda p: check_plan(

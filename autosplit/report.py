@@ -12,6 +12,7 @@ from rich.table import Table
 from autosplit.claims import PREDICTION_ERROR, ratio_with_spread, spread_text
 from autosplit.plan_text import checkpoint_text
 from autosplit.records import Plan
+from autosplit.sharding import mode_label
 from autosplit.units import format_bytes, format_ms
 
 if TYPE_CHECKING:
@@ -193,6 +194,19 @@ def _chosen_note(row: Plan, chosen: Plan) -> str:
     return f"chosen: {chosen.microbatches}×{chosen.split_size}{cuts}, verified above"
 
 
+def _mode_note(option: Any) -> str:
+    """A replica mode not chosen for its layout (a :class:`~autosplit.planner.layouts.
+    ModeOption`): ``"DDP 12.1 ms, 3.2 GiB"`` or ``"DDP does not fit: needs 120 GiB"``."""
+    name = mode_label(option.mode)
+    if option.plan is None:
+        if option.why:
+            return f"{name}: {option.why}"
+        need = "" if option.need_bytes is None else f": needs {format_bytes(option.need_bytes)}"
+        return f"{name} does not fit{need}"
+    held = format_bytes(max(s.memory_bytes for s in option.plan.stages))
+    return f"{name} {format_ms(option.plan.predicted_step_ms)}, {held}"
+
+
 def layout_table(layouts: Layouts, chosen: Plan) -> Table:
     """One row per layout (p stages × d replicas): its best plan's micro-batches, predicted
     step (block sums) and memory per device, or "does not fit" and what it would need."""
@@ -206,12 +220,16 @@ def layout_table(layouts: Layouts, chosen: Plan) -> Table:
         mine = (option.stages, option.replicas) == shape
         if option.plan is None:
             need = "" if option.need_bytes is None else f": needs {format_bytes(option.need_bytes)}"
-            table.add_row(option.label, "–", "–", "–", option.why or f"does not fit{need}")
+            table.add_row(option.label, "–", "–", "–", " · ".join(
+                [_mode_note(m) for m in option.modes] or [option.why or f"does not fit{need}"]))
             continue
         plan = option.plan
         notes = [_chosen_note(plan, chosen) if mine else ""]
         if plan.replicas > 1:
-            notes.append(f"all-reduce {format_ms(plan.replica_sync_ms)}")
+            notes.append(f"{mode_label(plan.replica_mode)} "
+                         f"{'all-reduce' if plan.replica_mode == 'ddp' else 'gathers'} "
+                         f"{format_ms(plan.replica_sync_ms)}")
+            notes += [_mode_note(m) for m in option.modes if m.mode != plan.replica_mode]
             if plan.placement and plan.stages[1:]:
                 notes.append(plan.placement)
         table.add_row(

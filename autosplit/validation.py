@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from autosplit.errors import InvalidInputError
+from autosplit.sharding import REPLICA_MODES
 
 __all__ = [
     "KNOWN_SCHEDULES",
@@ -411,6 +412,7 @@ def check_plan(p: Any, *, stage_type: type, weight_type: type) -> None:
         check_ms(getattr(p, field), field)
     _check_bandwidth(p.allreduce_bytes_per_s, "allreduce_bytes_per_s")
     check_choice(p.placement, "placement", ("", "pp-inner", "dp-inner"))
+    check_choice(p.replica_mode, "replica_mode", REPLICA_MODES)
     if p.devices_per_node is not None:
         check_size(p.devices_per_node, "devices_per_node")
     check_text(p.solver, "solver")

@@ -76,6 +76,8 @@ class PlanRequest:
         topology: nodes × devices per node, or ``None`` (one node).
         replicas: fix d, the data-parallel replicas (``None``: every layout is weighed).
         pipeline_only: weigh pipelines of N stages only (no replicas).
+        replica_mode: how replicas keep equal (:data:`autosplit.sharding.REPLICA_MODES`), or
+            ``"auto"``: each layout with the fastest that fits.
         device_names: one device name per stage (``partition()``'s), or ``None``.
     """
 
@@ -93,6 +95,7 @@ class PlanRequest:
     replicas: int | None = None
     pipeline_only: bool = False
     device_names: tuple[str, ...] | None = None
+    replica_mode: str = "auto"
 
     def __post_init__(self) -> None:
         if self.replicas is not None and self.replicas > 1 and self.pipeline_only:
@@ -116,7 +119,7 @@ class PlanRequest:
         out = self.planning(profile)
         out.pop("devices", None)
         out.update(allreduce_bandwidth_bytes_per_s=self.allreduce_bandwidth_bytes_per_s,
-                   max_stages=self.max_stages)
+                   max_stages=self.max_stages, replica_mode=self.replica_mode)
         if self.topology is not None:
             out.update(topology=self.topology, bandwidth_bytes_per_s=None)
         return out

@@ -173,7 +173,7 @@ MAX_PARAMETERS = 8
 # PlanSettings): each must leave this list when it is fixed, and none may join it.
 MANY_PARAMETERS_FOR_NOW = {
     "analytic.py:analytic_profile", "distributed/launch.py:launch",
-    "partitioning.py:partition", "planner/layouts.py:plan_replicated",
+    "partitioning.py:partition", "planner/replicated.py:plan_replicated",
     "planner/search.py:plan", "planner/settings.py:PlanSettings.check",
     "profiler.py:profile", "profiler.py:profile_graph", "stage_timing.py:time_stages",
 }

@@ -14,7 +14,7 @@ from synthetic import make_profile
 
 import autosplit
 from autosplit.cli import main
-from autosplit.cost import in_flight, optimizer_factor, replica_sync_ms
+from autosplit.cost import OPTIMIZER_STATE, in_flight, replica_sync_ms
 from autosplit.errors import InfeasiblePlanError, InvalidInputError, ScheduleUnavailableError
 from autosplit.planner import plan, plan_layouts, plan_replicated
 from autosplit.records import Plan
@@ -31,13 +31,19 @@ def _compositions(n: int, p: int):
 
 
 def _brute_force(prof, devices: int, batch: int, capacity: float | None, schedule: str,
-                 allreduce: float, links=None) -> float:
-    """The smallest step over every (p, d, cuts, b), from the simulator and the cost formulas
-    written out here: pipeline step of B/d + the largest stage's gradient all-reduce.
-    ``links(p, d)`` lists the (transfer, all-reduce) bandwidths of each placement of the layout
-    (default: one placement, ``BANDWIDTH`` and ``allreduce``)."""
+                 allreduce: float, links=None, optimizer: str = "sgd") -> float:
+    """The smallest step over every (p, d, replica mode, cuts, b), from the simulator and the
+    cost formulas written out here: pipeline step of B/d + the largest stage's
+    synchronisation — DDP's gradient all-reduce, or FSDP2's all-gathers (once, or m + 1 times
+    when resharding after forward) and reduce-scatter, each (d − 1)/d of the bytes — + the
+    slowest stage's update (its 1/d when sharded). A sharded replica holds
+    2 + (1 + state)/d parameter sizes per parameter byte (DDP: 2 + state) and keeps the
+    largest block's parameter bytes free. ``links(p, d)`` lists the (transfer, all-reduce)
+    bandwidths of each placement of the layout (default: one placement, ``BANDWIDTH`` and
+    ``allreduce``)."""
     n = len(prof.blocks)
-    factor = optimizer_factor("sgd")
+    state = OPTIMIZER_STATE[optimizer]
+    largest = max(blk.param_bytes for blk in prof.blocks)
     used = devices
     while True:
         pairs = [(used // d, d) for d in range(1, used + 1)
@@ -49,7 +55,14 @@ def _brute_force(prof, devices: int, batch: int, capacity: float | None, schedul
     best = math.inf
     placed = [(p, d, lw) for p, d in pairs
               for lw in (links(p, d) if links else [(BANDWIDTH, allreduce)])]
-    for (p, d, (link, width)), k in itertools.product(placed, range(len(prof.microbatch_sizes))):
+    modes = ("ddp", "fsdp2", "fsdp2-no-reshard")
+    for (p, d, (link, width)), k, mode in itertools.product(
+            placed, range(len(prof.microbatch_sizes)), modes):
+        sharded = mode != "ddp" and d > 1
+        if mode != "ddp" and d == 1:
+            continue  # one replica: nothing to shard
+        factor = 2 + (1 + state) / d if sharded else 2 + state
+        room = None if capacity is None else capacity - (largest if sharded else 0)
         b = prof.microbatch_sizes[k]
         share = batch // d
         if b > share:
@@ -69,7 +82,7 @@ def _brute_force(prof, devices: int, batch: int, capacity: float | None, schedul
                       + m * ((prof.cuts[a - 1].bytes[k] if a else 0)
                              + (prof.cuts[e - 1].bytes[k] if e < n else 0))
                       for s, (stage, a, e) in enumerate(zip(blocks, starts, ends))]
-            if capacity is not None and max(memory) > capacity:
+            if room is not None and max(memory) > room:
                 continue
             fwd = [sum(blk.fwd_ms[k] for blk in stage) for stage in blocks]
             bwd = [sum(blk.bwd_ms[k] for blk in stage) for stage in blocks]
@@ -78,9 +91,15 @@ def _brute_force(prof, devices: int, batch: int, capacity: float | None, schedul
                             transfers_on_cores=prof.device.kind == "cpu").step_ms
             grads = max(sum(blk.param_bytes for blk in stage) for stage in blocks)
             # then every stage's optimizer update, the slowest last
-            update = max(math.fsum(dict(blk.update_ms or ())["sgd"] if blk.update_ms else 0.0
-                                   for blk in stage) for stage in blocks)
-            best = min(best, step + replica_sync_ms(grads, d, width) + update)
+            update = max(math.fsum(dict(blk.update_ms or ())[optimizer] if blk.update_ms
+                                   else 0.0 for blk in stage) for stage in blocks)
+            if not sharded:
+                sync = replica_sync_ms(grads, d, width)
+            else:
+                gathers = 1 if mode == "fsdp2-no-reshard" else m + 1
+                sync = (gathers + 1) * (d - 1) / d * grads / width * 1000
+                update /= d
+            best = min(best, step + sync + update)
     return best
 
 
@@ -96,7 +115,8 @@ def _random_profile(rng: random.Random, n: int, batch: int):
     )
     if rng.random() < 0.5:  # each block's optimizer update, timed (ms per step)
         prof = dataclasses.replace(prof, blocks=tuple(
-            dataclasses.replace(blk, update_ms=(("sgd", rng.uniform(0.0, 3.0)),))
+            dataclasses.replace(blk, update_ms=(("adam", rng.uniform(0.0, 6.0)),
+                                                ("sgd", rng.uniform(0.0, 3.0))))
             for blk in prof.blocks))
     return prof
 
@@ -111,9 +131,11 @@ def test_plan_layouts_equals_brute_force(seed: int) -> None:
         schedule = rng.choice(["gpipe", "1f1b"])
         capacity = rng.choice([None, 4e6, 1.2e7, 3e7])
         allreduce = rng.choice([2e8, 1e9, 1e10])
-        expected = _brute_force(prof, devices, batch, capacity, schedule, allreduce)
+        optimizer = rng.choice(["sgd", "adam"])
+        expected = _brute_force(prof, devices, batch, capacity, schedule, allreduce,
+                                optimizer=optimizer)
         kwargs = dict(memory_per_gpu=capacity, schedule=schedule, bandwidth_bytes_per_s=BANDWIDTH,
-                      allreduce_bandwidth_bytes_per_s=allreduce)
+                      allreduce_bandwidth_bytes_per_s=allreduce, optimizer=optimizer)
         if math.isinf(expected):  # nothing fits, or torch runs none (1F1B with m < p)
             with pytest.raises((InfeasiblePlanError, ScheduleUnavailableError)):
                 plan_layouts(prof, devices, **kwargs)

@@ -207,7 +207,13 @@ def _add_plan_command(sub: Any) -> None:
                         "hybrid layouts")
     p.add_argument("--replicas", type=_positive_int, metavar="D",
                    help="plan N/D stages × D data-parallel replicas (D divides N and the "
-                        "batch); autosplit run trains it on N ranks (DDP along the replicas)")
+                        "batch); autosplit run trains it on N ranks (DDP or FSDP2 along the "
+                        "replicas)")
+    p.add_argument("--replica-mode", choices=("auto", "ddp", "fsdp2", "fsdp2-no-reshard"),
+                   default="auto",
+                   help="how replicas keep equal: DDP, FSDP2's fully_shard resharding after "
+                        "forward, or without resharding; auto (default): the fastest that "
+                        "fits")
     p.add_argument("--allreduce-bandwidth", type=_byte_size("bandwidth"), metavar="BYTES_PER_S",
                    help="bandwidth of the replicas' gradient all-reduce, without the "
                         "measured latency (default: measured with it, else the link "

@@ -174,7 +174,7 @@ def plan_command(args: argparse.Namespace) -> int:
         schedule=args.schedule, optimizer=args.optimizer, bandwidth_bytes_per_s=bandwidth,
         split_size=args.split_size, solver=args.solver,
         allreduce_bandwidth_bytes_per_s=args.allreduce_bandwidth, max_stages=args.max_stages,
-        replicas=args.replicas,
+        replicas=args.replicas, replica_mode=args.replica_mode,
         pipeline_only=args.pipeline_only or bool(args.emit))  # --emit: one process, a pipeline
     topology = None
     if counts is not None:

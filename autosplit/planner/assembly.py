@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 from autosplit.cost import (
     allreduce_ms,
-    optimizer_factor,
     single_device_ms,
     step_ms,
 )
@@ -27,6 +26,7 @@ from autosplit.planner.problems import (
     slowest_update_ms,
     stage_transient_bytes,
     transient_bytes,
+    unit_transient_bytes,
     update_table,
 )
 from autosplit.planner.settings import PlanSettings
@@ -85,12 +85,13 @@ def assemble(
     problem = partition_problem(settings, profile, k, m)
     part = evaluate(problem, balance)
     names = profile.block_names
-    twice = counted_twice(profile, part.bounds, optimizer_factor(settings.optimizer))
+    twice = counted_twice(profile, part.bounds, settings.param_factor)
     stages = []
     for s, (first, end) in enumerate(part.bounds):
         last = s == p - 1
         send = 0 if last else profile.cuts[end - 1].bytes[k]
-        held = part.stage_memory[s] - twice[s] + stage_transient_bytes(profile, k, first, end)
+        held = (part.stage_memory[s] - twice[s] + stage_transient_bytes(profile, k, first, end)
+                + unit_transient_bytes(settings, profile, first, end))
         stages.append(
             Stage(
                 index=s,
@@ -141,7 +142,8 @@ def explain_infeasible(
 ) -> InfeasiblePlanError:
     """Say in bytes and block names what the smallest feasible plan at size index k needs."""
     smallest = min_capacity(partition_problem(settings, profile, k, m))
-    need = smallest.bottleneck + transient_bytes(profile, k)
+    need = smallest.bottleneck + transient_bytes(profile, k) + unit_transient_bytes(settings,
+                                                                                    profile)
     s = max(range(settings.gpus), key=lambda i: smallest.stage_memory[i])
     first, end = smallest.bounds[s]
     names = profile.block_names

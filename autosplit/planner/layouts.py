@@ -1,66 +1,51 @@
 """Layouts: p pipeline stages × d data-parallel replicas on N devices, each planned exactly.
 
-Symbols: N devices, p stages, d replicas (p · d devices used, d | B), B the batch, b the
-micro-batch size, m = ceil(B / (d · b)) micro-batches per replica, G_s the gradient bytes of
-stage s, W the all-reduce bandwidth (bytes/s), o the overlapped share of the all-reduce.
+Symbols: N devices, p stages, d replicas (p · d devices used, d | B), B the batch.
 
-Each replica of a stage runs B / d samples in micro-batches of b; afterwards each stage's d
-replicas all-reduce that stage's gradients, every stage at once over its own group of devices:
-
-    step(p, d) = pipeline_step(B / d; cuts, b) + (1 − o) · (α + 2 (d − 1)/d · max_s G_s / W)
-
-(:func:`autosplit.cost.replica_sync_ms`; α the synchronisation's latency, measured with W,
-``Profile.allreduce_latency_ms``; o = 0 by default: not overlapped. Measured on 2 gloo
-ranks of one CPU thread each, DistributedDataParallel's step took longer than the backward and
-the all-reduce one after the other (o from −0.2 to −2.5 over three sizes:
-``benchmarks/results/allreduce_overlap.md``): on CPU workers nothing hides the all-reduce, so
-o = 0 holds there; NCCL on GPUs overlaps in practice, which ``allreduce_overlap`` can say).
-W defaults to the all-reduce bandwidth measured on the real backend (``Profile.
-allreduce_bytes_per_s``, :mod:`autosplit.collectives`), with its latency α, else to the link
-bandwidth (α = 0: a bandwidth given by hand comes without one).
-A pipeline of one stage runs on torch's runtime too, each replica its own: its cost per action
-is ``Profile.one_stage_action`` (:mod:`autosplit.runtime_cost`).
-Pure data parallelism is p = 1, d = N: one device's step on B / N samples in
-micro-batches of b (gradient accumulation when b < B / N) plus the all-reduce of every gradient.
-Memory per device is its stage's weights, gradients and optimizer state plus the activations
-in flight of its replica's B / d samples, as for a pipeline alone.
-
-The search is exact over (cuts, b) for each (p, d): the all-reduce grows with max_s G_s, so
-for each b the exact branch and bound (:func:`autosplit.solve.exact.solve_step`) is run again
-under a limit on every stage's gradient bytes, lowered below the last optimum's max_s G_s each
-time, until no balance under the limit beats the best step so far (a balance with at least as
-many gradient bytes as the last optimum cannot be faster than it). :func:`plan_layouts`
-compares every (p, d) with p · d = N, d | B and p ≤ blocks (fewer devices only when no layout
-uses all N, and then it says why).
+Each layout is planned by :func:`autosplit.planner.replicated.plan_replicated` (its cost of
+keeping the replicas equal, DDP or FSDP2, and its exact search over cuts and b are there).
+Pure data parallelism is p = 1, d = N: one device's step on B / N samples in micro-batches
+of b (gradient accumulation when b < B / N) plus the replicas' synchronisation. Memory per
+device is its stage's weights, gradients and optimizer state (whole, or sharded with FSDP2)
+plus the activations in flight of its replica's B / d samples, as for a pipeline alone.
+:func:`plan_layouts` compares every (p, d) with p · d = N, d | B and p ≤ blocks (fewer
+devices only when no layout uses all N, and then it says why).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autosplit import checks
-from autosplit.cost import replica_sync_ms, single_device_ms
 from autosplit.errors import InfeasiblePlanError, InvalidInputError, ScheduleUnavailableError
-from autosplit.planner.assembly import assemble, explain_infeasible
-from autosplit.planner.problems import _copy_bytes, partition_problem, step_problem
-from autosplit.planner.search import (
-    SEARCH_LIMIT_S,
-    _solve,
-    candidate_sizes,
-    plan,
-    runnable_sizes,
-)
-from autosplit.planner.settings import PlanSettings, check_search
+from autosplit.planner.replicated import plan_replicated, stage_grad_bytes
 from autosplit.records import Plan, Profile
-from autosplit.solve.exact import TIE_RTOL, solve_step
+from autosplit.sharding import REPLICA_MODES
+from autosplit.solve.exact import TIE_RTOL
 from autosplit.topology import Topology, placements
 from autosplit.units import format_bytes
 
-__all__ = ["LayoutOption", "Layouts", "layout_pairs", "plan_layouts", "plan_replicated",
-           "stage_grad_bytes"]
+__all__ = ["LayoutOption", "Layouts", "ModeOption", "layout_pairs", "plan_layouts",
+           "plan_replicated", "stage_grad_bytes"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModeOption:
+    """The best plan of one layout with one replica mode, or why it has none.
+
+    Attributes:
+        mode: one of :data:`autosplit.sharding.REPLICA_MODES`.
+        plan: its best plan, ``None`` when nothing fits or torch cannot run it.
+        need_bytes: when nothing fits, the memory per device the smallest plan needs (bytes).
+        why: when torch's schedule cannot run it, why.
+    """
+
+    mode: str
+    plan: Plan | None
+    need_bytes: float | None = None
+    why: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +58,9 @@ class LayoutOption:
         plan: the best plan of this layout, ``None`` when nothing fits or torch cannot run it.
         need_bytes: when nothing fits, the memory per device the smallest plan needs (bytes).
         why: when torch's schedule cannot run the layout, why (``""``: it is the memory).
+        modes: with replicas, the best plan of each replica mode tried
+            (:data:`autosplit.sharding.REPLICA_MODES`: DDP, FSDP2 resharding, not), ``plan``
+            the fastest of them; empty for one replica.
     """
 
     stages: int
@@ -80,6 +68,7 @@ class LayoutOption:
     plan: Plan | None
     need_bytes: float | None = None
     why: str = ""
+    modes: tuple[ModeOption, ...] = ()
 
     @property
     def label(self) -> str:
@@ -116,13 +105,6 @@ class Layouts:
         return None
 
 
-def stage_grad_bytes(profile: Profile) -> tuple[float, ...]:
-    """Gradient bytes of each block: its parameters, plus every shared parameter it uses but
-    does not own (a stage holding several users counts it more than once: on the safe side)."""
-    copies = _copy_bytes(profile)
-    return tuple(float(blk.param_bytes + copies[i]) for i, blk in enumerate(profile.blocks))
-
-
 def layout_pairs(devices: int, batch: int, blocks: int, smallest: int = 1
                  ) -> list[tuple[int, int]]:
     """Every (p, d) with p · d = ``devices``, d | ``batch``, p ≤ ``blocks`` and at least
@@ -132,150 +114,6 @@ def layout_pairs(devices: int, batch: int, blocks: int, smallest: int = 1
              if devices % d == 0 and batch % d == 0 and devices // d <= blocks
              and batch // d >= smallest]
     return sorted(pairs, key=lambda pd: (pd[0] != 1, pd[1] != 1, -pd[1]))
-
-
-def plan_replicated(
-    profile: Profile,
-    stages: int,
-    replicas: int,
-    *,
-    batch_size: int | None = None,
-    memory_per_gpu: float | str | None = None,
-    schedule: str = "gpipe",
-    optimizer: str = "sgd",
-    split_size: int | None = None,
-    bandwidth_bytes_per_s: float | None = None,
-    allreduce_bandwidth_bytes_per_s: float | None = None,
-    allreduce_overlap: float = 0.0,
-    solver: str = "dp",
-    time_limit_s: float | None = None,
-    allreduce_latency_ms: float | None = None,
-) -> Plan:
-    """The plan with the smallest predicted step for ``stages`` × ``replicas`` devices.
-
-    See the module docstring for the formula and the search. ``replicas=1`` is
-    :func:`autosplit.planner.plan` itself. ``allreduce_bandwidth_bytes_per_s`` defaults to the
-    profile's measured all-reduce bandwidth (``Profile.allreduce_bytes_per_s``), else to the
-    link bandwidth (``bandwidth_bytes_per_s``, itself defaulting per device kind:
-    :data:`autosplit.cost.DEFAULT_LINK_BYTES_PER_S`); ``allreduce_latency_ms`` (α, ms) to the
-    profile's measured latency with its measured bandwidth, else 0; ``allreduce_overlap`` is o
-    in [0, 1].
-    With replicas, ``schedule`` is ``"gpipe"``, ``"1f1b"`` or ``"auto"`` (the faster of the
-    two; the joint search of other schedules covers pipelines without replicas only).
-
-    Raises:
-        InvalidInputError: ``replicas`` does not divide the batch, or a bad argument (as
-            :func:`autosplit.planner.plan`).
-        InfeasiblePlanError: no cut fits ``memory_per_gpu`` at any size.
-    """
-    checks.instance_of("profile", profile, Profile, "an autosplit Profile")
-    replicas = checks.positive_int("replicas", replicas)
-    batch = checks.positive_int("batch_size", profile.batch_size if batch_size is None
-                                else batch_size)
-    if batch % replicas:
-        raise InvalidInputError(f"replicas={replicas} does not divide the batch {batch}: each "
-                                "replica runs an equal share; pick a divisor of the batch")
-    overlap = checks.non_negative_finite("allreduce_overlap", allreduce_overlap)
-    if overlap > 1:
-        raise InvalidInputError(f"allreduce_overlap={overlap} is above 1: it is the share of "
-                                "the all-reduce hidden behind the backward, within [0, 1]")
-    options = dict(memory_per_gpu=memory_per_gpu, schedule=schedule, optimizer=optimizer,
-                   bandwidth_bytes_per_s=bandwidth_bytes_per_s)
-    if replicas == 1:
-        return plan(profile, stages, batch_size=batch, split_size=split_size, solver=solver,
-                    time_limit_s=time_limit_s, **options)  # type: ignore[arg-type]
-    if schedule == "auto":  # layouts with replicas: GPipe or 1F1B, the faster
-        found, failures = [], []
-        for name in ("gpipe", "1f1b"):
-            try:
-                found.append(plan_replicated(
-                    profile, stages, replicas, batch_size=batch, memory_per_gpu=memory_per_gpu,
-                    schedule=name, optimizer=optimizer, split_size=split_size,
-                    bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-                    allreduce_bandwidth_bytes_per_s=allreduce_bandwidth_bytes_per_s,
-                    allreduce_overlap=allreduce_overlap, solver=solver,
-                    time_limit_s=time_limit_s, allreduce_latency_ms=allreduce_latency_ms))
-            except (InfeasiblePlanError, ScheduleUnavailableError) as exc:
-                failures.append(exc)
-        if not found:  # what does not fit the memory says more than what torch refuses
-            raise next((f for f in failures if isinstance(f, InfeasiblePlanError)), failures[-1])
-        return min(found, key=lambda q: q.predicted_step_ms * (1 - TIE_RTOL))
-    if schedule not in ("gpipe", "1f1b"):
-        raise InvalidInputError(f"schedule={schedule!r} with replicas={replicas}: layouts "
-                                "with replicas run 'gpipe' or '1f1b' (or 'auto')")
-    share = batch // replicas
-    settings = PlanSettings.check(profile, stages, batch_size=share, **options)  # type: ignore
-    check_search(split_size, solver, time_limit_s)
-    latency = 0.0  # the measured latency goes with the measured bandwidth only
-    if allreduce_bandwidth_bytes_per_s is None:
-        allreduce_bandwidth_bytes_per_s = profile.allreduce_bytes_per_s
-        latency = profile.allreduce_latency_ms
-    if allreduce_latency_ms is not None:
-        latency = checks.non_negative_finite("allreduce_latency_ms", allreduce_latency_ms, "ms")
-    width = settings.bandwidth_bytes_per_s if allreduce_bandwidth_bytes_per_s is None else (
-        checks.positive_finite("allreduce_bandwidth_bytes_per_s",
-                               allreduce_bandwidth_bytes_per_s, "bytes/s"))
-
-    def sync(grad: float) -> float:
-        return replica_sync_ms(grad, replicas, width, overlap, latency)
-
-    sizes = runnable_sizes(profile, candidate_sizes(
-        profile, split_size, share, f"the share {share} of each of {replicas} replicas"),
-        share, stages, schedule)
-    grads = stage_grad_bytes(profile)
-    best: tuple[float, int, tuple[int, ...], str] | None = None
-    failures: list[InfeasiblePlanError] = []
-    unproven: list[int] = []
-    for k in sizes:
-        m = math.ceil(share / profile.microbatch_sizes[k])
-        problem = partition_problem(settings, profile, k, m)
-        try:
-            seed: tuple[int, ...] | None
-            seed, label = _solve(problem, solver, time_limit_s)
-        except InfeasiblePlanError:
-            failures.append(explain_infeasible(settings, profile, k, m))
-            continue
-        base = step_problem(settings, profile, k, m, problem, replicas)
-        limit: float | None = None
-        while True:  # lower the gradient limit below each optimum until nothing beats the best
-            found = solve_step(dataclasses.replace(base, grad_bytes=grads, grad_limit=limit),
-                               seed, cutoff=math.inf if best is None else best[0],
-                               time_limit_s=SEARCH_LIMIT_S)
-            if found is None:
-                break
-            if not found.proven:
-                unproven.append(profile.microbatch_sizes[k])
-            g = _max_stage(grads, found.balance)
-            total = found.step_ms + sync(g)
-            if best is None or total < best[0] * (1 - TIE_RTOL):
-                best = (total, k, found.balance, label)
-            if sync(g) == sync(0.0) or not found.proven:  # fewer bytes would cost no less
-                break
-            limit, seed = g - 0.5, None  # gradient bytes are whole numbers
-    if best is None:
-        raise min(failures, key=lambda e: e.min_capacity_bytes or math.inf)
-    _, k, balance, label = best
-    if unproven:
-        label += (f" + search stopped after {SEARCH_LIMIT_S:g} s at b = "
-                  f"{', '.join(map(str, sorted(set(unproven))))}: best found, not proven "
-                  "optimal")
-    candidates = tuple(profile.microbatch_sizes[c] for c in sizes)
-    piped = assemble(settings, profile, balance, k, label, candidates, replicas)
-    synced = sync(_max_stage(grads, balance))
-    single, single_split = single_device_ms(profile, batch, settings.optimizer)
-    return dataclasses.replace(
-        piped, batch_size=batch, replicas=replicas, replica_sync_ms=synced,
-        allreduce_bytes_per_s=width,
-        predicted_step_ms=piped.predicted_step_ms + synced,
-        bound_step_ms=piped.bound_step_ms + synced, single_device_ms=single,
-        single_device_split=single_split,
-    )
-
-
-def _max_stage(grads: Sequence[float], balance: Sequence[int]) -> float:
-    """The most gradient bytes any stage of ``balance`` holds."""
-    ends = [sum(balance[: s + 1]) for s in range(len(balance))]
-    return max(math.fsum(grads[e - c:e]) for e, c in zip(ends, balance))
 
 
 def plan_layouts(
@@ -296,7 +134,8 @@ def plan_layouts(
     ``pipeline_only`` fixes d = 1); when none uses all N devices, the largest count that has
     one, and ``note`` says why. Each layout is :func:`plan_replicated`; ``options`` are its
     keyword arguments (``memory_per_gpu`` one size for every device, ``schedule``,
-    ``optimizer``, ``split_size``, ``bandwidth_bytes_per_s``,
+    ``optimizer``, ``replica_mode`` (default ``"auto"``: every mode is planned, kept in
+    ``LayoutOption.modes``, the fastest chosen), ``split_size``, ``bandwidth_bytes_per_s``,
     ``allreduce_bandwidth_bytes_per_s``, ``allreduce_overlap``, ``solver``, ``time_limit_s``).
 
     ``max_stages`` bounds p (default: the profile's blocks): the exact search of a 1F1B step
@@ -369,17 +208,40 @@ def plan_layouts(
     failures: list[InfeasiblePlanError] = []
     refused: list[ScheduleUnavailableError] = []
     for p, d in pairs:
-        try:
-            one = _plan_placed(profile, p, d, batch, topology, options)
-        except InfeasiblePlanError as exc:
-            failures.append(exc)
-            found.append(LayoutOption(p, d, None, exc.min_capacity_bytes))
-            continue
-        except ScheduleUnavailableError as exc:  # e.g. 1F1B with fewer micro-batches than p
+        modes = _modes(profile, p, d, options)
+        tried: list[ModeOption] = []
+        layout_failures: list[InfeasiblePlanError] = []
+        layout_refused: list[ScheduleUnavailableError] = []
+        for mode in modes:
+            try:
+                one = _plan_placed(profile, p, d, batch, topology, {**options,
+                                                                    "replica_mode": mode})
+            except InfeasiblePlanError as exc:
+                layout_failures.append(exc)
+                tried.append(ModeOption(mode, None, exc.min_capacity_bytes))
+            except ScheduleUnavailableError as exc:  # e.g. 1F1B with fewer micro-batches than p
+                layout_refused.append(exc)
+                tried.append(ModeOption(mode, None, why=f"{exc.schedule}: {exc.reason}"))
+            else:
+                tried.append(ModeOption(mode, one))
+        kept = tuple(tried) if d > 1 else ()
+        fitted = [t for t in tried if t.plan is not None]
+        if fitted:
+            fastest = fitted[0]
+            for t in fitted[1:]:  # ties: the first mode
+                if t.plan.predicted_step_ms < (  # type: ignore[union-attr]
+                        fastest.plan.predicted_step_ms * (1 - TIE_RTOL)):  # type: ignore
+                    fastest = t
+            found.append(LayoutOption(p, d, fastest.plan, modes=kept))
+        elif layout_failures:  # what does not fit says more than what torch refuses
+            smallest = min(layout_failures, key=lambda e: e.min_capacity_bytes or math.inf)
+            failures.append(smallest)
+            found.append(LayoutOption(p, d, None, smallest.min_capacity_bytes, modes=kept))
+        else:
+            exc = layout_refused[0]
             refused.append(exc)
-            found.append(LayoutOption(p, d, None, why=f"{exc.schedule}: {exc.reason}"))
-            continue
-        found.append(LayoutOption(p, d, one))
+            found.append(LayoutOption(p, d, None, why=f"{exc.schedule}: {exc.reason}",
+                                      modes=kept))
     fits = [o for o in found if o.plan is not None]
     if not fits:
         if not failures:
@@ -394,6 +256,17 @@ def plan_layouts(
             finding=finding, min_capacity_bytes=need)
     best = min(fits, key=lambda o: (o.plan.predicted_step_ms, o.replicas))  # type: ignore
     return Layouts(best.plan, tuple(found), pairs[0][0] * pairs[0][1], note)  # type: ignore
+
+
+def _modes(profile: Profile, p: int, d: int, options: dict[str, object]) -> tuple[str, ...]:
+    """The replica modes to plan layout (p, d) with: the one given, else every mode for
+    replicas (FSDP2 only where no weight is shared across stages), else DDP's (none)."""
+    given = options.get("replica_mode", "auto")
+    if given != "auto":
+        return (str(given),)
+    if d == 1:
+        return ("ddp",)
+    return REPLICA_MODES if not profile.shared or p == 1 else ("ddp",)
 
 
 def _plan_placed(profile: Profile, p: int, d: int, batch: int, topology: Topology | None,

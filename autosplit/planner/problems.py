@@ -15,16 +15,17 @@ from autosplit.cost import (
     block_time_ms,
     block_transient_bytes,
     in_flight,
-    optimizer_factor,
     transfer_ms,
 )
 from autosplit.planner.settings import PlanSettings
 from autosplit.records import Profile
+from autosplit.sharding import gather_transient_bytes
 from autosplit.solve import PartitionProblem
 from autosplit.solve.step_problem import StepProblem
 
 __all__ = ["counted_twice", "partition_problem", "runtime_action_ms", "slowest_update_ms",
-           "stage_transient_bytes", "step_problem", "transient_bytes", "update_table"]
+           "stage_transient_bytes", "step_problem", "transient_bytes", "unit_transient_bytes",
+           "update_table"]
 
 
 def _costs(settings: PlanSettings, profile: Profile, b: int) -> tuple[tuple[float, ...], ...]:
@@ -50,7 +51,7 @@ def _memory(settings: PlanSettings, profile: Profile, k: int, m: int) -> tuple[T
     holding any of its users counts its copy; a stage holding several users counts it more
     than once here (the search errs on the safe side; :func:`assemble` reports it once).
     """
-    factor = optimizer_factor(settings.optimizer)
+    factor = settings.param_factor
     p = settings.gpus
     flights = [in_flight(settings.schedule, m, p, s) for s in range(p)]
     copies = _copy_bytes(profile)
@@ -77,7 +78,7 @@ def _copy_bytes(profile: Profile) -> list[int]:
 
 
 def counted_twice(
-    profile: Profile, bounds: Sequence[tuple[int, int]], factor: int
+    profile: Profile, bounds: Sequence[tuple[int, int]], factor: float
 ) -> list[float]:
     """Bytes per stage that :func:`_memory` counts more than once (shared parameters used by
     several blocks of one stage): the copy is held once."""
@@ -94,6 +95,18 @@ def transient_bytes(profile: Profile, k: int) -> float:
     (bytes): the largest :func:`block_transient_bytes`, what the planner keeps free on every
     device whatever the cuts."""
     return max(block_transient_bytes(blk, k) for blk in profile.blocks)
+
+
+def unit_transient_bytes(settings: PlanSettings, profile: Profile,
+                         first: int = 0, end: int | None = None) -> float:
+    """What sharded replicas need briefly beyond what they hold (bytes): the largest unit's
+    gathered parameters (:func:`autosplit.sharding.gather_transient_bytes`; a unit is one
+    block, with the shared parameters it uses) among blocks [first, end) — every block by
+    default, what the search keeps free whatever the cuts; 0 for DDP."""
+    copies = _copy_bytes(profile)
+    largest = max((blk.param_bytes + copies[first + i]
+                   for i, blk in enumerate(profile.blocks[first:end])), default=0)
+    return gather_transient_bytes(settings.replica_mode, largest, settings.replicas)
 
 
 def stage_transient_bytes(profile: Profile, k: int, first: int, end: int) -> float:
@@ -117,7 +130,7 @@ def partition_problem(settings: PlanSettings, profile: Profile, k: int, m: int) 
     memory, first, last = _memory(settings, profile, k, m)
     capacity = None
     if settings.capacity_bytes is not None:
-        transient = transient_bytes(profile, k)
+        transient = transient_bytes(profile, k) + unit_transient_bytes(settings, profile)
         capacity = tuple(max(c - transient, 0.0) for c in settings.capacity_bytes)
     return PartitionProblem(_costs(settings, profile, b), comm, memory, capacity, first, last)
 
@@ -146,14 +159,15 @@ def step_problem(settings: PlanSettings, profile: Profile, k: int, m: int,
 
 def update_table(settings: PlanSettings) -> tuple[tuple[float, ...], ...] | None:
     """``[s][i]``: the optimizer's update of block i on device s (ms per step, from that
-    device's profile and speed: :meth:`Profile.update_ms_of` of ``settings.optimizer``);
+    device's profile and speed: :meth:`Profile.update_ms_of` of ``settings.optimizer``; a
+    sharded replica updates its 1/d: :attr:`PlanSettings.update_share`);
     ``None`` when a profile did not time it (the update then counts as 0)."""
     rows = []
     for prof, speed in zip(settings.profiles, settings.speeds):
         row = prof.update_ms_of(settings.optimizer)
         if row is None:
             return None
-        rows.append(tuple(u / speed for u in row))
+        rows.append(tuple(u * settings.update_share / speed for u in row))
     return tuple(rows)
 
 

@@ -22,6 +22,7 @@ from autosplit.errors import (
     ModelMismatchError,
 )
 from autosplit.records import Profile
+from autosplit.sharding import SHARDED_MODES, replica_param_factor
 from autosplit.units import parse_bytes
 
 __all__ = ["PlanSettings", "SETTING_NAMES", "SOLVERS", "check_search", "memory_sizes"]
@@ -50,6 +51,9 @@ class PlanSettings:
         bandwidth_bytes_per_s: link bandwidth between consecutive stages.
         speeds: relative speed of each device (block time = profiled time / speed).
         profiles: the profile each device's block times come from.
+        replica_mode: how each stage's replicas keep equal (:data:`autosplit.sharding.
+            REPLICA_MODES`), for what a device holds and its share of the update.
+        replicas: d, the replicas of each stage (1: a pipeline alone).
     """
 
     gpus: int
@@ -61,6 +65,22 @@ class PlanSettings:
     bandwidth_bytes_per_s: float
     speeds: tuple[float, ...]
     profiles: tuple[Profile, ...]
+    replica_mode: str = "ddp"
+    replicas: int = 1
+
+    @property
+    def param_factor(self) -> float:
+        """Bytes a device holds per parameter byte of its stage at its peak: weights,
+        gradients and optimizer state, whole (DDP, one replica) or sharded
+        (:func:`autosplit.sharding.replica_param_factor`)."""
+        return replica_param_factor(self.replica_mode, OPTIMIZER_STATE[self.optimizer],
+                                    self.replicas)
+
+    @property
+    def update_share(self) -> float:
+        """The share of its stage's optimizer update a device runs: 1/d with sharded
+        replicas (each updates its shard), else 1."""
+        return 1.0 / self.replicas if self.replica_mode in SHARDED_MODES else 1.0
 
     @property
     def transfers_on_cores(self) -> bool:
