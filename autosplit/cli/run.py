@@ -1,5 +1,5 @@
 """``autosplit run``: train a plan with one process per stage on torch.distributed.pipelining
-(× its replicas, DDP on a 2-D DeviceMesh), started here or, under torchrun, as one of its
+(× its replicas, DDP or FSDP2 on a 2-D DeviceMesh), started here or, under torchrun, as one of its
 ranks."""
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ def run_command(args: argparse.Namespace) -> int:
         run_rank,
         train_model_file,
     )
+    from autosplit.sharding import mode_label
 
     plan = Plan.load(args.plan)
     p, b, m, d = len(plan.stages), plan.split_size, plan.microbatches, plan.replicas
@@ -92,7 +93,8 @@ def run_command(args: argparse.Namespace) -> int:
     console = make_console()
     stages = " | ".join(s.blocks[0] if len(s.blocks) == 1 else f"{s.blocks[0]} … {s.blocks[-1]}"
                         for s in plan.stages)
-    layout = f"{p} stage{'s' if p != 1 else ''} × {d} replicas" if d > 1 else f"{p} stages"
+    layout = (f"{p} stage{'s' if p != 1 else ''} × {d} replicas ({mode_label(plan.replica_mode)})"
+              if d > 1 else f"{p} stages")
     batch = f"{d} replicas × {m} × {b}" if d > 1 else f"{m} × {b}"
     header = (f"{plan.model} · {layout} ({stages}) · batch {d * m * b} = {batch} · "
               f"schedule {plan.schedule}")

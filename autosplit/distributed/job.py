@@ -224,14 +224,14 @@ def _trainer(spec: RunSpec, model: nn.Module, inputs: Batch, plan: Plan) -> tupl
     lr = spec.lr
     args, kwargs = inputs
     own = returns_own_loss(model, args, kwargs)
+    # the targets' shapes from the model before the Trainer shards it (FSDP2 runs a unit
+    # only inside its stage's root)
+    targets = None if own else tutorial_targets(model, args, spec.seed + 2, kwargs)
     trainer = Trainer(model, plan, model_loss if own else tutorial_loss,
                       lambda params: torch.optim.SGD(params, lr=lr),
                       reduce_loss=False,  # the replicas' losses averaged once, after the steps
                       example_inputs=args, example_kwargs=kwargs, **capture_of(spec))
-    targets = None
-    if trainer.holds_last and not own:
-        targets = tutorial_targets(model, args, spec.seed + 2, kwargs)
-    return trainer, targets
+    return trainer, targets if trainer.holds_last else None
 
 
 def _timed_step(trainer: Trainer, inputs: Batch, targets: Any) -> tuple[float, float]:

@@ -10,13 +10,10 @@ group. ``PipelineStage`` knows DDP: it runs every micro-batch's forward and back
 ``no_sync()`` except the last backward, which all-reduces the accumulated gradients once per
 step (averaged over the d replicas).
 
-Why DDP and not FSDP2's ``fully_shard``: both run on gloo (``fully_shard`` was tried on
-torch 2.14 with gloo, CPU), but the planner's model of a replica is DDP's — every device holds
-its stage's whole weights, gradients and optimizer state, and the replicas exchange one ring
-all-reduce of the gradients per step (2(d − 1)/d · G / W, :func:`autosplit.cost.replica_sync_ms`).
-``fully_shard`` all-gathers the weights again for every micro-batch and reduce-scatters the
-gradients: other traffic and other memory than the plan predicts. DDP also keeps parameters
-plain tensors, so the tied weights' all-reduce and any optimizer work unchanged.
+A plan whose ``replica_mode`` is FSDP2's shards every stage with ``fully_shard`` along "dp"
+instead (:mod:`autosplit.distributed.sharding`); the mesh, the rows and the buffers are as
+here. DDP keeps parameters plain tensors, so only it keeps the tied weights' copies across
+ranks equal (their all-reduce runs on plain gradients).
 
 Replica r takes the contiguous rows [r·B/d, (r+1)·B/d) of the batch, in m micro-batches of b
 (B = d·m·b). The gradients are those of the mean of the m·d micro-batch losses: the schedule

@@ -4,7 +4,7 @@ Conventions shared with :mod:`autosplit.pipeline` (both from :mod:`autosplit.sta
 of B = m·b rows is split with ``tensor.split(b)`` into m micro-batches; BatchNorm sees
 micro-batches, in order. With ``scale_grads=True`` (the schedules' default) the gradients are
 those of the mean of the m micro-batch losses, and :meth:`Trainer.step` returns that mean.
-A plan with d > 1 replicas runs on a 2-D DeviceMesh with DDP along "dp"
+A plan with d > 1 replicas runs on a 2-D DeviceMesh with DDP (or FSDP2) along "dp"
 (:mod:`autosplit.distributed.replicas`): B = d·m·b, replica r takes rows [r·B/d, (r+1)·B/d),
 and the gradients and the loss are those of the mean of all m·d micro-batch losses.
 """
@@ -26,6 +26,7 @@ from autosplit.distributed.replicas import (
     replica_rows,
     replicate_stages,
 )
+from autosplit.distributed.sharding import shard_stages
 from autosplit.distributed.stage_module import (
     V_SCHEDULES,
     StageModule,
@@ -65,7 +66,7 @@ class _LastStageLoss:
 
 def plan_digest(plan: Plan) -> tuple[Any, ...]:
     """What every rank must agree on: the model, the cut points, b, m, the schedule, the
-    replicas, the stages per rank and which stages are checkpointed."""
+    replicas, the stages per rank, which stages are checkpointed and the replica mode."""
     return (
         plan.fingerprint,
         tuple(s.blocks[0] for s in plan.stages),
@@ -76,6 +77,7 @@ def plan_digest(plan: Plan) -> tuple[Any, ...]:
         plan.replicas,
         plan.stages_per_rank,
         tuple(s.index for s in plan.stages if s.checkpoint),
+        plan.replica_mode,
     )
 
 
@@ -172,11 +174,18 @@ class Trainer:
                                     self.place.pipeline_size, v_shape)
         self._all = _stage_modules_of(graph, plan)
         self.modules = [self._all[i].to(self.device) for i in self._local]
-        self._names = {id(p): name for name, p in graph.module.named_parameters()}
         self._shared = _shared_copies(graph, plan, self.place.pipeline_rank,
                                       stage_ranks(len(plan.stages), self.place.pipeline_size,
                                                   v_shape), self.group)
-        self._replicated = replicate_stages(self.modules, self.place, self.device)
+        if plan.replica_mode != "ddp":  # in place: the parameters become DTensor shards
+            if self._shared:
+                raise InvalidInputError(
+                    f"replica_mode={plan.replica_mode!r} with a weight shared across ranks "
+                    f"({self._shared[0].name}): plan it with replica_mode='ddp'")
+            shard_stages(self.modules, self.place, plan.replica_mode)
+        self._names = {id(p): name for name, p in graph.module.named_parameters()}
+        self._replicated = (replicate_stages(self.modules, self.place, self.device)
+                            if plan.replica_mode == "ddp" else {})
         last = next((m for m in self.modules if m.is_last), None)
         self._loss = _LastStageLoss(loss_fn, last)
         self.stages: list[Any] = []
@@ -220,7 +229,10 @@ class Trainer:
                 )
             example.append(torch.empty(item[0], dtype=item[1], device="meta"))
         wrapped = {self._local[pos]: ddp for pos, ddp in self._replicated.items()}
-        self.stages = _pipeline_stages(self._all, self._local, self.device, self.group, example,
+        # shapes from meta tensors would start FSDP2's lazy initialisation on them: with
+        # sharded replicas torch infers the shapes on the first micro-batch
+        shapes = example if self.plan.replica_mode == "ddp" else None
+        self.stages = _pipeline_stages(self._all, self._local, self.device, self.group, shapes,
                                        wrapped)
         # the gradients are scaled once per parameter in step(): a schedule scales each stage's
         # parameters, so a parameter that two stages of this rank use would be scaled twice
@@ -387,8 +399,8 @@ def _shared_copies(
 
 
 def _describe_digest(digest: tuple[Any, ...]) -> str:
-    _, firsts, balance, b, m, schedule, d, v, checkpointed = digest
+    _, firsts, balance, b, m, schedule, d, v, checkpointed, mode = digest
     return (f"stages {list(balance)} (from {', '.join(firsts)}), {m}×{b}, {schedule}"
             + (f", {v} stages per rank" if v > 1 else "")
-            + (f", {d} replicas" if d > 1 else "")
+            + (f", {d} replicas ({mode})" if d > 1 else "")
             + (f", stages {list(checkpointed)} checkpointed" if checkpointed else ""))
