@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,17 +42,15 @@ def _seed_and_quiet() -> None:
     warnings.filterwarnings("ignore", message=".*CPU stand-ins.*")
 
 
-@pytest.fixture(autouse=True)
-def _own_machine_cache(tmp_path_factory, monkeypatch) -> None:
-    """Each test has a cache file of its own (autosplit.machine_figures), holding made-up
-    figures for this machine: no test reads the cache of the machine it runs on, or depends on
-    what measuring the machine gives (the measurers are tested by calling them)."""
+def own_machine_cache(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
+    """A cache file at ``path`` (autosplit.machine_figures) holding made-up figures for this
+    machine, and ``AUTOSPLIT_CACHE`` naming it: nothing read from the cache of the machine it
+    runs on, nothing that depends on what measuring the machine gives."""
     import time
 
     from autosplit.machine_figures import MachineFigures, MachineKey, save
     from autosplit.runtime_cost import MEASURED
 
-    path = tmp_path_factory.mktemp("cache") / "machine.json"
     names = tuple(dict.fromkeys(name for name, _ in MEASURED))
     save(path, MachineFigures(MachineKey.here("gloo", "cpu", threads=1), time.time(),
                               allreduce_bytes_per_s=1e9, allreduce_latency_ms=0.5,
@@ -61,8 +61,7 @@ def _own_machine_cache(tmp_path_factory, monkeypatch) -> None:
     monkeypatch.setenv("AUTOSPLIT_CACHE", str(path))
 
 
-@pytest.fixture(autouse=True)
-def _quick_runtime_costs(monkeypatch) -> None:
+def quick_runtime_costs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The runtime's cost per action measured on smaller stages over fewer rounds than
     ``autosplit plan`` takes (the suite's time: the defaults took 2 min per measurement of
     every schedule); what is measured is not asserted, only how."""
@@ -71,6 +70,30 @@ def _quick_runtime_costs(monkeypatch) -> None:
     monkeypatch.setattr(runtime_cost, "LAYERS", 4)
     monkeypatch.setattr(runtime_cost, "ROUNDS", 5)
     monkeypatch.setattr(runtime_cost, "WARMUP_ROUNDS", 2)
+
+
+@contextlib.contextmanager
+def suite_settings(folder: Path) -> Iterator[None]:
+    """What every test runs under (a machine cache of its own in ``folder``, the quick runtime
+    costs), for a module- or session-scoped fixture: those are set up before the autouse
+    fixtures of the test that first asks for them."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        own_machine_cache(monkeypatch, folder / "machine.json")
+        quick_runtime_costs(monkeypatch)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _own_machine_cache(tmp_path_factory, monkeypatch) -> None:
+    """Each test has a cache file of its own (:func:`own_machine_cache`): no test reads the
+    cache of the machine it runs on (the measurers are tested by calling them)."""
+    own_machine_cache(monkeypatch, tmp_path_factory.mktemp("cache") / "machine.json")
+
+
+@pytest.fixture(autouse=True)
+def _quick_runtime_costs(monkeypatch) -> None:
+    """:func:`quick_runtime_costs` in every test."""
+    quick_runtime_costs(monkeypatch)
 
 
 def loss_of(output: Any) -> torch.Tensor:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import suite_settings
 
 from autosplit import cli
 from autosplit.cli import main
@@ -145,13 +146,16 @@ ROWS: dict[str, Row] = {
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The toy model's profile (sizes 2, 4) and a plan, and broken variants of them (JSON)."""
+    """The toy model's profile (sizes 2, 4) and a plan, and broken variants of them (JSON); made
+    under the suite's settings (a machine cache of its own: planning measures nothing of this
+    machine)."""
     base = tmp_path_factory.mktemp("records")
     prof, plan = base / "prof.json", base / "plan.json"
-    assert main(["profile", str(TOY), "--microbatch-sizes", "2,4", "--repeats", "1",
-                 "-o", str(prof)]) == 0
-    assert main(["plan", str(TOY), "--gpus", "2", "--profile", str(prof), "--pipeline-only",
-                 "-o", str(plan)]) == 0
+    with suite_settings(base):
+        assert main(["profile", str(TOY), "--microbatch-sizes", "2,4", "--repeats", "1",
+                     "-o", str(prof)]) == 0
+        assert main(["plan", str(TOY), "--gpus", "2", "--profile", str(prof), "--pipeline-only",
+                     "-o", str(plan)]) == 0
     zero, empty = json.loads(prof.read_text()), json.loads(plan.read_text())
     zero["microbatch_sizes"][0] = 0
     empty["stages"][1]["blocks"] = []
