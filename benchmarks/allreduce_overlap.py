@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, command_line, describe, machine, write_results
+from common import RESULTS, command_line, describe, machine, timed_in_turn, write_results
 
 from autosplit.allocator import restart_keeping_freed_memory
 
@@ -64,15 +64,7 @@ def _rank(rank: int, port: int, layers: int, width: int, batch: int, rounds: int
         wrapped(x).sum().backward()
 
     steps = {"compute": compute, "allreduce": allreduce, "ddp": ddp}
-    for fn in steps.values():  # warm-up
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, fn in steps.items():
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
+    times = timed_in_turn(steps, rounds)
     if rank == 0:
         results.put(times)
     dist.destroy_process_group()

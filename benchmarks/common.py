@@ -113,3 +113,22 @@ def block_errors(measured: autosplit.Profile, analytic: autosplit.Profile) -> di
             "median_abs_block_error": statistics.median(abs(a / m - 1) for a, m in pairs),
         }
     return out
+
+
+def timed_in_turn(steps: dict[str, Any], rounds: int) -> dict[str, list[float]]:
+    """Each of ``steps`` (name: function) once untimed, then ``rounds`` rounds taking them in
+    turn, every rank starting each together (``dist.barrier()``): their seconds, by name."""
+    import time
+
+    import torch.distributed as dist
+
+    for fn in steps.values():  # warm-up
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, fn in steps.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return times
