@@ -107,6 +107,23 @@ def test_replicas_and_checkpointing_are_written() -> None:
     assert config["activation_checkpoint"]["mode"] == "full"
 
 
+def test_sharded_replicas_are_written_as_fsdp(tmp_path) -> None:
+    pytest.importorskip("torchtitan")
+    from torchtitan.config import ConfigManager
+
+    model = Tiny()
+    prof = _profile(model, torch.randint(0, 32, (8, 5)))
+    for mode, policy in (("fsdp2", "always"), ("fsdp2-no-reshard", "never")):
+        plan = plan_layouts(prof, 4, replicas=2, schedule="gpipe", replica_mode=mode).best
+        assert plan.replica_mode == mode
+        path = tmp_path / f"{mode}.toml"
+        path.write_text(torchtitan_config(plan, model))
+        job = ConfigManager().parse_args(["--job.config_file", str(path)])
+        assert job.parallelism.data_parallel_shard_degree == 2
+        assert job.parallelism.data_parallel_replicate_degree == 1
+        assert job.parallelism.fsdp_reshard_after_forward == policy
+
+
 def test_what_torchtitan_cannot_express_is_refused() -> None:
     model = Tiny()
     x = torch.randint(0, 32, (8, 5))

@@ -16,8 +16,9 @@ What torchtitan can express, and is checked here:
   be in exactly one part;
 - its activation checkpointing is one mode for the whole model: a plan that checkpoints some
   stages and not others cannot be written;
-- its data parallelism here is replication (DDP: ``data_parallel_replicate_degree``), which is
-  what autosplit plans; nothing is sharded (``data_parallel_shard_degree = 1``).
+- its data parallelism is replication (DDP: ``data_parallel_replicate_degree`` = d,
+  ``data_parallel_shard_degree = 1``) or FSDP2 (``data_parallel_shard_degree`` = d, with
+  ``fsdp_reshard_after_forward`` ``"always"`` or ``"never"`` as the plan's ``replica_mode``).
 
 A plan it cannot express is refused with a :class:`~autosplit.errors.CodegenError` that says
 why.
@@ -120,9 +121,20 @@ def torchtitan_config(plan: Plan, model: nn.Module, *, source: str = "") -> str:
              "module_fqns_per_model_part = [",
              *(f"    {json.dumps(part)}," for part in parts),
              "]",
-             f"data_parallel_replicate_degree = {plan.replicas}",
-             "data_parallel_shard_degree = 1",
+             *_data_parallel(plan),
              "tensor_parallel_degree = 1",
              "context_parallel_degree = 1",
              "", "[activation_checkpoint]", f"mode = {json.dumps(mode)}", ""]
     return "\n".join(lines)
+
+
+def _data_parallel(plan: Plan) -> list[str]:
+    """The ``[parallelism]`` lines of the plan's replicas: replicated (DDP) or sharded (FSDP2,
+    with its resharding after forward)."""
+    if plan.replica_mode == "ddp" or plan.replicas == 1:
+        return [f"data_parallel_replicate_degree = {plan.replicas}",
+                "data_parallel_shard_degree = 1"]
+    policy = "always" if plan.replica_mode == "fsdp2" else "never"
+    return ["data_parallel_replicate_degree = 1",
+            f"data_parallel_shard_degree = {plan.replicas}",
+            f"fsdp_reshard_after_forward = {json.dumps(policy)}"]
