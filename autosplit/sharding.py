@@ -34,11 +34,12 @@ once, in ``perform_reduce_grad`` after the stage's last backward. So, per device
   compute, as for DDP's all-reduce; the reduce-scatter runs after the last backward, where
   nothing hides it.
 
-Measured (``benchmarks/results/fsdp_check.md``, 2 gloo ranks of one CPU thread, Adam, data
-parallel ×2): the predicted memory per device is within +0.1 % to +6.7 % of one step's
-(torch's profiler); FSDP2's forward and backward took longer than the compute and its
-collectives one after the other (o = −0.62 and −0.46): on CPU workers nothing hides them,
-and FSDP2's own copies into and out of its flat buffers (not modelled) cost more again.
+Measured (``benchmarks/results/fsdp_check.md``, gloo ranks of one CPU thread, Adam, data
+parallel ×2 and 2 stages × 2 replicas): the predicted memory per device is within −6.0 % to
++6.9 % of one step's (torch's profiler; the same step measured 2 MiB apart in two runs);
+FSDP2's forward and backward took longer than the compute and its collectives one after the
+other (o = −0.66 and −0.76): on CPU workers nothing hides them, and FSDP2's own copies into
+and out of its flat buffers (not modelled) cost more again.
 """
 
 from __future__ import annotations

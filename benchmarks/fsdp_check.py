@@ -5,12 +5,14 @@ Two gloo ranks on this machine, one intra-op thread each (the runtime's CPU work
 
 **Memory.** A stack of ``--layers`` Linear(``--width``, ``--width``) blocks is profiled by
 autosplit (one process), planned as data parallel ×2 with each replica mode (DDP, FSDP2,
-FSDP2 without resharding) and Adam (two moments per parameter), micro-batches of
-``--split`` and ``--microbatches`` per replica. Each plan is then trained by ``autosplit``'s
+FSDP2 without resharding) and Adam (two moments per parameter), GPipe, b samples a
+micro-batch and m micro-batches per replica; and as 2 stages × 2 replicas on 4 ranks. Each plan is then trained by ``autosplit``'s
 ``Trainer`` on 2 ranks: one step (Adam's state then exists), the gradients dropped, and the
 second step measured under torch's profiler (:func:`autosplit.peak_memory.rise_during`):
 measured = the rank's parameters (its shards) + Adam's state + the step's highest rise. The
-prediction is the plan's ``Stage.memory_bytes`` (:mod:`autosplit.sharding`).
+prediction is the plan's ``Stage.memory_bytes`` (:mod:`autosplit.sharding`). The profiles
+are saved beside the results (``fsdp_check_profile_*.json``): ``tests/test_sharding.py``
+plans them again and holds the prediction to the measured bytes.
 
 **Overlap.** Per round, taken in turn: A, compute: forward + backward of the plain stack
 (t_c); B, collectives: what FSDP2 without resharding exchanges for it, each block's flat
@@ -27,7 +29,6 @@ overlapped share o = (t_c + t_x − t_f) / t_x (1: hidden, 0: none), from the me
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
 import time
@@ -87,8 +88,10 @@ def _memory_rank(plan: Any, layers: int, width: int) -> Any:
     return out if dist.get_rank() == 0 else None
 
 
-def memory(layers: int, width: int, split: int, microbatches: int) -> list[dict[str, Any]]:
-    """Each mode's predicted and measured memory per device (bytes)."""
+def memory(layers: int, width: int, split: int, microbatches: int, stages: int,
+           out: Path) -> list[dict[str, Any]]:
+    """Each mode's predicted and measured memory per device (bytes), for ``stages`` × 2
+    replicas; the profile is saved in ``out`` (``tests/test_sharding.py`` plans it again)."""
     import torch
 
     from autosplit import distributed, profile
@@ -98,19 +101,23 @@ def memory(layers: int, width: int, split: int, microbatches: int) -> list[dict[
     batch = 2 * split * microbatches
     prof = profile(model, torch.randn(batch, width), microbatch_sizes=[split], repeats=1,
                    budget_s=None)
+    name = f"fsdp_check_profile_{layers}x{width}.json"
+    out.mkdir(parents=True, exist_ok=True)
+    prof.save(out / name)
     rows = []
     for mode in MODES:
-        plan = plan_replicated(prof, 1, 2, optimizer="adam", split_size=split, replica_mode=mode,
-                               schedule="gpipe")
-        plan = dataclasses.replace(plan, replica_mode=mode)
-        ranks = distributed.launch(_memory_rank, 2, plan, layers, width, timeout_s=120.0)[0]
-        predicted = max(s.memory_bytes for s in plan.stages)
-        measured = max(r["peak"] for r in ranks)
+        plan = plan_replicated(prof, stages, 2, optimizer="adam", split_size=split,
+                               replica_mode=mode, schedule="gpipe")
+        ranks = distributed.launch(_memory_rank, 2 * stages, plan, layers, width,
+                                   timeout_s=120.0)[0]
+        predicted = [s.memory_bytes for s in plan.stages]
+        measured = [r["peak"] for r in ranks]  # rank r · p + j: stage j of replica r
         rows.append({"mode": mode, "layers": layers, "width": width, "split": split,
-                     "microbatches": microbatches, "param_bytes": sum(
-                         b.param_bytes for b in prof.blocks),
+                     "microbatches": microbatches, "stages": stages, "replicas": 2,
+                     "balance": list(plan.balance), "profile": name,
+                     "param_bytes": sum(b.param_bytes for b in prof.blocks),
                      "predicted_bytes": predicted, "measured_bytes": measured,
-                     "ranks": ranks, "error": predicted / measured - 1})
+                     "ranks": ranks, "error": max(predicted) / max(measured) - 1})
     return rows
 
 
@@ -172,11 +179,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args(argv)
-    memory_cases = [(4, 64, 2, 2)] if args.smoke else [(8, 512, 4, 2), (4, 1024, 8, 4)]
+    memory_cases = [(4, 64, 2, 2, 1)] if args.smoke else [
+        (8, 512, 4, 2, 1), (4, 1024, 8, 4, 1), (8, 512, 4, 2, 2)]
     overlap_cases = [(2, 64, 4, 2)] if args.smoke else [
         (8, 1024, 32, args.rounds), (4, 2048, 64, args.rounds)]
     start = time.perf_counter()
-    memory_rows = [row for case in memory_cases for row in memory(*case)]
+    memory_rows = [row for case in memory_cases for row in memory(*case, args.out)]
     overlap_rows = [overlap(*case) for case in overlap_cases]
     seconds = time.perf_counter() - start
     info = machine()
@@ -186,16 +194,18 @@ def main(argv: list[str] | None = None) -> None:
          f"`{command_line('fsdp_check.py', sys.argv[1:] if argv is None else argv)}`"), "",
         "## Memory per device: predicted (the plan) beside one step measured (torch's profiler)",
         "",
-        "Data parallel ×2, Adam, GPipe; measured: the rank's parameters + Adam's state + the "
-        "second step's highest rise, the larger of the two ranks.", "",
-        "| layers × width | b × m | parameters | mode | predicted | measured | "
+        "p stages × 2 replicas, Adam, GPipe; measured: the rank's parameters + Adam's state + "
+        "the second step's highest rise, the largest over the ranks; predicted: the largest "
+        "stage's ``memory_bytes``.", "",
+        "| layers × width | p × d | b × m | parameters | mode | predicted | measured | "
         "predicted / measured − 1 |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in memory_rows:
-        lines.append(f"| {r['layers']} × {r['width']} | {r['split']} × {r['microbatches']} | "
-                     f"{_mib(r['param_bytes'])} | {r['mode']} | {_mib(r['predicted_bytes'])} | "
-                     f"{_mib(r['measured_bytes'])} | {r['error']:+.1%} |")
+        lines.append(f"| {r['layers']} × {r['width']} | {r['stages']} × {r['replicas']} | "
+                     f"{r['split']} × {r['microbatches']} | {_mib(r['param_bytes'])} | "
+                     f"{r['mode']} | {_mib(max(r['predicted_bytes']))} | "
+                     f"{_mib(max(r['measured_bytes']))} | {r['error']:+.1%} |")
     lines += [
         "", "## Do FSDP2's collectives overlap compute?", "",
         "Medians over the rounds (rank 0), the three steps taken in turn each round.", "",

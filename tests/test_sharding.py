@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 from synthetic import make_profile
@@ -16,7 +17,7 @@ from autosplit.cli import main
 from autosplit.cost import replica_sync_ms
 from autosplit.errors import InfeasiblePlanError, InvalidInputError
 from autosplit.planner import plan_layouts, plan_replicated
-from autosplit.records import Plan
+from autosplit.records import Plan, Profile
 from autosplit.sharding import (
     fsdp_sync_ms,
     gather_count,
@@ -143,3 +144,25 @@ def test_cli_table_shows_each_mode_of_a_layout(tmp_path, capsys) -> None:
     assert main([*common, "--replica-mode", "ddp", "--replicas", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not fit" in err[0], err
+
+
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+
+
+def test_predicted_fsdp2_memory_is_within_10_percent_of_one_measured_step() -> None:
+    """``benchmarks/fsdp_check.py`` measured each plan's second step on gloo CPU ranks
+    (torch's profiler) and saved the profiles it planned from: planned again here, every
+    FSDP2 plan predicts what was measured beside it, each stage within 10 % of its ranks'."""
+    data = json.loads((RESULTS / "fsdp_check.json").read_text())
+    rows = [r for r in data["memory"] if r["mode"] != "ddp"]
+    assert {r["stages"] for r in rows} == {1, 2} and len(rows) >= 4
+    for r in rows:
+        prof = Profile.load(RESULTS / r["profile"])
+        plan = plan_replicated(prof, r["stages"], r["replicas"], optimizer="adam",
+                               split_size=r["split"], replica_mode=r["mode"], schedule="gpipe")
+        predicted = [s.memory_bytes for s in plan.stages]
+        assert predicted == r["predicted_bytes"], r["mode"]  # what was set beside the step
+        p = r["stages"]
+        for j, stage_bytes in enumerate(predicted):  # rank r · p + j runs stage j of replica r
+            measured = max(r["measured_bytes"][j::p])
+            assert stage_bytes == pytest.approx(measured, rel=0.10), (r["mode"], p, j)

@@ -93,7 +93,9 @@ class Trainer:
     A plan with d > 1 replicas runs on k · d ranks (k pipeline ranks: p, or a divisor of p)
     laid out on a ("dp", "pp") ``DeviceMesh``: every rank passes the whole batch of
     B = d·m·b rows and replica r trains on rows [r·B/d, (r+1)·B/d); each stage is wrapped in
-    ``DistributedDataParallel`` over its replicas (see :mod:`autosplit.distributed.replicas`).
+    ``DistributedDataParallel`` over its replicas (see :mod:`autosplit.distributed.replicas`),
+    or sharded with FSDP2's ``fully_shard`` where ``plan.replica_mode`` says so
+    (:mod:`autosplit.distributed.sharding`: the parameters are then ``DTensor`` shards).
 
     Args:
         model: the model the plan was made for (its modules are shared, not copied).
