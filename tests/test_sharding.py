@@ -17,7 +17,7 @@ from autosplit.cli import main
 from autosplit.cost import replica_sync_ms
 from autosplit.errors import InfeasiblePlanError, InvalidInputError
 from autosplit.planner import plan_layouts, plan_replicated
-from autosplit.records import Plan, Profile
+from autosplit.records import Plan, Profile, SharedParam
 from autosplit.sharding import (
     fsdp_sync_ms,
     gather_count,
@@ -166,3 +166,21 @@ def test_predicted_fsdp2_memory_is_within_10_percent_of_one_measured_step() -> N
         for j, stage_bytes in enumerate(predicted):  # rank r · p + j runs stage j of replica r
             measured = max(r["measured_bytes"][j::p])
             assert stage_bytes == pytest.approx(measured, rel=0.10), (r["mode"], p, j)
+
+
+def test_weights_shared_across_stages_keep_ddp() -> None:
+    """The runtime keeps a tied weight's copies on several ranks equal on plain tensors: a
+    layout of several stages with one is planned with DDP only; one stage holds every user."""
+    tied = dataclasses.replace(_heavy_profile(), shared=(SharedParam("embed.weight", (0, 3),
+                                                                     4 * MB),))
+    layouts = plan_layouts(tied, 4, bandwidth_bytes_per_s=BANDWIDTH, optimizer="adam-mixed")
+    assert [m.mode for m in layouts.option(2, 2).modes] == ["ddp"]
+    assert [m.mode for m in layouts.option(1, 4).modes] == ["ddp", "fsdp2",
+                                                            "fsdp2-no-reshard"]
+
+
+def test_sharding_refuses_a_mode_that_is_not_fsdp2() -> None:
+    from autosplit.distributed.sharding import shard_stages
+
+    with pytest.raises(InvalidInputError, match="mode='ddp'"):
+        shard_stages([], None, "ddp")
