@@ -357,6 +357,12 @@ class BlockGraph:
                    and self._consumers.get(n.name, -2) >= end]
         return nodes, inputs, outputs
 
+    def recomputed(self, first: int, end: int) -> list[fx.Node]:
+        """The sizes that a segment of blocks ``first … end-1`` computes again, from tensors
+        it reads, because an earlier block made them (see :meth:`extract`), in graph order."""
+        names = {n for b in self.blocks[first:end] for n in b.nodes}
+        return [n for n in self._segment(first, end)[0] if n.name not in names]
+
     def boundary(self, first: int, end: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(reads, makes) of blocks ``first … end-1``: the inputs and outputs of
         :meth:`extract`, in that order."""

@@ -5,46 +5,21 @@ same micro-batches (outputs in the model's own type, every parameter gradient)."
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import pytest
 import torch
 from synthetic import even_balance, plan_of
-from torch.utils import _pytree as pytree
 from zoo import ZOO, build
+from zoo_checks import assert_trains_like, reference
 
 import autosplit
 from autosplit.capture.exported import hf_defaults
 from autosplit.capture.trace import trace
-from autosplit.stages import concat, split
 
 pytest.importorskip("transformers")
 pytest.importorskip("timm")
 
 ROWS, SPLIT = 4, 2
-
-
-def objective(output: Any) -> torch.Tensor:
-    """The model's own loss where it returns one, else a weighted sum of its floating outputs
-    (so that every output element gets its own gradient)."""
-    leaves = [x for x in pytree.tree_leaves(output) if isinstance(x, torch.Tensor)
-              and x.is_floating_point()]
-    losses = [x for x in leaves if x.dim() == 0]
-    if losses:
-        return losses[0]
-    total = torch.zeros(())
-    for x in leaves:
-        total = total + (torch.linspace(0.5, 1.5, x.numel()).reshape(x.shape) * x).sum()
-    return total
-
-
-def reference(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-              size: int) -> Any:
-    """The unsplit model on the same micro-batches, its outputs joined as the pipeline joins
-    them (a Hugging Face model called without its inference cache, as autosplit calls it)."""
-    kwargs = {**hf_defaults(model, kwargs), **kwargs}
-    outs = [model(*a, **k) for a, k in split((args, kwargs), size)]
-    return concat(outs, [size] * len(outs))
 
 
 @pytest.mark.parametrize("name", list(ZOO))
@@ -72,23 +47,7 @@ def test_split_equals_the_unsplit_model(name: str, stages: int) -> None:
     pm = autosplit.partition(model, args, kwargs, plan=plan, devices=["cpu"] * stages)
     assert pm.layout is not None and len(pm.layout.stages) == stages
 
-    got = pm(*args, **kwargs)
-    want = reference(ref_model, args, kwargs, SPLIT)
-    assert type(got) is type(want)
-    got_leaves, got_spec = pytree.tree_flatten(got)
-    want_leaves, want_spec = pytree.tree_flatten(want)
-    assert got_spec == want_spec
-    for a, b in zip(got_leaves, want_leaves):
-        torch.testing.assert_close(a, b)
-
-    objective(got).backward()
-    objective(want).backward()
-    params = dict(ref_model.named_parameters())
-    for pname, p in model.named_parameters():
-        q = params[pname]
-        assert (p.grad is None) == (q.grad is None), pname
-        if p.grad is not None:
-            torch.testing.assert_close(p.grad, q.grad, msg=pname)
+    assert_trains_like(pm, model, ref_model, args, kwargs, SPLIT)
 
 
 @pytest.mark.parametrize("name", ["timm-efficientnet", "hf-llama"])

@@ -37,7 +37,7 @@ from autosplit.codegen.names import GLOBALS
 from autosplit.codegen.structure import StageSplit
 from autosplit.codegen.template import ModuleWriter
 from autosplit.codegen.text import LINE_LENGTH
-from autosplit.errors import CodegenError, InvalidInputError, TraceError
+from autosplit.errors import CodegenError, InvalidInputError
 from autosplit.graph import Granularity, leaf_module_list
 from autosplit.records import Plan
 from autosplit.runnable import require_pipeline_only
@@ -99,13 +99,10 @@ def emit(
     source = ModelSource.load(model_ref)
     if model is None:
         model = source.build()
-    try:
+    if source.example_inputs is None:
         graph = trace(model, granularity=granularity, leaf_modules=tuple(leaf_modules))
-    except TraceError:
-        if source.example_inputs is None:
-            raise
-        # torch.fx cannot trace it alone: the capture needs the example call (positional
-        # inputs, keyword inputs, or both, as a model file's example_inputs gives them)
+    else:  # captured from the example call (positional inputs, keyword inputs, or both, as
+        # a model file's example_inputs gives them): the output's own type is known then
         call_args, call_kwargs = example_call(source.example_inputs(None))
         graph = trace(
             model,

@@ -9,17 +9,21 @@ no literal are refused: they belong in a parameter or buffer of a submodule.
 from __future__ import annotations
 
 import builtins
+import collections
 import importlib
 import math
 import operator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import fx
+from torch.utils import _pytree as pytree
 
-from autosplit.codegen.names import fresh_name, resolve_path
+from autosplit.capture.exported import device_of
+from autosplit.codegen.names import fresh_name, path_expression, resolve_path
 from autosplit.codegen.structure import StageSplit
-from autosplit.codegen.text import call_lines, quoted
+from autosplit.codegen.text import LINE_LENGTH, call_lines, quoted
 from autosplit.errors import CodegenError
 
 BINARY = {
@@ -30,6 +34,43 @@ BINARY = {
     operator.le: "<=", operator.gt: ">", operator.ge: ">=",
 }
 UNARY = {operator.neg: "-", operator.pos: "+", operator.invert: "~", operator.not_: "not "}
+
+# A value built from others: a leaf's text, or (opening, items, closing) of a literal or call.
+Tree = str | tuple[str, list["Tree"], str]
+
+
+def tree_text(tree: Tree) -> str:
+    """``tree`` on one line."""
+    if isinstance(tree, str):
+        return tree
+    opening, items, closing = tree
+    return opening + ", ".join(map(tree_text, items)) + closing.lstrip(",") if len(items) != 1 \
+        else opening + tree_text(items[0]) + closing
+
+
+def tree_lines(tree: Tree, indent: int, head: str = "") -> list[str]:
+    """``head`` followed by ``tree``, on one line where it fits in the line length, else with
+    one item per line (as ruff formats it), each indented 4 more."""
+    pad = " " * indent
+    line = pad + head + tree_text(tree)
+    if isinstance(tree, str) or len(line) <= LINE_LENGTH:
+        return [line]
+    opening, items, closing = tree
+    lines = [pad + head + opening]
+    for item in items:
+        *body, last = tree_lines(item, indent + 4)
+        lines += [*body, last + ","]
+    return [*lines, pad + closing.lstrip(",")]
+
+
+def _prefixed(prefix: str, tree: Tree) -> Tree:
+    """``tree`` written after ``prefix`` (``key=``, ``"key": ``)."""
+    if isinstance(tree, str):
+        return prefix + tree
+    opening, items, closing = tree
+    return (prefix + opening, items, closing)
+
+
 class ExpressionWriter:
     """Writes the nodes of a stage split as Python source.
 
@@ -38,12 +79,18 @@ class ExpressionWriter:
         model_module: the name the model file was imported under (its functions are reached
             through ``model_module()`` in the generated code).
         imports: modules outside torch and the model file that the written code calls into.
+        inline: values written where they are used rather than named (an exported model's
+            weights, ``self.layers_0.mlp.up_proj.weight``).
+        aten: whether the code calls torch's operators, as ``aten.add.Tensor`` (the module
+            then defines ``aten = torch.ops.aten``).
     """
 
     def __init__(self, split: StageSplit, model_module: str) -> None:
         self.split = split
         self.model_module = model_module
         self.imports: set[str] = set()
+        self.inline: dict[fx.Node, str] = {}  # values written where they are used
+        self.aten = False  # whether the code calls torch's operators (``aten.…``)
 
     def attribute(self, target: str, attrs: dict[str, str]) -> str:
         """The stage module's attribute for the model path ``target`` (added to ``attrs``)."""
@@ -52,11 +99,18 @@ class ExpressionWriter:
         return attrs[target]
 
     def statement(self, node: fx.Node, attrs: dict[str, str]) -> list[str]:
-        """The lines of ``forward`` computing ``node``, indented for a method body."""
+        """The lines of ``forward`` computing ``node``, indented for a method body (none for
+        an exported model's weight: it is read where it is used)."""
         head, args = self.expression(node, attrs)
+        if self.split.exported and (node.op == "get_attr" or node.target is device_of):
+            self.inline[node] = head  # a weight, or a tensor's device
+            return []
         target = "" if not node.users else f"{self.split.names[node]} = "
         if args is None:
-            return [f"        {target}{head}"]
+            line = f"        {target}{head}"
+            if len(line) <= LINE_LENGTH or not target:
+                return [line]
+            return [f"        {target}(", f"            {head}", "        )"]
         return call_lines(8, target + head, args)
 
     def expression(self, node: fx.Node, attrs: dict[str, str]) -> tuple[str, list[str] | None]:
@@ -75,12 +129,21 @@ class ExpressionWriter:
                     f"{node.name} reads a tensor constant that tracing created ({target}); "
                     "make it a buffer of the model (register_buffer) to emit code for it"
                 )
-            return f"self.{self.attribute(target, attrs)}", None
+            holder, below = self.split.held(target)
+            attribute = f"self.{self.attribute(holder, attrs)}"
+            if not below:
+                return attribute, None
+            return path_expression(resolve_path(self.split.model, holder), below, attribute), None
         if node.op == "call_method":
             receiver, *rest = args
             return f"{self.operand(receiver)}.{node.target}", [*map(self.value, rest), *kwargs]
         fn = node.target
+        if fn is device_of and len(args) == 1 and not kwargs:  # where the export fixed one
+            return f"{self.operand(args[0])}.device", None
         if fn in BINARY and len(args) == 2 and not kwargs:
+            if not node.all_input_nodes and all(
+                    isinstance(a, (bool, int, float, str, type(None))) for a in args):
+                return self.value(fn(*args)), None  # folded: ``False == False`` is ``True``
             return f"{self.operand(args[0])} {BINARY[fn]} {self.operand(args[1])}", None
         if fn in UNARY and len(args) == 1 and not kwargs:
             return f"{UNARY[fn]}{self.operand(args[0])}", None
@@ -109,6 +172,9 @@ class ExpressionWriter:
         module = {"_operator": "operator", "builtins": ""}.get(module, module)
         if module.startswith("torch._C") and getattr(torch.nn.functional, attr, None) is fn:
             return f"torch.nn.functional.{attr}"
+        if qualified.startswith("torch.ops.aten."):  # as torch.export recorded it
+            self.aten = True
+            return qualified.removeprefix("torch.ops.")
         if module == "torch" or module.startswith("torch."):
             return qualified
         if module in ("", None):
@@ -126,6 +192,40 @@ class ExpressionWriter:
             )
         self.imports.add(module)
         return qualified
+
+    def tree(self, spec: pytree.TreeSpec, leaves: Iterator[str]) -> Tree:
+        """How to build a value of pytree structure ``spec`` from the texts of its leaves, in
+        order: tuple, list and dict literals, ``collections.OrderedDict``, a namedtuple's
+        class, and a class built by keyword (a Hugging Face ``ModelOutput``); write it with
+        :func:`tree_lines`.
+
+        Raises:
+            CodegenError: a structure of another kind (its class is named).
+        """
+        if spec.is_leaf():
+            return next(leaves)
+        items = [self.tree(child, leaves) for child in spec.children()]
+        kind, context = spec.type, spec.context
+        if kind is tuple:
+            return ("(", items, ",)" if len(items) == 1 else ")")
+        if kind is list:
+            return ("[", items, "]")
+        if kind in (dict, collections.OrderedDict):
+            pairs: list[Tree] = [_prefixed(f"{self.value(k)}: ", v) for k, v in zip(context, items)]
+            if kind is dict:
+                return ("{", pairs, "}")
+            self.imports.add("collections")
+            return ("collections.OrderedDict({", pairs, "})")
+        if kind is collections.namedtuple:
+            return (f"{self.function(context)}(", items, ")")
+        if isinstance(context, (list, tuple)) and len(context) == len(items) and all(
+                isinstance(k, str) and k.isidentifier() for k in context):
+            fields = [_prefixed(f"{k}=", v) for k, v in zip(context, items)]
+            return (f"{self.function(kind)}(", fields, ")")
+        raise CodegenError(
+            f"the model returns a {getattr(kind, '__name__', kind)}, which generated code cannot "
+            "build; run the plan with autosplit.partition(model, plan=plan) instead"
+        )
 
     def operand(self, value: Any) -> str:
         """``value`` as an operand of an operator: parenthesised unless it is atomic."""
@@ -153,13 +253,13 @@ class ExpressionWriter:
     def value(self, value: Any) -> str:
         """A constant or a value of the graph, as source text."""
         if isinstance(value, fx.Node):
-            return self.split.names[value]
+            return self.inline.get(value) or self.split.names[value]
         if value is None or isinstance(value, (bool, int)):
             return repr(value)
         if isinstance(value, float):
             if math.isinf(value):
                 return 'float("inf")' if value > 0 else '-float("inf")'
-            return 'float("nan")' if math.isnan(value) else repr(value)
+            return 'float("nan")' if math.isnan(value) else repr(value).replace("e+", "e")
         if isinstance(value, str):
             return quoted(value)
         if value is Ellipsis:

@@ -9,11 +9,13 @@ from typing import Any
 
 from torch import nn
 
+from autosplit.codegen.text import quoted
+
 # Names the generated code uses itself; graph values and attributes must not shadow them.
 GLOBALS = {
     "self", "model", "torch", "nn", "pytree", "functools", "importlib", "os", "sys",
     "model_module", "move", "concat", "DEVICES", "SPLIT_SIZE", "MODEL_FILE", "MODEL_PATH",
-    "MODEL_MODULE", "PARAMETERS", "tied_weights",
+    "MODEL_MODULE", "PARAMETERS", "tied_weights", "aten", "collections",
 }
 
 
@@ -60,3 +62,26 @@ def fresh_name(name: str, taken: set[str]) -> str:
     while f"{name}_{k}" in taken:
         k += 1
     return f"{name}_{k}"
+
+
+def path_expression(model: nn.Module, path: str, root: str = "model") -> str:
+    """``model.layer3[0]``-style expression for a submodule, parameter or buffer of ``model``
+    (``root`` is the name the code reads ``model`` by)."""
+    expr, obj = root, model
+    for part in path.split("."):
+        children = getattr(obj, "_modules", {})
+        if isinstance(obj, (nn.Sequential, nn.ModuleList)) and part.isdigit() and (
+            isinstance(obj, nn.ModuleList) or list(children).index(part) == int(part)
+        ):
+            expr += f"[{part}]"
+        elif part.isidentifier() and not keyword.iskeyword(part):
+            expr += f".{part}"
+        elif isinstance(obj, nn.ModuleDict):
+            expr += f"[{quoted(part)}]"
+        else:
+            owner, _, leaf = path.rpartition(".")
+            if isinstance(resolve_path(model, path), nn.Module):
+                return f"{root}.get_submodule({quoted(path)})"
+            return f"getattr({root}.get_submodule({quoted(owner)}), {quoted(leaf)})"
+        obj = getattr(obj, part)
+    return expr

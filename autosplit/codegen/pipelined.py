@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import fx
 
-from autosplit.codegen.expressions import ExpressionWriter
+from autosplit.codegen.expressions import ExpressionWriter, tree_lines, tree_text
 from autosplit.codegen.model_source import ModelSource
 from autosplit.codegen.stage_classes import StageCode
 from autosplit.codegen.structure import StageSplit
@@ -49,6 +49,7 @@ class PipelinedClassWriter:
         self.class_name = class_name
         self.values = values
         self.model_name = type(split.model).__name__
+        self._output_method: list[str] = []  # ``output(self, v)`` where the output needs one
 
     def source_text(
         self, stages: Sequence[StageCode], checkpointed: Sequence[bool] = ()
@@ -57,7 +58,7 @@ class PipelinedClassWriter:
         ``checkpointed`` run under activation checkpointing (the ``checkpointed`` helper)."""
         tied = sorted(self.split.tied_stages())
         lines = self._init_lines(stages, tied)
-        lines += self._forward_lines(len(stages))
+        lines += self._forward_lines(len(stages)) + self._output_method
         lines += self._run_stage_lines(len(stages), tied, {
             s for s, on in enumerate(checkpointed) if on})
         if tied:
@@ -94,7 +95,7 @@ class PipelinedClassWriter:
             stage_list = ", ".join(f"self.stage{s}" for s in range(p))
             lines += [
                 "        # tied weights live once; stages elsewhere read them through .to()",
-                f"        self.borrowed = tied_weights([{stage_list}], self.devices)",
+                *call_lines(8, "self.borrowed = tied_weights", [f"[{stage_list}]", "self.devices"]),
             ]
         return [
             *lines,
@@ -123,12 +124,12 @@ class PipelinedClassWriter:
                 f"        micro = [{{{quoted(x)}: mb}} for mb in {x}.split(self.split_size)]"
             )
         else:
-            names = "(" + ", ".join(quoted(x) for x in params) + ")"
-            splits = ", ".join(f"{x}.split(b)" for x in params)
             lines.append("        b = self.split_size")
-            lines += call_lines(
-                8, "micro = [dict(zip", [names, "mb"], f") for mb in zip({splits})]"
-            )
+            lines += call_lines(8, "names = ", [quoted(x) for x in params])
+            lines += call_lines(8, "splits = zip", [f"{x}.split(b)" for x in params])
+            lines.append("        micro = [dict(zip(names, mb)) for mb in splits]")
+        if not single_tensor_output(self.split):  # a loss is weighted by its rows
+            lines.append(f"        rows = [len(v[{quoted(params[0])}]) for v in micro]")
         lines += [
             f"        m, p = len(micro), {p}",
             "        for tick in range(m + p - 1):",
@@ -191,10 +192,31 @@ class PipelinedClassWriter:
                 return "{" + ", ".join(items) + "}"
             return self.values.value(value)
 
-        per_mb = per_microbatch(split.output())
+        out = split.layout.output
+        nodes = {name: node for node, name in split.values.items()}
+        if all(name is None or name in nodes for name in out.leaves):
+            # the leaves, rebuilt in the model's own output type (ModelOutput, OrderedDict …)
+            leaves = iter([
+                per_microbatch(nodes[name]) if name is not None else self.values.value(const)
+                for name, const in zip(out.leaves, out.constants)
+            ])
+            tree = self.values.tree(out.spec, leaves)
+            per_mb = tree_text(tree)
+            if len(f"            {per_mb}") > LINE_LENGTH:  # built in a method of its own
+                self._output_method = [
+                    "",
+                    "    def output(self, v):",
+                    '        """The model\'s output from the values v of one micro-batch."""',
+                    *(["        last = self.devices[-1]"] if moved else []),
+                    *tree_lines(tree, 8, "return "),
+                ]
+                per_mb, moved = "self.output(v)", False
+        else:
+            per_mb = per_microbatch(split.output())
         lines = ["        last = self.devices[-1]"] if moved else []
-        join = "torch.cat" if single_tensor_output(split) else "concat"
-        line = f"        return {join}([{per_mb} for v in micro])"
+        single = single_tensor_output(split)
+        join, tail = ("torch.cat", ")") if single else ("concat", ", rows)")
+        line = f"        return {join}([{per_mb} for v in micro]{tail}"
         if len(line) <= LINE_LENGTH:
             return [*lines, line]
         collect = f"        outputs = [{per_mb} for v in micro]"
@@ -205,7 +227,7 @@ class PipelinedClassWriter:
                 "            for v in micro",
                 "        ]",
             )
-        return [*lines, collect, f"        return {join}(outputs)"]
+        return [*lines, collect, f"        return {join}(outputs{tail}"]
 
     def main_block(self) -> str:
         """``if __name__ == "__main__":`` running the model file's example inputs ('' without)."""
@@ -217,14 +239,32 @@ class PipelinedClassWriter:
             else "    shape = [tuple(t.shape) for t in pytree.tree_leaves(output)]"
         )
         devices = 'DEVICES if enough else ["cpu"] * len(DEVICES)'
+        if self.split.exported:  # positional inputs, keyword inputs, or both
+            call = [
+                "    inputs = model_module().example_inputs()",
+                "    if isinstance(inputs, dict):",
+                "        args, kwargs = (), inputs",
+                "    elif isinstance(inputs, tuple) and isinstance(inputs[-1], dict):",
+                "        args, kwargs = inputs",
+                "    else:",
+                "        args, kwargs = (inputs,) if isinstance(inputs, torch.Tensor) else inputs, {}",
+                "    first = pipelined.devices[0]",
+                "    moved = pytree.tree_map_only(torch.Tensor, lambda t: t.to(first), "
+                "(args, kwargs))",
+                "    output = pipelined(*moved[0], **moved[1])",
+            ]
+        else:
+            call = [
+                "    inputs = model_module().example_inputs()",
+                "    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else inputs",
+                "    output = pipelined(*(x.to(pipelined.devices[0]) for x in inputs))",
+            ]
         return joined(
             'if __name__ == "__main__":',
             "    # One batch of the model file's example inputs (CPU stand-ins without GPUs).",
             "    enough = torch.cuda.device_count() >= len(DEVICES)",
-            f"    pipelined = {self.class_name}(devices={devices})",
-            "    inputs = model_module().example_inputs()",
-            "    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else inputs",
-            "    output = pipelined(*(x.to(pipelined.devices[0]) for x in inputs))",
+            *call_lines(4, f"pipelined = {self.class_name}", [f"devices={devices}"]),
+            *call,
             shape,
             '    print(f"{type(pipelined).__name__} output: {shape}")',
         )

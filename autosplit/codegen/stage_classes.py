@@ -8,14 +8,11 @@ own submodules and whose ``forward`` is the stage's code, one line per node.
 
 from __future__ import annotations
 
-import keyword
 from dataclasses import dataclass
 
-from torch import nn
-
 from autosplit.codegen.expressions import ExpressionWriter
-from autosplit.codegen.names import resolve_path
-from autosplit.codegen.structure import StageSplit, is_chain
+from autosplit.codegen.names import path_expression
+from autosplit.codegen.structure import CONSTANTS, StageSplit, is_chain
 from autosplit.codegen.text import (
     LINE_LENGTH,
     block_span,
@@ -73,7 +70,7 @@ def stage_code(split: StageSplit, expressions: ExpressionWriter, s: int) -> Stag
         "",
         "    def __init__(self, model):",
         "        super().__init__()",
-        *("        " + _attribute_line(split.model, path, attr) for path, attr in attrs.items()),
+        *(line for path, attr in attrs.items() for line in _attribute_lines(split, path, attr)),
         "",
         *call_lines(4, "def forward", params, ":"),
         *body,
@@ -81,33 +78,21 @@ def stage_code(split: StageSplit, expressions: ExpressionWriter, s: int) -> Stag
     return StageCode((), f"Stage{s}", "\n".join(lines))
 
 
-def _attribute_line(model: nn.Module, path: str, attr: str) -> str:
-    """The line of ``StageN.__init__`` that holds the model's ``path`` as ``self.<attr>``."""
+def _attribute_lines(split: StageSplit, path: str, attr: str) -> list[str]:
+    """The lines of ``StageN.__init__`` that hold the model's ``path`` as ``self.<attr>`` (or,
+    for a small tensor constant the export made, the constant itself)."""
+    if path.startswith(CONSTANTS):
+        value = split.constant(path)
+        return call_lines(8, "self.register_buffer", [
+            quoted(attr), f"torch.tensor({value.tolist()!r}, dtype={value.dtype})",
+            "persistent=False"])
+    model = split.model
     owner_path, _, leaf = path.rpartition(".")
     owner = model.get_submodule(owner_path)
     expr = path_expression(model, path)
     if leaf in owner._buffers:
-        return f"self.register_buffer({quoted(attr)}, {expr})"
-    return f"self.{attr} = {expr}"
-
-
-def path_expression(model: nn.Module, path: str) -> str:
-    """``model.layer3[0]``-style expression for a submodule, parameter or buffer."""
-    expr, obj = "model", model
-    for part in path.split("."):
-        children = getattr(obj, "_modules", {})
-        if isinstance(obj, (nn.Sequential, nn.ModuleList)) and part.isdigit() and (
-            isinstance(obj, nn.ModuleList) or list(children).index(part) == int(part)
-        ):
-            expr += f"[{part}]"
-        elif part.isidentifier() and not keyword.iskeyword(part):
-            expr += f".{part}"
-        elif isinstance(obj, nn.ModuleDict):
-            expr += f"[{quoted(part)}]"
-        else:
-            owner, _, leaf = path.rpartition(".")
-            if isinstance(resolve_path(model, path), nn.Module):
-                return f"model.get_submodule({quoted(path)})"
-            return f"getattr(model.get_submodule({quoted(owner)}), {quoted(leaf)})"
-        obj = getattr(obj, part)
-    return expr
+        return call_lines(8, "self.register_buffer", [quoted(attr), expr])
+    line = f"        self.{attr} = {expr}"
+    if len(line) <= LINE_LENGTH:
+        return [line]
+    return [f"        self.{attr} = (", f"            {expr}", "        )"]  # as ruff writes it

@@ -1,5 +1,9 @@
 """The model's own code as stages: a coarse trace with every block module as a leaf.
 
+(A model captured by torch.export, which torch.fx cannot trace even with its blocks as leaves,
+is written from the exported operations themselves: one line per operation, on the model's own
+parameters and buffers.)
+
 The model is traced a second time with torch.fx, treating every block's module (``layer3.0``,
 ``fc`` …) as a leaf, so a stage is one line per block plus the small root-level operations
 between blocks (``torch.flatten``, ``+``). Every node of that coarse graph is matched back to
@@ -29,9 +33,14 @@ from autosplit.stages import StageLayout, stage_layout
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 INPUTS = -1  # stage index of the model's inputs
+CONSTANTS = "_autosplit_constants."  # where the export's tensor constants are held
+CONSTANT_ELEMENTS = 64  # the largest tensor constant written into generated code
+# Checks torch.export leaves in its graph (dtype, device, layout): they compute nothing.
+EXPORT_CHECKS = {torch.ops.aten._assert_tensor_metadata.default}
 
 # Locals of the pipelined forward: the model's input names must not shadow them either.
-_FORWARD_LOCALS = {"micro", "mb", "b", "m", "p", "s", "tick", "v", "last", "dev", "outputs"}
+_FORWARD_LOCALS = {"micro", "mb", "b", "m", "p", "s", "tick", "v", "last", "dev", "outputs",
+                   "rows", "names", "splits"}
 
 
 @dataclass(slots=True)
@@ -48,6 +57,13 @@ class StageSplit:
         layout: the stage boundary (:mod:`autosplit.stages`) on the model's block graph: what
             each stage reads, makes and sends; the code's values are matched to its values.
         values: for each node whose value leaves its unit, that value's name in ``layout``.
+        exported: the graph is torch.export's operations (a model torch.fx cannot trace): the
+            stages are written as those operations on the model's own weights, and the
+            output is rebuilt from its pytree structure (``layout.output.spec``).
+        again: where the code is the block graph's own nodes (not a coarse trace), the sizes
+            each stage computes again from the tensors it reads (an earlier stage made them;
+            only tensors cross a cut); ``None`` for a coarse trace.
+        sizes: the values of the block graph that are sizes (never sent: computed again).
     """
 
     model: nn.Module
@@ -58,6 +74,9 @@ class StageSplit:
     short: dict[str, str]
     layout: StageLayout
     values: dict[fx.Node, str]
+    exported: bool = False
+    again: dict[int, list[fx.Node]] | None = None
+    sizes: frozenset[str] = frozenset()
 
     @classmethod
     def build(
@@ -77,9 +96,15 @@ class StageSplit:
         """
         layout = stage_layout(graph, plan)
         _check_crossings(graph, layout)
-        if graph.traced and granularity == "block":
-            coarse, block_of, fine_of = coarse_trace(model, graph, leaf_modules)
-        else:  # one node per block already (fallback), or leaf-level blocks
+        exported = graph.capture is not None and graph.capture.front == "export"
+        fine = not graph.traced or granularity != "block" or exported
+        if not fine:
+            try:
+                coarse, block_of, fine_of = coarse_trace(model, graph, leaf_modules)
+            except CodegenError:  # blocks inside blocks (torchvision's ViT encoder): the
+                fine = True  # stages are written from the block graph's own nodes instead
+        if fine:  # one node per block already (fallback), leaf-level blocks, the operations
+            # torch.export recorded (nothing coarser can be traced), or nested blocks
             coarse = graph.module.graph
             block_of = {
                 n: graph.node_block.get(n.name, INPUTS) for n in coarse.nodes if n.op != "output"
@@ -107,9 +132,15 @@ class StageSplit:
                         f"{stage[arg]}: the coarse graph cannot be matched to the plan's blocks"
                     )
         values = _values_of(graph, coarse, fine_of)
-        fold_sequentials(model, coarse, stage, values)
+        if not fine:  # (the block graph's own nodes are the model's: never rewritten)
+            fold_sequentials(model, coarse, stage, values)
         targets = [str(n.target) for n in coarse.nodes if n.op in ("call_module", "get_attr")]
-        split = cls(model, coarse, stage, {}, blocks, short_names(model, targets), layout, values)
+        split = cls(model, coarse, stage, {}, blocks, {}, layout, values, exported)
+        split.short = short_names(model, [split.held(t)[0] for t in targets])
+        if fine:
+            split.again = {spec.index: graph.recomputed(spec.first, spec.end)
+                           for spec in layout.stages}
+            split.sizes = frozenset(name for name, kind in graph.kinds.items() if kind == "size")
         split._check_boundary()
         split.names = split._choose_names()
         return split
@@ -128,9 +159,61 @@ class StageSplit:
             taken.add(names[node])
         return names
 
+    def held(self, target: str) -> tuple[str, str]:
+        """What a stage holds to read the module or weight ``target``: (its path, the path of
+        ``target`` below it).
+
+        A stage holds each module and weight its traced code names. The code of an exported
+        model names weights, so its stage holds the innermost block module above a weight
+        (``model.layers.0``, read as ``self.layers_0.mlp.up_proj.weight``) where that block
+        contains no other block, else the weight itself.
+        """
+        if not self.exported or target.startswith(CONSTANTS):
+            return target, ""
+        names = {b for blocks in self.blocks for b in blocks}
+        parts = target.split(".")
+        for k in range(len(parts) - 1, 0, -1):
+            path = ".".join(parts[:k])
+            if path in names and not any(b.startswith(path + ".") for b in names):
+                try:
+                    if isinstance(resolve_path(self.model, path), nn.Module):
+                        return path, ".".join(parts[k:])
+                except AttributeError:
+                    pass
+        return target, ""
+
+    def constant(self, target: str) -> torch.Tensor:
+        """The tensor constant the export made at ``target`` (small enough to write out).
+
+        Raises:
+            CodegenError: it has more than :data:`CONSTANT_ELEMENTS` elements.
+        """
+        value = resolve_path(self.graph.owning_module, target)
+        if value.numel() > CONSTANT_ELEMENTS:
+            raise CodegenError(
+                f"the export made a tensor constant of {value.numel()} elements ({target}); "
+                "generated code writes only small ones: run the plan with "
+                "autosplit.partition(model, plan=plan) instead"
+            )
+        return value
+
     def nodes_of(self, s: int) -> list[fx.Node]:
-        """The nodes stage s runs, in order."""
-        return [n for n in self.graph.nodes if n.op != "output" and self.stage[n] == s]
+        """The nodes stage s runs, in order. Of the block graph's own nodes: the sizes it computes
+        again first, then its own operations, less those whose values it neither reads nor
+        sends (torch.export keeps some, and a size a later stage computes again), and the
+        checks of :data:`EXPORT_CHECKS`."""
+        own = [n for n in self.graph.nodes if n.op != "output" and self.stage[n] == s]
+        if self.again is None:
+            return own
+        needed = set(self.outputs_of(s))
+        live = []
+        for node in reversed([*self.again.get(s, ()), *own]):
+            if node.target in EXPORT_CHECKS:
+                continue
+            if node in needed or node.op != "call_function" or node.is_impure():
+                live.append(node)
+                needed.update(node.all_input_nodes)
+        return live[::-1]
 
     def inputs_of(self, s: int) -> list[fx.Node]:
         """Values stage s reads from the model's inputs or earlier stages (the layout's
@@ -160,9 +243,12 @@ class StageSplit:
         """The code of each stage reads and makes exactly what the stage boundary says."""
         for s in range(len(self.blocks)):
             nodes = self.nodes_of(s)
-            read = {a for n in nodes for a in n.all_input_nodes if self.stage[a] != s}
+            inside = set(nodes)
+            read = {a for n in nodes for a in n.all_input_nodes if a not in inside}
             made = {
-                n for n in nodes if any(u.op == "output" or self.stage[u] > s for u in n.users)
+                n for n in nodes if self.stage[n] == s
+                and n.name not in self.sizes  # computed again where it is used
+                and any(u.op == "output" or self.stage[u] > s for u in n.users)
             }
             if read != set(self.inputs_of(s)) or made != set(self.outputs_of(s)):
                 raise CodegenError(
@@ -180,13 +266,16 @@ class StageSplit:
         found: dict[int, tuple[torch.Tensor, str, set[int]]] = {}
         for node in self.graph.nodes:
             if node.op in ("call_module", "get_attr") and self.stage[node] >= 0:
-                obj = resolve_path(self.model, str(node.target))
+                holder = self.held(str(node.target))[0]
+                if holder.startswith(CONSTANTS):  # not the model's: each stage its own
+                    continue
+                obj = resolve_path(self.model, holder)
                 if isinstance(obj, nn.Module):
                     tensors = [*obj.parameters(), *obj.buffers()]
                 else:
                     tensors = [obj] if isinstance(obj, torch.Tensor) else []
                 for t in tensors:
-                    entry = found.setdefault(id(t), (t, str(node.target), set()))
+                    entry = found.setdefault(id(t), (t, holder, set()))
                     entry[2].add(self.stage[node])
         return found
 

@@ -59,6 +59,8 @@ class ModuleWriter:
         p = len(self.plan.stages)
         stages = [stage_code(self.split, self.values, s) for s in range(p)]  # fills imports
         pipelined = PipelinedClassWriter(self.split, self.source, self.class_name, self.values)
+        # written before the imports: the output's class may need one
+        pipelined_class = pipelined.source_text(stages, [st.checkpoint for st in self.plan.stages])
         parts = [
             self._header(),
             self._imports(),
@@ -66,7 +68,7 @@ class ModuleWriter:
             self._loader(),
             *self._helpers(),
             *(stage.class_source for stage in stages if stage.class_source),
-            pipelined.source_text(stages, [st.checkpoint for st in self.plan.stages]),
+            pipelined_class,
             pipelined.main_block(),
         ]
         head, imports, *rest = [part.rstrip("\n") for part in parts if part]
@@ -142,7 +144,8 @@ class ModuleWriter:
         lines.append("from torch import nn")
         if self._checkpointed():
             lines.append("from torch.utils.checkpoint import checkpoint")
-        if crosses_non_tensor(self.split) or not single_tensor_output(self.split):
+        if crosses_non_tensor(self.split) or not single_tensor_output(self.split) or (
+                self.split.exported and self.source.example_inputs is not None):
             lines.append("from torch.utils import _pytree as pytree")
         return "\n".join(lines)
 
@@ -164,6 +167,8 @@ class ModuleWriter:
         lines.append(f"SPLIT_SIZE = {self.plan.split_size}  # micro-batch size")
         count = self.split.parameter_count()
         lines.append(f"PARAMETERS = {count:_}  # held by the stages: a check of the model")
+        if self.values.aten:
+            lines.append("aten = torch.ops.aten  # torch's operators, as torch.export recorded them")
         return "\n".join(lines)
 
     def _loader(self) -> str:
@@ -254,21 +259,27 @@ class ModuleWriter:
             ))
         if not single_tensor_output(self.split):
             out.append(joined(
-                "def concat(outputs):",
-                '    """Join the micro-batches\' outputs (tensors, tuples, dicts) along dim 0;',
-                "    other leaves are constants, taken from the first micro-batch.",
+                "def concat(outputs, rows):",
+                '    """Join the micro-batches\' outputs (tensors, tuples, dicts …) along dim 0.',
+                "",
+                "    A 0-dimensional floating leaf (the model's own loss, a mean over its rows)",
+                "    becomes the mean of the micro-batches' values weighted by their rows; other",
+                "    leaves are constants, taken from the first micro-batch.",
                 '    """',
                 "    flat = [pytree.tree_flatten(out) for out in outputs]",
                 "    leaves = []",
                 "    for ls in zip(*(leaves for leaves, _ in flat)):",
-                "        if isinstance(ls[0], torch.Tensor) and ls[0].dim() == 0:",
+                "        if not isinstance(ls[0], torch.Tensor):",
+                "            leaves.append(ls[0])",
+                "        elif ls[0].dim() > 0:",
+                "            leaves.append(torch.cat(ls))",
+                "        elif ls[0].is_floating_point():",
+                "            leaves.append(sum(x * (r / sum(rows)) for x, r in zip(ls, rows)))",
+                "        else:",
                 "            raise ValueError(",
-                '                "a 0-dimensional output: pipelined outputs need a batch '
-                'dimension 0 "',
-                '                "(compute the loss outside the model)"',
+                '                "a 0-dimensional output that is not a floating loss: pipelined "',
+                '                "outputs need a batch dimension 0"',
                 "            )",
-                "        joined = torch.cat(ls) if isinstance(ls[0], torch.Tensor) else ls[0]",
-                "        leaves.append(joined)",
                 "    return pytree.tree_unflatten(leaves, flat[0][1])",
             ))
         return out

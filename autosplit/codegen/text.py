@@ -34,6 +34,9 @@ def call_lines(indent: int, head: str, args: Sequence[str], tail: str = "") -> l
     one = f"{pad}{head}({', '.join(args)}){tail}"
     if len(one) <= LINE_LENGTH or not args:
         return [one]
+    target, equals, call = head.partition(" = ")
+    if equals and len(f"{pad}{head}(") > LINE_LENGTH:  # the call in parentheses, as ruff does
+        return [f"{pad}{target} = (", *call_lines(indent + 4, call, args, tail), f"{pad})"]
     lines = [f"{pad}{head}("]
     for arg in args:
         inner = arg[1:-1]
