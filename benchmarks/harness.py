@@ -23,6 +23,7 @@ Also here: :class:`ModelSpec` (a model and its batch, rebuilt identically in eve
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import gc
 import math
@@ -527,8 +528,10 @@ def _run_group(group: Group, device: torch.device, rank: int) -> dict[str, Any]:
         raise ValueError(f"group {group.name}: configuration labels repeat")
     runners: dict[str, Any] = {}
     for config in group.configs:  # every rank builds them in the same order (collectives)
-        runners[config.label] = _runner(config, model, inputs, targets, device, rank, group.steps,
-                                        kwargs)
+        # FSDP2 shards the modules it is given in place: a sharded plan trains a copy of its own
+        sharded = config.plan is not None and config.plan.replica_mode != "ddp"
+        runners[config.label] = _runner(config, copy.deepcopy(model) if sharded else model,
+                                        inputs, targets, device, rank, group.steps, kwargs)
     times, load, leads = _rounds(group, labels, runners, group.rounds, group.warmup, rank, "round")
     refined: dict[str, list[float]] = {}
     if group.refine and group.refine_rounds:

@@ -34,7 +34,9 @@ def test_dry_run_takes_every_step_on_the_cpu(tmp_path: Path) -> None:
         for key in ("partition", "emitted"):
             assert len(run[key]["samples"]) == 2 and run[key]["median"] > 0
         assert run["emitted_vs_partition_max_abs_diff"] == 0.0  # same modules, same batch
-    assert [r["dtype"] for r in steps["bf16"]["result"].values()] == ["torch.bfloat16"] * 2
+    # the dry run takes the GPT only in bfloat16 (a CPU's bfloat16 convolutions are slow)
+    assert {k: r["dtype"] for k, r in steps["bf16"]["result"].items()} == {
+        "gpt": "torch.bfloat16"}
     (device,) = steps["memory"]["result"]["devices"]
     assert device["stages"] == [0, 1] and device["predicted_bytes"] == sum(
         steps["memory"]["result"]["stage_predicted_bytes"])

@@ -125,7 +125,8 @@ class Trainer:
         InvalidInputError: no process group, or the world size or schedule does not fit the
             plan (with d replicas: not a multiple of d ranks, ``group=`` given, a ``mesh``
             without dimensions ("dp", "pp") of d replicas, or one parameter in two stages of
-            one rank).
+            one rank), or the model's modules already sharded by FSDP2 (an FSDP2 Trainer
+            shards them in place: give each Trainer a model of its own).
     """
 
     def __init__(
@@ -162,6 +163,7 @@ class Trainer:
         self.scale_grads = scale_grads
         self.reduce_loss = reduce_loss
         self.device = torch.device(device) if device is not None else _default_device(group)
+        _check_not_sharded(model)
         graph = graph_for_plan(model, plan, granularity=granularity, leaf_modules=leaf_modules,
                                example_inputs=example_inputs, example_kwargs=example_kwargs)
         self.signature = graph.signature
@@ -398,6 +400,20 @@ def _shared_copies(
                 dist.broadcast(param.data, src=members[0], group=pg)
             copies.append(_SharedCopy(shared.name, param, holders, pg))
     return copies
+
+
+def _check_not_sharded(model: nn.Module) -> None:
+    """Refuse a model whose modules FSDP2 already sharded (an FSDP2 Trainer shards the model's
+    own modules in place): it can be neither traced nor sharded again."""
+    from torch.distributed.fsdp import FSDPModule
+
+    name = next((n or "the model" for n, m in model.named_modules()
+                 if isinstance(m, FSDPModule)), None)
+    if name is not None:
+        raise InvalidInputError(
+            f"model: {name} is already sharded by FSDP2 (a Trainer with FSDP2 replicas shards "
+            "the model's modules in place): build each Trainer from a model of its own, e.g. "
+            "copy.deepcopy(model) before the first")
 
 
 def _describe_digest(digest: tuple[Any, ...]) -> str:
