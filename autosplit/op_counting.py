@@ -106,6 +106,7 @@ class ModelCosts:
             the peak FLOP/s of a device spec.
         seconds: wall time the counting took (s).
         shared: parameters that several blocks use (tied weights), in ``dtype``.
+        capture: how the model was captured (:attr:`autosplit.graph.Capture.front`; "fx" without one).
     """
 
     model: str
@@ -124,6 +125,7 @@ class ModelCosts:
     dtype: str
     seconds: float = 0.0
     shared: tuple[SharedParam, ...] = ()
+    capture: str = "fx"
 
     def at(self, size: int) -> tuple[BlockCost, ...]:
         """The block costs at micro-batch size ``size``.
@@ -324,6 +326,7 @@ def count_costs(
         dtype=str(counted_dtype),
         seconds=round(time.perf_counter() - start, 3),
         shared=graph.shared_params,
+        capture=graph.capture.front if graph.capture else "fx",
     )
 
 

@@ -401,6 +401,7 @@ def _profile_here(
         backward_split=f"measured at b={', '.join(map(str, split_sizes))}" if split_sizes
         else "",
         set_aside=len(set_aside),
+        capture=graph.capture.front if graph.capture else "fx",
     )
 
 

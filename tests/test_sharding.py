@@ -25,6 +25,7 @@ from autosplit.sharding import (
     mode_label,
     replica_param_factor,
 )
+from autosplit.validation import RecordError
 
 MB = 10**6
 BANDWIDTH = 1e9  # bytes/s: 1 ms per MB
@@ -184,3 +185,50 @@ def test_sharding_refuses_a_mode_that_is_not_fsdp2() -> None:
 
     with pytest.raises(InvalidInputError, match="mode='ddp'"):
         shard_stages([], None, "ddp")
+
+
+def test_a_model_captured_by_export_keeps_ddp() -> None:
+    """An exported graph reads every weight directly, so FSDP2 has no module per block to
+    gather in: the planner keeps DDP, and refuses FSDP2 asked for by name."""
+    exported = dataclasses.replace(_heavy_profile(), capture="export")
+    kwargs = dict(bandwidth_bytes_per_s=BANDWIDTH, allreduce_bandwidth_bytes_per_s=BANDWIDTH,
+                  optimizer="adam-mixed")
+    layouts = plan_layouts(exported, 4, **kwargs)
+    assert [m.mode for m in layouts.option(1, 4).modes] == ["ddp"]
+    assert {o.plan.replica_mode for o in layouts.options if o.plan is not None} == {"ddp"}
+    with pytest.raises(InfeasiblePlanError):  # where only FSDP2 would fit
+        plan_replicated(exported, 1, 4, memory_per_gpu=80 * MB, **kwargs)
+    with pytest.raises(InvalidInputError, match="captured by torch.export.*replica_mode='ddp'"):
+        plan_replicated(exported, 1, 4, replica_mode="fsdp2", **kwargs)
+    with pytest.raises(RecordError, match="capture"):
+        dataclasses.replace(exported, capture="jit")
+
+
+def test_a_block_whose_graph_reads_its_weights_is_refused_by_fsdp2() -> None:
+    """The runtime side: a stage whose graph reads a block's weights without calling the
+    module holding them (torch.export's graphs) cannot be sharded block by block."""
+    import torch
+    from torch import fx, nn
+
+    from autosplit.distributed.sharding import _units
+
+    class Reads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            return x @ self.lin.weight.t()
+
+    stage = nn.Module()
+    stage.body = fx.symbolic_trace(nn.Sequential(Reads()))
+    stage.blocks = ("0",)
+    assert not [n for n in stage.body.graph.nodes if n.op == "call_module"]
+    with pytest.raises(InvalidInputError, match="block '0'.*replica_mode='ddp'"):
+        _units(stage)
+    called = nn.Module()
+    called.body = fx.symbolic_trace(nn.Sequential(nn.Sequential(nn.Linear(3, 3), nn.ReLU())))
+    called.blocks = ("0",)
+    (unit,) = _units(called)  # the graph calls 0.0 (and 0.1, which holds nothing)
+    assert unit is called.body.get_submodule("0.0")
+    assert torch.is_tensor(unit.weight)

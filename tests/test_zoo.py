@@ -95,3 +95,25 @@ def test_one_tensor_given_for_two_inputs_is_captured_as_two() -> None:
     got, want = pm(*args, **other), reference(ref_model, args, other, SPLIT)
     torch.testing.assert_close(got.loss, want.loss)
     torch.testing.assert_close(got.logits, want.logits)
+
+
+def test_an_exported_model_is_planned_with_ddp_replicas() -> None:
+    """GPT-2, captured by torch.export, estimated for 4 H100s: its profile says how it was
+    captured, and every layout's replicas are planned with DDP (FSDP2 has no module per block
+    to gather in); a torch.fx model keeps FSDP2 among its modes."""
+    from autosplit.analytic import count_costs, profile_from_costs
+    from autosplit.planner import plan_layouts
+    from autosplit.specs import get_spec
+
+    spec = get_spec("h100-80gb")
+    model, call = build("hf-gpt2")
+    ids = call(8)[1]["input_ids"]
+    exported = profile_from_costs(count_costs(model, (ids,), microbatch_sizes=[2]), spec)
+    assert exported.capture == "export"
+    modes = {m.mode for o in plan_layouts(exported, 4).options for m in o.modes}
+    assert modes == {"ddp"}
+    mlp = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
+    traced = profile_from_costs(count_costs(mlp, (torch.randn(8, 64),),
+                                            microbatch_sizes=[2]), spec)
+    assert traced.capture == "fx"
+    assert "fsdp2" in {m.mode for o in plan_layouts(traced, 4).options for m in o.modes}

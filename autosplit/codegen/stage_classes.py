@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autosplit.codegen.coarse_trace import is_chain
 from autosplit.codegen.expressions import ExpressionWriter
 from autosplit.codegen.names import path_expression
-from autosplit.codegen.structure import CONSTANTS, StageSplit, is_chain
+from autosplit.codegen.structure import CONSTANTS, StageSplit
 from autosplit.codegen.text import (
     LINE_LENGTH,
     block_span,

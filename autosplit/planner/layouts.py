@@ -20,9 +20,8 @@ from dataclasses import dataclass
 
 from autosplit import checks
 from autosplit.errors import InfeasiblePlanError, InvalidInputError, ScheduleUnavailableError
-from autosplit.planner.replicated import plan_replicated, stage_grad_bytes
+from autosplit.planner.replicated import candidate_modes, plan_replicated, stage_grad_bytes
 from autosplit.records import Plan, Profile
-from autosplit.sharding import REPLICA_MODES
 from autosplit.solve.exact import TIE_RTOL
 from autosplit.topology import Topology, placements
 from autosplit.units import format_bytes
@@ -259,14 +258,14 @@ def plan_layouts(
 
 
 def _modes(profile: Profile, p: int, d: int, options: dict[str, object]) -> tuple[str, ...]:
-    """The replica modes to plan layout (p, d) with: the one given, else every mode for
-    replicas (FSDP2 only where no weight is shared across stages), else DDP's (none)."""
+    """The replica modes to plan layout (p, d) with: the one given, else those worth it for
+    replicas (:func:`~autosplit.planner.replicated.candidate_modes`), else DDP's (none)."""
     given = options.get("replica_mode", "auto")
     if given != "auto":
         return (str(given),)
     if d == 1:
         return ("ddp",)
-    return REPLICA_MODES if not profile.shared or p == 1 else ("ddp",)
+    return candidate_modes(profile, p)
 
 
 def _plan_placed(profile: Profile, p: int, d: int, batch: int, topology: Topology | None,

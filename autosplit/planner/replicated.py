@@ -59,7 +59,7 @@ from autosplit.records import Plan, Profile
 from autosplit.sharding import REPLICA_MODES, fsdp_sync_ms
 from autosplit.solve.exact import TIE_RTOL, solve_step
 
-__all__ = ["plan_replicated", "stage_grad_bytes"]
+__all__ = ["candidate_modes", "plan_replicated", "stage_grad_bytes"]
 
 
 def stage_grad_bytes(profile: Profile) -> tuple[float, ...]:
@@ -143,8 +143,12 @@ def plan_replicated(
     if schedule == "auto":  # layouts with replicas: GPipe or 1F1B, the faster
         return _fastest(again("schedule"), ("gpipe", "1f1b"))
     if replica_mode == "auto":
-        modes = REPLICA_MODES if not profile.shared or stages == 1 else ("ddp",)
-        return _fastest(again("replica_mode"), modes)
+        return _fastest(again("replica_mode"), candidate_modes(profile, stages))
+    if replica_mode != "ddp" and profile.capture == "export":
+        raise InvalidInputError(
+            f"replica_mode={replica_mode!r}: {profile.model} was captured by torch.export, whose "
+            "graph reads every weight directly, so FSDP2 cannot shard it block by block: plan "
+            "it with replica_mode='ddp' (or 'auto')")
     if schedule not in ("gpipe", "1f1b"):
         raise InvalidInputError(f"schedule={schedule!r} with replicas={replicas}: layouts "
                                 "with replicas run 'gpipe' or '1f1b' (or 'auto')")
@@ -219,6 +223,16 @@ def plan_replicated(
         bound_step_ms=piped.bound_step_ms + synced, single_device_ms=single,
         single_device_split=single_split, replica_mode=replica_mode,
     )
+
+
+def candidate_modes(profile: Profile, stages: int) -> tuple[str, ...]:
+    """The replica modes worth planning ``stages`` stages with: DDP alone for a model captured
+    by torch.export (FSDP2's units are the modules its graph calls; that graph calls none)
+    and where a weight is shared across several stages (torch's runtime keeps its copies
+    equal on plain tensors); else every mode."""
+    if profile.capture == "export" or (profile.shared and stages > 1):
+        return ("ddp",)
+    return REPLICA_MODES
 
 
 def _fastest(plan_with: Callable[[str], Plan], values: Sequence[str]) -> Plan:
