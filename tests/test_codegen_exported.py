@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import runpy
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from zoo_checks import assert_same_output, assert_trains_like, reference
 
 from autosplit.capture.trace import trace
 from autosplit.codegen import emit
+from autosplit.fresh_process import model_files
 from autosplit.modelfile import load_model_file
 
 pytest.importorskip("transformers")
@@ -29,6 +31,19 @@ pytest.importorskip("timm")
 
 ROWS, SPLIT = 4, 2
 TESTS = Path(__file__).resolve().parent
+
+
+
+@pytest.fixture(autouse=True)
+def _forget_model_files() -> Iterator[None]:
+    """The model files a test loads are forgotten after it: every later timing process
+    imports the loaded ones first, and these put tests/ on its path (so it could import the
+    test modules whose classes some tests need it not to load)."""
+    before = set(model_files())
+    yield
+    for name in set(model_files()) - before:
+        sys.modules.pop(name, None)
+
 
 MODEL_FILE = """\
 import sys
