@@ -187,10 +187,17 @@ def test_sharding_refuses_a_mode_that_is_not_fsdp2() -> None:
         shard_stages([], None, "ddp")
 
 
-def test_a_model_captured_by_export_keeps_ddp() -> None:
+def test_a_model_captured_by_export_keeps_ddp(tmp_path: Path) -> None:
     """An exported graph reads every weight directly, so FSDP2 has no module per block to
-    gather in: the planner keeps DDP, and refuses FSDP2 asked for by name."""
+    gather in: the planner keeps DDP, and refuses FSDP2 asked for by name. The profile file
+    keeps how the model was captured; a file from before says nothing and loads as torch.fx."""
     exported = dataclasses.replace(_heavy_profile(), capture="export")
+    exported.save(tmp_path / "exported.json")
+    assert Profile.load(tmp_path / "exported.json").capture == "export"
+    data = json.loads((tmp_path / "exported.json").read_text())
+    del data["capture"]
+    (tmp_path / "older.json").write_text(json.dumps(data))
+    assert Profile.load(tmp_path / "older.json").capture == "fx"
     kwargs = dict(bandwidth_bytes_per_s=BANDWIDTH, allreduce_bandwidth_bytes_per_s=BANDWIDTH,
                   optimizer="adam-mixed")
     layouts = plan_layouts(exported, 4, **kwargs)
