@@ -119,7 +119,7 @@ def profile_from_costs(costs: ModelCosts, spec: DeviceSpec) -> Profile:
         seconds=costs.seconds,
         shared=costs.shared,
         backward_split="estimated",
-        capture=costs.capture,
+        fsdp_units=costs.fsdp_units,
     )
 
 

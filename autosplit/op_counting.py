@@ -22,6 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from autosplit import checks
 from autosplit.capture.trace import trace
 from autosplit.errors import ArgumentTypeError, InvalidInputError
+from autosplit.fsdp_units import shardable
 from autosplit.graph import BlockGraph, Granularity
 from autosplit.meta_device import META, model_dtype, to_meta
 from autosplit.profile_budget import default_microbatch_sizes
@@ -106,7 +107,7 @@ class ModelCosts:
             the peak FLOP/s of a device spec.
         seconds: wall time the counting took (s).
         shared: parameters that several blocks use (tied weights), in ``dtype``.
-        capture: how the model was captured (:attr:`autosplit.graph.Capture.front`; "fx" without one).
+        fsdp_units: whether FSDP2 can shard every block as a unit (:mod:`autosplit.fsdp_units`).
     """
 
     model: str
@@ -125,7 +126,7 @@ class ModelCosts:
     dtype: str
     seconds: float = 0.0
     shared: tuple[SharedParam, ...] = ()
-    capture: str = "fx"
+    fsdp_units: bool = True
 
     def at(self, size: int) -> tuple[BlockCost, ...]:
         """The block costs at micro-batch size ``size``.
@@ -326,7 +327,7 @@ def count_costs(
         dtype=str(counted_dtype),
         seconds=round(time.perf_counter() - start, 3),
         shared=graph.shared_params,
-        capture=graph.capture.front if graph.capture else "fx",
+        fsdp_units=shardable(graph.module, graph.block_names),
     )
 
 

@@ -217,9 +217,10 @@ class Profile:
         set_aside: timed rounds of a block's sizes set aside because the hypervisor took
             more than 5 % of the machine's CPU time during them (:mod:`autosplit.steal`;
             their timings count only for a block left with no other round; older profiles: 0).
-        capture: how the model was captured: ``"fx"`` (torch.fx; its graph calls the modules
-            holding each block's weights) or ``"export"`` (torch.export; its graph reads every
-            weight directly, so FSDP2 cannot shard it block by block; older profiles: "fx").
+        fsdp_units: whether FSDP2 can shard every block as a unit: the graph calls modules
+            holding all of each block's weights (:mod:`autosplit.fsdp_units`; ``False`` for a
+            model captured by torch.export, whose graph reads every weight directly; older
+            profiles: ``True``).
     """
 
     model: str
@@ -247,7 +248,7 @@ class Profile:
     allreduce_latency_ms: float = 0.0
     one_stage_action_ms: float | None = None
     one_stage_action_spread: float | None = None
-    capture: str = "fx"
+    fsdp_units: bool = True
 
     def __post_init__(self) -> None:
         checked(self, lambda p: check_profile(

@@ -33,6 +33,7 @@ from autosplit.capture.signature import call_arguments
 from autosplit.capture.trace import trace
 from autosplit.devices import describe_device, resolve_device
 from autosplit.errors import ArgumentTypeError, InvalidInputError
+from autosplit.fsdp_units import shardable
 from autosplit.graph import BlockGraph, Granularity
 from autosplit.losses import check_loss, default_loss, timing_loss
 from autosplit.measurement import (
@@ -401,7 +402,7 @@ def _profile_here(
         backward_split=f"measured at b={', '.join(map(str, split_sizes))}" if split_sizes
         else "",
         set_aside=len(set_aside),
-        capture=graph.capture.front if graph.capture else "fx",
+        fsdp_units=shardable(graph.module, graph.block_names),
     )
 
 

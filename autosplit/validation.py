@@ -314,7 +314,7 @@ def check_profile(p: Any, *, block_type: type, cut_type: type, device_type: type
         raise RecordError("device", f"is {show(p.device)}: expected a {device_type.__name__}")
     check_text(p.torch_version, "torch_version", empty=True)
     check_text(p.source, "source")
-    check_choice(p.capture, "capture", ("fx", "export"))
+    check_flag(p.fsdp_units, "fsdp_units")
     if p.loss not in ("mse", "none", "model"):  # autosplit.losses.LOSSES
         raise RecordError("loss", f"is {show(p.loss)}: expected 'mse', 'model' or 'none'")
     check_count(p.warmup, "warmup")

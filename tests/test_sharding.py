@@ -187,28 +187,28 @@ def test_sharding_refuses_a_mode_that_is_not_fsdp2() -> None:
         shard_stages([], None, "ddp")
 
 
-def test_a_model_captured_by_export_keeps_ddp(tmp_path: Path) -> None:
-    """An exported graph reads every weight directly, so FSDP2 has no module per block to
-    gather in: the planner keeps DDP, and refuses FSDP2 asked for by name. The profile file
-    keeps how the model was captured; a file from before says nothing and loads as torch.fx."""
-    exported = dataclasses.replace(_heavy_profile(), capture="export")
-    exported.save(tmp_path / "exported.json")
-    assert Profile.load(tmp_path / "exported.json").capture == "export"
-    data = json.loads((tmp_path / "exported.json").read_text())
-    del data["capture"]
+def test_blocks_fsdp2_cannot_shard_keep_ddp(tmp_path: Path) -> None:
+    """Where a block's graph reads weights directly (an unshardable graph reads every one), FSDP2
+    has no module per block to gather in: the planner keeps DDP, and refuses FSDP2 asked for by
+    name. The profile file keeps the fact; a file from before says nothing and loads as True."""
+    unshardable = dataclasses.replace(_heavy_profile(), fsdp_units=False)
+    unshardable.save(tmp_path / "unshardable.json")
+    assert Profile.load(tmp_path / "unshardable.json").fsdp_units is False
+    data = json.loads((tmp_path / "unshardable.json").read_text())
+    del data["fsdp_units"]
     (tmp_path / "older.json").write_text(json.dumps(data))
-    assert Profile.load(tmp_path / "older.json").capture == "fx"
+    assert Profile.load(tmp_path / "older.json").fsdp_units is True
     kwargs = dict(bandwidth_bytes_per_s=BANDWIDTH, allreduce_bandwidth_bytes_per_s=BANDWIDTH,
                   optimizer="adam-mixed")
-    layouts = plan_layouts(exported, 4, **kwargs)
+    layouts = plan_layouts(unshardable, 4, **kwargs)
     assert [m.mode for m in layouts.option(1, 4).modes] == ["ddp"]
     assert {o.plan.replica_mode for o in layouts.options if o.plan is not None} == {"ddp"}
     with pytest.raises(InfeasiblePlanError):  # where only FSDP2 would fit
-        plan_replicated(exported, 1, 4, memory_per_gpu=80 * MB, **kwargs)
-    with pytest.raises(InvalidInputError, match="captured by torch.export.*replica_mode='ddp'"):
-        plan_replicated(exported, 1, 4, replica_mode="fsdp2", **kwargs)
-    with pytest.raises(RecordError, match="capture"):
-        dataclasses.replace(exported, capture="jit")
+        plan_replicated(unshardable, 1, 4, memory_per_gpu=80 * MB, **kwargs)
+    with pytest.raises(InvalidInputError, match="no module its graph calls.*replica_mode='ddp'"):
+        plan_replicated(unshardable, 1, 4, replica_mode="fsdp2", **kwargs)
+    with pytest.raises(RecordError, match="fsdp_units"):
+        dataclasses.replace(unshardable, fsdp_units="no")
 
 
 def test_a_block_whose_graph_reads_its_weights_is_refused_by_fsdp2() -> None:
@@ -217,7 +217,7 @@ def test_a_block_whose_graph_reads_its_weights_is_refused_by_fsdp2() -> None:
     import torch
     from torch import fx, nn
 
-    from autosplit.distributed.sharding import _units
+    from autosplit.fsdp_units import block_units, shardable
 
     class Reads(nn.Module):
         def __init__(self) -> None:
@@ -232,10 +232,11 @@ def test_a_block_whose_graph_reads_its_weights_is_refused_by_fsdp2() -> None:
     stage.blocks = ("0",)
     assert not [n for n in stage.body.graph.nodes if n.op == "call_module"]
     with pytest.raises(InvalidInputError, match="block '0'.*replica_mode='ddp'"):
-        _units(stage)
+        block_units(stage.body, stage.blocks)
+    assert not shardable(stage.body, stage.blocks)
     called = nn.Module()
     called.body = fx.symbolic_trace(nn.Sequential(nn.Sequential(nn.Linear(3, 3), nn.ReLU())))
     called.blocks = ("0",)
-    (unit,) = _units(called)  # the graph calls 0.0 (and 0.1, which holds nothing)
+    (unit,) = block_units(called.body, called.blocks)  # it calls 0.0 (0.1 holds nothing)
     assert unit is called.body.get_submodule("0.0")
     assert torch.is_tensor(unit.weight)

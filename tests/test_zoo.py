@@ -97,10 +97,11 @@ def test_one_tensor_given_for_two_inputs_is_captured_as_two() -> None:
     torch.testing.assert_close(got.logits, want.logits)
 
 
-def test_an_exported_model_is_planned_with_ddp_replicas() -> None:
-    """GPT-2, captured by torch.export, estimated for 4 H100s: its profile says how it was
-    captured, and every layout's replicas are planned with DDP (FSDP2 has no module per block
-    to gather in); a torch.fx model keeps FSDP2 among its modes."""
+def test_fsdp2_is_planned_only_where_the_graph_calls_each_blocks_modules() -> None:
+    """GPT-2, captured by torch.export, and timm's EfficientNet, whose BatchNormAct2d torch.fx
+    traces through, estimated for 4 H100s: their profiles say FSDP2 has no module per block to
+    gather in, and every layout's replicas are planned with DDP; torchvision's ResNet18, whose
+    graph calls its blocks' modules, keeps FSDP2 among its modes."""
     from autosplit.analytic import count_costs, profile_from_costs
     from autosplit.planner import plan_layouts
     from autosplit.specs import get_spec
@@ -109,11 +110,17 @@ def test_an_exported_model_is_planned_with_ddp_replicas() -> None:
     model, call = build("hf-gpt2")
     ids = call(8)[1]["input_ids"]
     exported = profile_from_costs(count_costs(model, (ids,), microbatch_sizes=[2]), spec)
-    assert exported.capture == "export"
+    assert exported.fsdp_units is False
     modes = {m.mode for o in plan_layouts(exported, 4).options for m in o.modes}
     assert modes == {"ddp"}
-    mlp = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
-    traced = profile_from_costs(count_costs(mlp, (torch.randn(8, 64),),
+    net, net_call = build("timm-efficientnet")
+    (images,) = net_call(8)[0]
+    assert not profile_from_costs(count_costs(net, (images,), microbatch_sizes=[2]),
+                                  spec).fsdp_units
+    import torchvision
+
+    resnet = torchvision.models.resnet18(num_classes=10)
+    traced = profile_from_costs(count_costs(resnet, (torch.randn(8, 3, 32, 32),),
                                             microbatch_sizes=[2]), spec)
-    assert traced.capture == "fx"
+    assert traced.fsdp_units is True
     assert "fsdp2" in {m.mode for o in plan_layouts(traced, 4).options for m in o.modes}

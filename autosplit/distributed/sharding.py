@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autosplit.errors import InvalidInputError
+from autosplit.fsdp_units import block_units
 
 __all__ = ["shard_stages"]
 
@@ -73,49 +74,5 @@ def shard_stages(modules: Sequence[nn.Module], place: Any, mode: str) -> None:
 
 
 def _units(module: nn.Module) -> list[nn.Module | list[nn.Module]]:
-    """The stage's blocks that are modules holding parameters, outermost first and none
-    inside another (a block inside a wrapped block is already in its unit). FSDP2 gathers a
-    unit's parameters in the forward hooks of its modules, so a unit is what the stage's graph
-    calls: the block itself where the graph calls it, else the modules of the block that the
-    graph calls (one unit of several modules, ``fully_shard([...])``: gathered when the first
-    runs, resharded after the last).
-
-    Raises:
-        InvalidInputError: a block's graph reads parameters of it that no called module holds
-            (a model captured by torch.export reads every weight directly).
-    """
-    body: nn.Module = module.body  # type: ignore[assignment]
-    graph = getattr(body, "graph", None)
-    called = [str(n.target) for n in graph.nodes if n.op == "call_module"] if graph else []
-    units: list[nn.Module | list[nn.Module]] = []
-    taken: list[str] = []
-    for name in module.blocks:  # type: ignore[attr-defined]
-        try:
-            block = body.get_submodule(name)
-        except AttributeError:
-            continue  # a block of functions, not a module: the root holds its parameters
-        if any(name.startswith(t + ".") for t in taken):
-            continue
-        params = {id(p) for p in block.parameters()}
-        if not params:
-            continue
-        taken.append(name)
-        if name in called:
-            units.append(block)
-            continue
-        inner = _outermost([c for c in called if c.startswith(name + ".")])
-        modules = [body.get_submodule(c) for c in inner]
-        modules = [m for m in modules if any(True for _ in m.parameters())]
-        if {id(p) for m in modules for p in m.parameters()} != params:
-            raise InvalidInputError(
-                f"block {name!r}: its graph reads parameters that none of its called modules "
-                "holds (as in a model captured by torch.export), so FSDP2 cannot gather them "
-                "per block: plan it with replica_mode='ddp'")
-        units.append(modules[0] if len(modules) == 1 else modules)
-    return units
-
-
-def _outermost(names: list[str]) -> list[str]:
-    """``names`` (module paths) less those inside another of them, in their order."""
-    return [n for n in dict.fromkeys(names)
-            if not any(n.startswith(o + ".") for o in names if o != n)]
+    """The stage's FSDP2 units (:func:`autosplit.fsdp_units.block_units`)."""
+    return block_units(module.body, module.blocks)  # type: ignore[arg-type]

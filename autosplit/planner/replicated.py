@@ -144,11 +144,12 @@ def plan_replicated(
         return _fastest(again("schedule"), ("gpipe", "1f1b"))
     if replica_mode == "auto":
         return _fastest(again("replica_mode"), candidate_modes(profile, stages))
-    if replica_mode != "ddp" and profile.capture == "export":
+    if replica_mode != "ddp" and not profile.fsdp_units:
         raise InvalidInputError(
-            f"replica_mode={replica_mode!r}: {profile.model} was captured by torch.export, whose "
-            "graph reads every weight directly, so FSDP2 cannot shard it block by block: plan "
-            "it with replica_mode='ddp' (or 'auto')")
+            f"replica_mode={replica_mode!r}: a block of {profile.model} reads weights that no "
+            "module its graph calls holds (a model captured by torch.export reads every one), "
+            "so FSDP2 cannot shard it block by block: plan it with replica_mode='ddp' (or "
+            "'auto')")
     if schedule not in ("gpipe", "1f1b"):
         raise InvalidInputError(f"schedule={schedule!r} with replicas={replicas}: layouts "
                                 "with replicas run 'gpipe' or '1f1b' (or 'auto')")
@@ -226,11 +227,11 @@ def plan_replicated(
 
 
 def candidate_modes(profile: Profile, stages: int) -> tuple[str, ...]:
-    """The replica modes worth planning ``stages`` stages with: DDP alone for a model captured
-    by torch.export (FSDP2's units are the modules its graph calls; that graph calls none)
-    and where a weight is shared across several stages (torch's runtime keeps its copies
-    equal on plain tensors); else every mode."""
-    if profile.capture == "export" or (profile.shared and stages > 1):
+    """The replica modes worth planning ``stages`` stages with: DDP alone where FSDP2 cannot
+    shard every block as a unit (:attr:`Profile.fsdp_units`) and where a weight is shared
+    across several stages (torch's runtime keeps its copies equal on plain tensors); else
+    every mode."""
+    if not profile.fsdp_units or (profile.shared and stages > 1):
         return ("ddp",)
     return REPLICA_MODES
 
