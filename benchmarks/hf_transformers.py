@@ -44,9 +44,13 @@ one process per stage and replica (gloo), interleaved round by round in one laun
 4. **DDP**: 1 stage × 2 replicas, the whole model on each worker (``plan_replicated(profile,
    1, 2)``: its own best micro-batch size per replica, the measured all-reduce).
 
-Every plan carries autosplit's predicted step (the hand-made balances scored by
+Every plan carries autosplit's predicted step by block sums (the hand-made balances scored by
 ``plan_with_balance``, the same model); each row gives it beside the measured median, min, max
-and interquartile range, and the prediction's error |predicted − measured| / measured.
+and interquartile range, and the prediction's error (predicted − measured) / measured.
+autosplit's two plans are also verified as ``autosplit plan`` verifies what it prints: their
+stages timed as they run, beside the neighbouring worker (``autosplit.verify.verify_plans``),
+before the launch; the choice's error is that of the verified prediction, the figure the
+command prints.
 
     python benchmarks/hf_transformers.py           # ~5 min on 2 quiet cores; writes benchmarks/results/transformers.*
     python benchmarks/hf_transformers.py --smoke   # tiny sizes, about a minute
@@ -200,7 +204,27 @@ def prepare(spec: HFSpec, sizes: list[int], budget_s: float | None) -> dict[str,
     for name, plan in plans.items():
         print(f"  {name}: balance {list(plan.balance)} × {plan.replicas}, b={plan.split_size}, "
               f"predicted {plan.predicted_step_ms:.1f} ms", flush=True)
-    return {"profile": profile, "plans": plans, "profile_s": profile_s, "names": names}
+    start = time.perf_counter()
+    verified = verified_plans(model, kwargs, profile, {n: plans[n] for n in (AUTO, LAYOUT)})
+    verify_s = time.perf_counter() - start
+    for name, plan in verified.items():
+        print(f"  {name}: verified {plan.predicted_step_ms:.1f} ms ± {plan.step_spread:.1%} "
+              f"(in {verify_s:.0f} s)", flush=True)
+    return {"profile": profile, "plans": plans, "verified": verified, "profile_s": profile_s,
+            "verify_s": verify_s, "names": names}
+
+
+def verified_plans(model: nn.Module, kwargs: dict[str, torch.Tensor], profile: Profile,
+                   plans: dict[str, Plan]) -> dict[str, Plan]:
+    """``plans`` predicted again from their stages timed as they run, as ``autosplit plan``
+    verifies (one session; the command chooses on a first one and predicts from a second)."""
+    from autosplit.capture.trace import trace
+    from autosplit.profiler import check_inputs
+    from autosplit.verify import verify_plans
+
+    graph = trace(model, example_inputs=(), example_kwargs=kwargs)
+    flat = check_inputs(graph.signature.flatten((), kwargs, graph.model_name))
+    return verify_plans(graph, flat, profile, plans, one_device=False)
 
 
 def key(plan: Plan) -> tuple[Any, ...]:
@@ -214,10 +238,13 @@ def iqr(values: Sequence[float]) -> float:
     return q[2] - q[0]
 
 
-def row(name: str, plan: Plan, names: Sequence[str], times: list[float], same_as: str | None
-        ) -> dict[str, Any]:
+def row(name: str, plan: Plan, names: Sequence[str], times: list[float], same_as: str | None,
+        verified: Plan | None = None) -> dict[str, Any]:
     ms = [t * 1000 for t in times]
     s = summary(ms)
+    checked = {} if verified is None else {
+        "verified_ms": verified.predicted_step_ms, "verified_spread": verified.step_spread,
+        "verified_error": (verified.predicted_step_ms - s["median"]) / s["median"]}
     cut = [names[sum(plan.balance[: i + 1])] for i in range(len(plan.balance) - 1)]
     return {
         "name": name, "balance": list(plan.balance), "replicas": plan.replicas,
@@ -227,7 +254,7 @@ def row(name: str, plan: Plan, names: Sequence[str], times: list[float], same_as
         "median_ms": s["median"], "min_ms": s["min"], "max_ms": s["max"], "iqr_ms": iqr(ms),
         "error": abs(plan.predicted_step_ms - s["median"]) / s["median"],
         "signed_error": (plan.predicted_step_ms - s["median"]) / s["median"],
-        "same_plan_as": same_as,
+        "same_plan_as": same_as, **checked,
     }
 
 
@@ -265,7 +292,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name, plan in p["plans"].items():
             label = p["measured"][key(plan)]
             rows.append(row(name, plan, p["names"], res["times"][label],
-                            None if label == name else label))
+                            None if label == name else label, p["verified"].get(name)))
         auto = rows[0]
         choice = next(r for r in rows if r["name"] == LAYOUT)  # what `autosplit plan` gives
         others = [r for r in rows if r["name"] in (TITAN, PIPPY, DDP)]
@@ -280,7 +307,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "best_other": best["name"],
             "choice_vs_best_other": choice["median_ms"] / best["median_ms"],
             "choice_within_best_spread": choice["median_ms"] <= best["max_ms"],
-            "choice_prediction_error": choice["signed_error"],
+            "choice_prediction_error": choice["verified_error"],
+            "choice_block_sum_error": choice["signed_error"],
+            "verify_s": p["verify_s"],
             "best_split": best_split["name"],
             "pipeline_vs_best_split": auto["median_ms"] / best_split["median_ms"],
             "layouts_choice": next(r for r in rows if r["name"] == LAYOUT),
@@ -315,24 +344,31 @@ def markdown(data: dict[str, Any]) -> str:
         c = m["config"]
         lines += [f"## {m['model']}: {c['layers']} layers, hidden {c['hidden']}, vocabulary "
                   f"{c['vocab']}, B={m['batch']} × {c['tokens']} tokens", "",
-                  "| configuration | balance × replicas | b | predicted ms | of which all-reduce "
-                  "/ optimizer step | measured median ms | min–max | IQR | error |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| configuration | balance × replicas | b | predicted ms (block sums) | of which "
+                  "all-reduce / optimizer step | error | verified ms | error | measured median "
+                  "ms | min–max | IQR |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in m["rows"]:
             same = f" (= {r['same_plan_as']})" if r["same_plan_as"] else ""
+            checked = ("– | –" if "verified_ms" not in r else
+                       f"{r['verified_ms']:.1f} ± {r['verified_spread']:.0%} | "
+                       f"{r['verified_error']:+.1%}")
             lines.append(
                 f"| {r['name']}{same} | {r['balance']} × {r['replicas']} | {r['split_size']} | "
                 f"{r['predicted_ms']:.1f} | {r.get('allreduce_ms', 0.0):.1f} / "
-                f"{r.get('update_ms', 0.0):.1f} | {r['median_ms']:.1f} | {r['min_ms']:.1f}–"
-                f"{r['max_ms']:.1f} | {r['iqr_ms']:.1f} | {r['signed_error']:+.1%} |")
+                f"{r.get('update_ms', 0.0):.1f} | {r['signed_error']:+.1%} | {checked} | "
+                f"{r['median_ms']:.1f} | {r['min_ms']:.1f}–{r['max_ms']:.1f} | "
+                f"{r['iqr_ms']:.1f} |")
         choice = m["layouts_choice"]
         lines += ["", f"autosplit's choice over every layout (`plan_layouts`, as `autosplit plan "
                   f"--gpus 2`): {choice['balance']} × {choice['replicas']}"
                   f"{' (= ' + choice['same_plan_as'] + ')' if choice['same_plan_as'] else ''}; "
                   f"against the best of torchtitan, PiPPy and DDP ({m['best_other']}): "
                   f"{m['choice_vs_best_other']:.3f} (within its min–max: "
-                  f"{m['choice_within_best_spread']}); its predicted step "
-                  f"{m['choice_prediction_error']:+.1%} off the measured median.", "",
+                  f"{m['choice_within_best_spread']}); its verified prediction (what the "
+                  f"command prints) {m['choice_prediction_error']:+.1%} off the measured median, "
+                  f"by block sums {m['choice_block_sum_error']:+.1%} (verified in "
+                  f"{m['verify_s']:.0f} s).", "",
                   f"autosplit's 2-stage pipeline (`autosplit.plan(profile, 2)`) against the best "
                   f"split rule ({m['best_split']}): {m['pipeline_vs_best_split']:.3f}. Others took "
                   f"{m['load'].get('others_share', float('nan')):.1%} of the CPU, "
