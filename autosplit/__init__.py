@@ -6,7 +6,7 @@
 
 The package exports the pipeline's steps (trace, profile, plan, emit, partition), the records
 and the errors. Analysis helpers live in their modules: ``autosplit.comparison`` (compare,
-baseline_plans, manual_plan), ``autosplit.simulator``, ``autosplit.analytic``, ``autosplit.specs``,
+baseline_plans, manual_plan), ``autosplit.simulator``, ``autosplit.estimate.analytic``, ``autosplit.specs``,
 ``autosplit.planner`` (plan_with_balance), ``autosplit.pipeline`` (PipelinedModule). The
 torch-free parts (``autosplit.solve``, ``autosplit.records``, the errors) import without torch;
 everything else is loaded on first use.
@@ -48,15 +48,15 @@ from autosplit.records import (
 if TYPE_CHECKING:
     from autosplit.capture.trace import trace
     from autosplit.codegen import emit
+    from autosplit.measure.profiler import profile
     from autosplit.partitioning import partition
     from autosplit.planner import plan
-    from autosplit.profiler import profile
 
 __version__ = "0.1.0"
 
 _LAZY = {
     "partition": "autosplit.partitioning",
-    "profile": "autosplit.profiler",
+    "profile": "autosplit.measure.profiler",
     "plan": "autosplit.planner",
     "trace": "autosplit.capture.trace",
     "emit": "autosplit.codegen",
@@ -71,8 +71,8 @@ _MOVED = {
     "manual_plan": "autosplit.comparison",
     "simulate": "autosplit.simulator",
     "simulate_plan": "autosplit.simulator",
-    "analytic_profile": "autosplit.analytic",
-    "build_on_meta": "autosplit.analytic",
+    "analytic_profile": "autosplit.estimate.analytic",
+    "build_on_meta": "autosplit.estimate.analytic",
     "DeviceSpec": "autosplit.specs",
     "get_spec": "autosplit.specs",
     "load_spec": "autosplit.specs",

@@ -65,7 +65,7 @@ and 1F1B's counts, the others' memory comes from the replay."""
 DEFAULT_LINK_BYTES_PER_S = {
     # Between CPU workers in one process a "transfer" is a no-op; between processes it is a
     # loopback gloo send: 1.7-2.3 GB/s for 1-64 MiB on the development machines
-    # (autosplit.collectives.measure_link_bandwidth, which `autosplit plan` runs).
+    # (autosplit.measure.collectives.measure_link_bandwidth, which `autosplit plan` runs).
     "cpu": 1.7e9,
     # PCIe 4.0 x16 peer-to-peer copies reach ~20–25 GB/s; 16 GB/s is a conservative default
     # when the link has not been measured.
@@ -138,7 +138,7 @@ def replica_sync_ms(
 
     With G the stage's gradient bytes, d the replicas, W the all-reduce bandwidth (bytes/s), α
     the synchronisation's latency (ms, what it costs whatever its bytes:
-    :func:`autosplit.collectives.measure_allreduce`) and o the overlapped share:
+    :func:`autosplit.measure.collectives.measure_allreduce`) and o the overlapped share:
     (1 − o) · (α + 2 · (d − 1)/d · G / W) (a ring all-reduce, Patarasuk & Yuan 2009, as
     :func:`allreduce_ms`); 0 for one replica. ``overlap`` o = 0, the default, is
     the conservative choice: the all-reduce starts after the step's last backward and nothing

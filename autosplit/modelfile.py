@@ -33,6 +33,7 @@ from autosplit.errors import ModelFileError
 __all__ = [
     "ModelFile",
     "ModelFileError",
+    "import_file",
     "load_model_file",
     "parse_model_args",
     "MODEL_NAMES",
@@ -191,7 +192,7 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def _import_file(path: Path, shown: str) -> ModuleType:
+def import_file(path: Path, shown: str) -> ModuleType:
     name = f"autosplit_model_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
@@ -238,7 +239,7 @@ def load_model_file(target: str, entry: str | None = None) -> ModelFile:
             raise ModelFileError(f"model file {source!r} does not exist")
         path = path.resolve()
         shown = str(Path(source))
-        module = _import_file(path, shown)
+        module = import_file(path, shown)
     else:
         try:
             with _model_code(source, source, "while being imported"):

@@ -21,19 +21,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from autosplit import checks, fresh_process
+from autosplit import checks
 from autosplit.capture.signature import call_arguments
 from autosplit.capture.trace import trace
 from autosplit.cost import OPTIMIZER_STATE, SCHEDULES
 from autosplit.devices import default_devices, measure_link_bandwidth, resolve_device
 from autosplit.errors import InvalidInputError, TraceError
 from autosplit.graph import BlockGraph, Granularity, leaf_module_list
+from autosplit.measure import timing_process
+from autosplit.measure.profiler import check_inputs, profile_graph
 from autosplit.pipeline import PipelinedModule, checkpoint_flags
 from autosplit.planner import memory_sizes
-from autosplit.profiler import check_inputs, profile_graph
 from autosplit.records import Plan
 from autosplit.runnable import require_pipeline_only
-from autosplit.verified_choice import verify_and_choose
+from autosplit.verify.choice import verify_and_choose
 from autosplit.workflow import PlanRequest, choose_plan
 
 __all__ = ["partition", "PartitionOptions"]
@@ -112,7 +113,7 @@ def partition(
         granularity, leaf_modules: passed to :func:`autosplit.capture.trace.trace`.
         profile_options: extra keyword arguments for :func:`autosplit.profile`.
         verify: when profiling, time the stages of the best few candidates as they run and
-            choose among them on that (see :mod:`autosplit.verify`); ``False`` plans from
+            choose among them on that (see :mod:`autosplit.verify.plans`); ``False`` plans from
             block sums alone.
         checkpoint: run stages under activation checkpointing (``torch.utils.checkpoint``,
             non-reentrant, RNG state preserved; BatchNorm statistics updated once): ``None``
@@ -207,7 +208,7 @@ def plan_for_batch(
     if options.split_size is not None:
         split_size = min(options.split_size, int(inputs[0].shape[0]))
         sizes = tuple(sorted(set(sizes or ()) | {split_size}))
-    with fresh_process.worker():  # one timing process: the profile, then the candidates
+    with timing_process.worker():  # one timing process: the profile, then the candidates
         return _plan_for_batch(graph, inputs, devices, options, sizes, split_size)
 
 

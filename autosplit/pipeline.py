@@ -30,7 +30,7 @@ from autosplit import checks
 from autosplit.checkpointing import checkpointed
 from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph, Segment
-from autosplit.profiler import check_inputs
+from autosplit.measure.profiler import check_inputs
 from autosplit.records import Plan
 from autosplit.stages import StageLayout, concat, move, run_stage, split, stage_layout
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autosplit.claims import PREDICTION_ERROR, ratio_with_spread, spread_text
+from autosplit.measure.spread import PREDICTION_ERROR, ratio_with_spread, spread_text
 from autosplit.units import format_bytes, format_ms
 
 __all__ = ["plan_text", "summary_lines", "checkpoint_text", "one_device_way"]

@@ -101,7 +101,7 @@ class BlockProfile:
             checkpointed: its tensor inputs only (deduplicated by storage); ``None`` for
             older profiles.
         update_ms: ``(optimizer, ms)`` for each optimizer of
-            :data:`autosplit.update_timing.UPDATES`: one step of it over the block's own
+            :data:`autosplit.measure.update_timing.UPDATES`: one step of it over the block's own
             parameters (a shared one counted in its first block), once per training step
             whatever the micro-batches; ``None`` where not timed (older or estimated profiles).
     """
@@ -178,44 +178,44 @@ class Profile:
         device: what was measured on.
         torch_version: ``torch.__version__`` at measurement.
         source: ``"measured"`` (timings from running the blocks) or ``"analytic"`` (estimated
-            from FLOPs and bytes for a device spec, see :mod:`autosplit.analytic`).
+            from FLOPs and bytes for a device spec, see :mod:`autosplit.estimate.analytic`).
         warmup: untimed runs per block and size before timing.
         repeats: timed runs per block and size (the median is kept).
         seconds: wall time the profiling took (s).
         shared: parameters that several blocks use (empty for models without tied weights).
-        loss: the loss timed with the last block (:mod:`autosplit.losses`; older: ``"none"``).
+        loss: the loss timed with the last block (:mod:`autosplit.measure.losses`; older: ``"none"``).
         allreduce_bytes_per_s: the all-reduce bus bandwidth measured on this machine's
-            backend (bytes/s, :func:`autosplit.collectives.measure_allreduce`), the
+            backend (bytes/s, :func:`autosplit.measure.collectives.measure_allreduce`), the
             default for the replicas' gradient all-reduce; ``None`` when not measured.
         allreduce_latency_ms: what the replicas' gradient synchronisation costs whatever its
             bytes, measured with ``allreduce_bytes_per_s`` (ms,
-            :func:`autosplit.collectives.measure_allreduce`); 0 when not measured (older
+            :func:`autosplit.measure.collectives.measure_allreduce`); 0 when not measured (older
             profiles).
         backward_split: how the blocks' ``input_grad_ms`` and ``weight_grad_ms`` were
             obtained: ``"measured at b=…"`` (timed at those sizes; at the other sizes those
             of the nearest of them, scaled by the ratio of the block's ``bwd_ms``),
-            ``"estimated"`` (analytic profiles: see :mod:`autosplit.analytic`), or ``""``
+            ``"estimated"`` (analytic profiles: see :mod:`autosplit.estimate.analytic`), or ``""``
             (not recorded: older profiles).
         action_ms: what torch's pipeline runtime costs per action beyond the stages' compute,
             per schedule, measured on this machine's backend (``(schedule, ms)`` pairs,
-            :func:`autosplit.runtime_cost.measure_action_ms`); empty when not measured (then
+            :func:`autosplit.measure.runtime_cost.measure_action_ms`); empty when not measured (then
             0 is assumed).
         action_spread: the spread of each schedule's ``action_ms`` over the measurement's
             rounds (``(schedule, ms)`` pairs: half the interquartile range,
-            :func:`autosplit.runtime_cost.measure_action_spread`); empty when not measured
+            :func:`autosplit.measure.runtime_cost.measure_action_spread`); empty when not measured
             (older profiles: then 0).
         link_bytes_per_s: the bandwidth of one stage's send to the next, measured between 2
             local ranks of this machine's backend (bytes/s, one direction,
-            :func:`autosplit.collectives.measure_link_bandwidth`), the planner's default link;
+            :func:`autosplit.measure.collectives.measure_link_bandwidth`), the planner's default link;
             ``None`` when not measured.
         one_stage_action_ms: what the runtime costs per action of a one-stage pipeline, as a
             plan's data-parallel replicas run it (ms,
-            :func:`autosplit.runtime_cost.measure_one_stage_action_ms`); ``None`` when not
+            :func:`autosplit.measure.runtime_cost.measure_one_stage_action_ms`); ``None`` when not
             measured (then :meth:`one_stage_action` falls back on GPipe's cost).
         one_stage_action_spread: its spread over the rounds (ms, half the interquartile
             range); ``None`` when not measured.
         set_aside: timed rounds of a block's sizes set aside because the hypervisor took
-            more than 5 % of the machine's CPU time during them (:mod:`autosplit.steal`;
+            more than 5 % of the machine's CPU time during them (:mod:`autosplit.measure.steal_time`;
             their timings count only for a block left with no other round; older profiles: 0).
         fsdp_units: whether FSDP2 can shard every block as a unit: the graph calls modules
             holding all of each block's weights (:mod:`autosplit.fsdp_units`; ``False`` for a

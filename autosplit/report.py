@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from autosplit.claims import PREDICTION_ERROR, ratio_with_spread, spread_text
+from autosplit.measure.spread import PREDICTION_ERROR, ratio_with_spread, spread_text
 from autosplit.plan_text import checkpoint_text
 from autosplit.records import Plan
 from autosplit.sharding import mode_label
@@ -135,7 +135,7 @@ def _measured_cell(measured: float | Sequence[float] | None) -> str:
 
 def _vs_best(plan: Plan, best: Plan) -> str:
     """How much slower than the best plan, or "within noise" when the spreads and a predicted
-    ratio's error (:data:`~autosplit.claims.PREDICTION_ERROR`) allow the two to be equal."""
+    ratio's error (:data:`~autosplit.measure.spread.PREDICTION_ERROR`) allow the two to be equal."""
     if plan is best:
         return "best"
     claim = ratio_with_spread(

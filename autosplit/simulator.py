@@ -355,7 +355,7 @@ def overlap_fractions(result: SimResult) -> tuple[float, ...]:
     """Per row of ``result.events`` (a device, or a rank), the share of its busy time during
     which another row is busy too (0 … 1; 0 for a row that does nothing).
 
-    On a CPU the workers slow each other down while both compute (:mod:`autosplit.neighbour`);
+    On a CPU the workers slow each other down while both compute (:mod:`autosplit.measure.contention`);
     this is how much of each one's work is exposed to that."""
     return overlap_shares(result.events)
 

@@ -315,7 +315,7 @@ def check_profile(p: Any, *, block_type: type, cut_type: type, device_type: type
     check_text(p.torch_version, "torch_version", empty=True)
     check_text(p.source, "source")
     check_flag(p.fsdp_units, "fsdp_units")
-    if p.loss not in ("mse", "none", "model"):  # autosplit.losses.LOSSES
+    if p.loss not in ("mse", "none", "model"):  # autosplit.measure.losses.LOSSES
         raise RecordError("loss", f"is {show(p.loss)}: expected 'mse', 'model' or 'none'")
     check_count(p.warmup, "warmup")
     check_count(p.repeats, "repeats")

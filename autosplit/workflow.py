@@ -12,7 +12,7 @@ plans printed beside it. Each step runs once, in this order:
    :data:`SEPARATED` above the best's is not verified: block sums cannot be that far off.
 3. **Verification** (a :data:`Verifier`, the caller's mechanism: it times stages): the
    candidates and the plans shown beside them (a hand split, the baselines) timed as they run;
-   the best verified one is chosen (:func:`autosplit.verified_choice.verify_and_choose`).
+   the best verified one is chosen (:func:`autosplit.verify.choice.verify_and_choose`).
 4. **The plans beside it**: those the caller gave, and, when the choice has replicas, the best
    pipeline by block sums (verified like them).
 
@@ -37,8 +37,8 @@ from typing import Any
 
 from autosplit.errors import AutosplitError, InfeasiblePlanError, InvalidInputError
 from autosplit.planner import Layouts, plan, plan_candidates, plan_layouts
-from autosplit.planner.schedules import SEARCHED
 from autosplit.records import Plan, Profile
+from autosplit.schedules import SEARCHED
 from autosplit.topology import Topology
 
 __all__ = ["SEPARATED", "PlanRequest", "Planned", "Verifier", "choose_plan",
@@ -52,7 +52,7 @@ benchmarks/results/transformers.md pipelines were predicted 4–13 % long and da
 
 Verifier = Callable[[Sequence[Plan], Mapping[str, Plan]], tuple[Plan, dict[str, Plan]]]
 """``verify(candidates, others) -> (chosen, others verified)``: times the plans' stages as they
-run and chooses among the candidates (:func:`autosplit.verified_choice.verify_and_choose`)."""
+run and chooses among the candidates (:func:`autosplit.verify.choice.verify_and_choose`)."""
 
 PIPELINE_AGAIN = "pipeline candidate "
 """Names of pipeline candidates given again among the other plans (timed once, not listed)."""

@@ -8,7 +8,7 @@ by autosplit from that profile:
 
 * autosplit's plan, made as ``autosplit plan`` makes it: the best candidates by block sums
   (``plan_candidates``), their stages and those of every other plan timed as they run
-  (``autosplit.verified_choice.verify_and_choose``), the fastest verified candidate kept
+  (``autosplit.verify.choice.verify_and_choose``), the fastest verified candidate kept
   (among those within noise or 3 % of it, the best by block sums);
 * the hand split where the model file has one (examples/resnet50.py's ``MANUAL_SPLIT``);
 * uniform block counts and balanced parameter bytes (``baseline_plans``);
@@ -75,15 +75,15 @@ from run_options import benchmark_parser, chosen_cases, write_and_show
 from torchgpipe_peer import INSTALL_TORCHGPIPE, TORCHGPIPE, balance_by_time, torchgpipe_balance
 
 import autosplit
-from autosplit.allocator import restart_keeping_freed_memory
-from autosplit.claims import PREDICTION_ERROR
-from autosplit.collectives import measure_link_bandwidth
 from autosplit.comparison import baseline_plans, manual_plan
+from autosplit.measure.allocator import restart_keeping_freed_memory
+from autosplit.measure.collectives import measure_link_bandwidth
+from autosplit.measure.runtime_cost import action_costs, forget_measurements
+from autosplit.measure.spread import PREDICTION_ERROR
 from autosplit.planner import plan_candidates, plan_with_balance
 from autosplit.records import Plan, Profile
-from autosplit.runtime_cost import action_costs, forget_measurements
 from autosplit.simulator import simulate_plan
-from autosplit.verified_choice import verify_and_choose
+from autosplit.verify.choice import verify_and_choose
 
 TORCHGPIPE_ROW = "torchgpipe"
 
@@ -369,7 +369,7 @@ def markdown(data: dict[str, Any]) -> str:
     if held:
         lines += ["", (f"Measured ratios inside the interval autosplit prints for them (both "
                        f"plans' verified spreads and ±{PREDICTION_ERROR:.0%} for a ratio of "
-                       f"two predictions, `autosplit.claims.PREDICTION_ERROR`): {held[0]}.")]
+                       f"two predictions, `autosplit.measure.spread.PREDICTION_ERROR`): {held[0]}.")]
     lines += repeated_sentence(data)
     for m in data["models"]:
         lines += ["", f"## {m['model']} ({m['input']})", ""] + measured_table(m)
@@ -437,5 +437,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

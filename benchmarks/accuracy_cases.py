@@ -19,7 +19,7 @@ from common import load_example
 from harness import ModelSpec
 from torch import nn
 
-from autosplit.claims import PREDICTION_ERROR, ratio_with_spread
+from autosplit.measure.spread import PREDICTION_ERROR, ratio_with_spread
 
 ONE = "one device"
 AUTO = "autosplit"

@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command_line, describe, machine, timed_in_turn, write_results
 
-from autosplit.allocator import restart_keeping_freed_memory
+from autosplit.measure.allocator import restart_keeping_freed_memory
 
 
 def _rank(rank: int, port: int, layers: int, width: int, batch: int, rounds: int,
@@ -73,7 +73,7 @@ def _rank(rank: int, port: int, layers: int, width: int, batch: int, rounds: int
 def measure(layers: int, width: int, batch: int, rounds: int) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
-    from autosplit.distributed.launch import free_port
+    from autosplit.launch import free_port
 
     results = mp.get_context("spawn").SimpleQueue()
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -121,5 +121,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

@@ -27,8 +27,8 @@ from common import RESULTS, describe, machine, write_results
 from torch import nn
 
 import autosplit
-from autosplit.allocator import restart_keeping_freed_memory
-from autosplit.analytic import count_costs, profile_from_costs
+from autosplit.estimate.analytic import count_costs, profile_from_costs
+from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.specs import calibrate, get_spec
 
 
@@ -125,5 +125,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

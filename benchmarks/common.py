@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import autosplit
-from autosplit import allocator
+from autosplit.measure import allocator
 from autosplit.outputs import check_outputs
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -73,8 +73,8 @@ from torchgpipe_peer import (
 )
 
 import autosplit
-from autosplit.allocator import restart_keeping_freed_memory
 from autosplit.comparison import baseline_plans, manual_plan
+from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.planner import plan_with_balance
 from autosplit.records import Plan, Profile
 
@@ -269,5 +269,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

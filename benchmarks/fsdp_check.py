@@ -8,7 +8,7 @@ autosplit (one process), planned as data parallel ×2 with each replica mode (DD
 FSDP2 without resharding) and Adam (two moments per parameter), GPipe, b samples a
 micro-batch and m micro-batches per replica; and as 2 stages × 2 replicas on 4 ranks. Each plan is then trained by ``autosplit``'s
 ``Trainer`` on 2 ranks: one step (Adam's state then exists), the gradients dropped, and the
-second step measured under torch's profiler (:func:`autosplit.peak_memory.rise_during`):
+second step measured under torch's profiler (:func:`autosplit.measure.peak_memory.rise_during`):
 measured = the rank's parameters (its shards) + Adam's state + the step's highest rise. The
 prediction is the plan's ``Stage.memory_bytes`` (:mod:`autosplit.sharding`). The profiles
 are saved beside the results (``fsdp_check_profile_*.json``): ``tests/test_sharding.py``
@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command_line, describe, machine, timed_in_turn, write_results
 
-from autosplit.allocator import restart_keeping_freed_memory
+from autosplit.measure.allocator import restart_keeping_freed_memory
 
 MODES = ("ddp", "fsdp2", "fsdp2-no-reshard")
 
@@ -69,7 +69,7 @@ def _memory_rank(plan: Any, layers: int, width: int) -> Any:
     import torch.distributed as dist
 
     from autosplit import distributed
-    from autosplit.peak_memory import rise_during
+    from autosplit.measure.peak_memory import rise_during
 
     x = torch.randn(plan.batch_size, width, generator=torch.Generator().manual_seed(1))
     y = torch.randn(plan.batch_size, width, generator=torch.Generator().manual_seed(2))
@@ -225,5 +225,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

@@ -27,7 +27,7 @@ import torchvision
 from common import EXAMPLES, RESULTS, block_errors, write_results
 
 import autosplit
-from autosplit.analytic import count_costs, profile_from_costs
+from autosplit.estimate.analytic import count_costs, profile_from_costs
 from autosplit.specs import calibrate, get_spec
 
 SPEC = "h200"

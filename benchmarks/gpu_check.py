@@ -44,11 +44,11 @@ from common import RESULTS, block_errors, describe, machine, write_results
 from torch.utils import _pytree as pytree
 
 import autosplit
-from autosplit.allocator import restart_keeping_freed_memory
-from autosplit.analytic import count_costs, profile_from_costs
 from autosplit.capture.trace import trace
+from autosplit.estimate.analytic import count_costs, profile_from_costs
+from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.specs import KNOWN_DEVICES, calibrate, get_spec
-from autosplit.verify import verify_plans
+from autosplit.verify.plans import verify_plans
 
 STEPS = [("tests", 150), ("resnet50", 75), ("memory", 20), ("analytic", 40), ("gpt", 50),
          ("bf16", 45)]
@@ -272,7 +272,7 @@ def release(ctx: dict[str, Any], which: str) -> None:
 
 def verify(model: torch.nn.Module, inputs: tuple[Any, ...], prof: autosplit.Profile,
            plan: autosplit.Plan, device: torch.device) -> dict[str, Any]:
-    """The plan's stages timed as they run (autosplit's verification, :mod:`autosplit.verify`):
+    """The plan's stages timed as they run (autosplit's verification, :mod:`autosplit.verify.plans`):
     the step to expect with both stages on one device, m · Σ verified stage compute, and the
     verified prediction on 2 devices; a failure is recorded, not raised."""
     try:
@@ -580,5 +580,5 @@ if __name__ == "__main__":
     if nothing_to_check(parse()[1]):  # said before restarting: one line, at once
         print(NO_GPU)
         sys.exit(0)
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     sys.exit(main())

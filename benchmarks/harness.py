@@ -1,6 +1,6 @@
 """The measuring harness every multi-process benchmark shares (``tutorial.py``, ``compare.py``).
 
-:func:`measure` launches the ranks once (``autosplit.distributed.launch``) and times groups of
+:func:`measure` launches the ranks once (``autosplit.launch``) and times groups of
 configurations in them: plans run one process per stage (a ``Trainer`` per rank), or the whole
 model on one device on rank 0, interleaved round by round (A B C, C B A, …) after untimed
 warm-up rounds, and more of them until no configuration's step faults in fresh memory
@@ -12,7 +12,7 @@ rank 0's reading.
 
 A model whose spec gives keyword inputs (:meth:`ModelSpec.make_kwargs`: a Hugging Face model's
 ``input_ids``, ``attention_mask``, ``labels``) and that returns its own loss with them is
-trained on that loss (:func:`autosplit.losses.model_loss`, as ``autosplit run`` trains it); any
+trained on that loss (:func:`autosplit.measure.losses.model_loss`, as ``autosplit run`` trains it); any
 other on the tutorial's MSE against one-hot targets.
 
 Also here: :class:`ModelSpec` (a model and its batch, rebuilt identically in every process),
@@ -43,11 +43,12 @@ import torch.distributed as dist
 from common import load_example
 from torch import nn
 
-from autosplit import distributed, steal
-from autosplit.claims import relative_spread
+from autosplit import distributed
 from autosplit.distributed.job import returns_own_loss
-from autosplit.losses import model_loss
-from autosplit.peak_memory import rise_during, tensor_bytes
+from autosplit.measure import steal_time
+from autosplit.measure.losses import model_loss
+from autosplit.measure.peak_memory import rise_during, tensor_bytes
+from autosplit.measure.spread import relative_spread
 from autosplit.records import Plan
 
 LR = 0.001  # SGD's learning rate, the tutorial's
@@ -297,7 +298,7 @@ def _trainer(plan: Plan, model: nn.Module, device: torch.device,
              inputs: tuple[torch.Tensor, ...] = (), kwargs: dict[str, torch.Tensor] | None = None,
              own_loss: bool = False) -> Any:
     """This rank's ``Trainer`` of ``plan``: the tutorial's loss (``own_loss``: the model's own,
-    :func:`autosplit.losses.model_loss`), SGD at its learning rate; the replicas' losses not
+    :func:`autosplit.measure.losses.model_loss`), SGD at its learning rate; the replicas' losses not
     averaged every step, as ``autosplit run`` trains. A model with keyword inputs is captured
     from its call (``inputs``, ``kwargs``), as ``autosplit run`` captures it."""
     example = {"example_inputs": inputs, "example_kwargs": kwargs} if kwargs else {}
@@ -307,10 +308,10 @@ def _trainer(plan: Plan, model: nn.Module, device: torch.device,
 
 
 def start_marks() -> dict[str, Any]:
-    """The wall clock, this process's CPU time and the machine's (:func:`autosplit.steal.cpu_seconds`)
+    """The wall clock, this process's CPU time and the machine's (:func:`autosplit.measure.steal_time.cpu_seconds`)
     now, for :func:`add_machine_load` at the end of a measurement."""
     return {"wall": time.perf_counter(), "own": time.process_time(),
-            "machine": steal.cpu_seconds()}
+            "machine": steal_time.cpu_seconds()}
 
 
 def add_machine_load(load: dict[str, Any], marks: dict[str, Any],
@@ -343,12 +344,12 @@ def _checked(runner: Any, group: Group, rank: int, label: str,
     cores = os.cpu_count() or 1
     retaken = [0, 0]  # disturbed, faulted
     for attempt in range(group.retries + 1):
-        before, own = steal.cpu_seconds(), time.process_time()
+        before, own = steal_time.cpu_seconds(), time.process_time()
         start = time.perf_counter()
         seconds = runner()
         wall = time.perf_counter() - start
         own = time.process_time() - own
-        after = steal.cpu_seconds()
+        after = steal_time.cpu_seconds()
         used = (None if before is None or after is None
                 else (after[0] - before[0], after[1] - before[1]))
         gathered: list[Any] = [None] * dist.get_world_size()
@@ -381,13 +382,13 @@ def disturbance(busy_s: float, stolen_s: float, ranks_cpu_s: float, wall_s: floa
     (the machine's busy time ``busy_s`` less the ranks' own ``ranks_cpu_s``) plus the time the
     hypervisor stole from this machine's virtual cores (``stolen_s``: they were ready to run,
     and waited), as a share of all ``cores``' time over ``wall_s`` (all in seconds); and
-    whether that is enough to judge at all (under :data:`autosplit.steal.MIN_JUDGED_S`, too
+    whether that is enough to judge at all (under :data:`autosplit.measure.steal_time.MIN_JUDGED_S`, too
     few ticks of /proc/stat).
 
     Stolen time counts like another process's: the ranks were ready to run and did not (what it
-    did to one accuracy run: :mod:`autosplit.steal`)."""
+    did to one accuracy run: :mod:`autosplit.measure.steal_time`)."""
     lost = max(0.0, busy_s - ranks_cpu_s) + max(0.0, stolen_s)
-    return lost / max(wall_s * cores, 1e-9), lost >= steal.MIN_JUDGED_S
+    return lost / max(wall_s * cores, 1e-9), lost >= steal_time.MIN_JUDGED_S
 
 
 def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count: int,
@@ -438,7 +439,7 @@ def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count:
                   f"in {time.perf_counter() - start:.1f} s{extra}", flush=True)
     wall = time.perf_counter() - marks["wall"]
     own = time.process_time() - marks["own"]
-    after = steal.cpu_seconds()
+    after = steal_time.cpu_seconds()
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (times, own, faults))  # every rank gets every rank's
     merged = {label: [max(col) for col in zip(*(g[0][label] for g in gathered))] for label in labels}
@@ -463,7 +464,7 @@ def _rounds(group: Group, labels: Sequence[str], runners: dict[str, Any], count:
 def _noisy(times: dict[str, list[float]], labels: Sequence[str], max_spread: float) -> bool:
     """Whether some configuration's timings so far, the slowest rank's (gathered: every rank
     decides alike), spread by more than ``max_spread``
-    (:func:`autosplit.claims.relative_spread`). Collective."""
+    (:func:`autosplit.measure.spread.relative_spread`). Collective."""
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, times)
     return any(relative_spread([max(col) for col in zip(*(g[label] for g in gathered))])
@@ -567,7 +568,7 @@ def peak_memory(plan: Plan, model: nn.Module, inputs: tuple[torch.Tensor, ...], 
     """Every rank's peak tensor memory (bytes) while a fresh ``Trainer`` of ``plan`` is built
     and trains ``steps`` steps: its stages' parameters and buffers, plus the highest rise of
     allocated memory above the level before (gradients, optimizer state, activations in flight,
-    received values; :func:`autosplit.peak_memory.rise_during`). Untimed: the profiler that
+    received values; :func:`autosplit.measure.peak_memory.rise_during`). Untimed: the profiler that
     measures it on a CPU slows the step. Collective: every rank calls it alike."""
     model.zero_grad(set_to_none=True)  # gradients left by earlier configurations
     gc.collect()

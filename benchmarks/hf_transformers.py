@@ -48,7 +48,7 @@ Every plan carries autosplit's predicted step by block sums (the hand-made balan
 ``plan_with_balance``, the same model); each row gives it beside the measured median, min, max
 and interquartile range, and the prediction's error (predicted − measured) / measured.
 autosplit's two plans are also verified as ``autosplit plan`` verifies what it prints: their
-stages timed as they run, beside the neighbouring worker (``autosplit.verify.verify_plans``),
+stages timed as they run, beside the neighbouring worker (``autosplit.verify.plans.verify_plans``),
 before the launch; the choice's error is that of the verified prediction, the figure the
 command prints.
 
@@ -219,8 +219,8 @@ def verified_plans(model: nn.Module, kwargs: dict[str, torch.Tensor], profile: P
     """``plans`` predicted again from their stages timed as they run, as ``autosplit plan``
     verifies (one session; the command chooses on a first one and predicts from a second)."""
     from autosplit.capture.trace import trace
-    from autosplit.profiler import check_inputs
-    from autosplit.verify import verify_plans
+    from autosplit.measure.profiler import check_inputs
+    from autosplit.verify.plans import verify_plans
 
     graph = trace(model, example_inputs=(), example_kwargs=kwargs)
     flat = check_inputs(graph.signature.flatten((), kwargs, graph.model_name))

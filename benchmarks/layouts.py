@@ -3,12 +3,12 @@ pipeline and the hand split, predicted and measured.
 
 For each model: one profile (``autosplit.profile``, one CPU worker of one thread, the training
 loss timed with the last block) and the gloo all-reduce's bandwidth and latency measured once as
-DDP synchronises a backward (``autosplit.collectives.measure_allreduce``); then, as ``autosplit plan --gpus 2`` does,
+DDP synchronises a backward (``autosplit.measure.collectives.measure_allreduce``); then, as ``autosplit plan --gpus 2`` does,
 the best plan of every layout (``plan_layouts``: 2 ranks × 1, 1 stage × 2 replicas) and the
 best pipelines by block sums (``plan_candidates``), both with the schedule searched as the
 command searches it (``schedule="auto"``: GPipe, 1F1B and the schedules of 2 stages per rank,
 such as looped BFS), all verified together stage by stage
-(``autosplit.verified_choice.verify_and_choose``), the fastest verified plan (among those
+(``autosplit.verify.choice.verify_and_choose``), the fastest verified plan (among those
 within noise or 3 % of it, the best by block sums) being autosplit's choice.
 Each model's plans are measured right after they are verified (before the next model is
 profiled: the machine's drift between prediction and measurement is that of minutes),
@@ -44,13 +44,13 @@ from report import lead_in_words, load_sentence
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
 import autosplit
-from autosplit.allocator import restart_keeping_freed_memory
-from autosplit.collectives import AllReduceCost, measure_allreduce, measure_link_bandwidth
 from autosplit.comparison import manual_plan
+from autosplit.measure.allocator import restart_keeping_freed_memory
+from autosplit.measure.collectives import AllReduceCost, measure_allreduce, measure_link_bandwidth
+from autosplit.measure.runtime_cost import action_costs, measure_one_stage_action_ms
 from autosplit.planner import plan_candidates, plan_layouts
 from autosplit.records import Plan
-from autosplit.runtime_cost import action_costs, measure_one_stage_action_ms
-from autosplit.verified_choice import verify_and_choose
+from autosplit.verify.choice import verify_and_choose
 
 AUTO, DP, PIPE, HAND = "autosplit", "data parallel", "best pipeline", "hand split"
 GOALS = {"choice": 0.98, "dp_error": 0.10}
@@ -242,5 +242,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

@@ -22,7 +22,7 @@ from common import RESULTS, describe, load_example, machine, write_results
 
 import autosplit
 from autosplit.capture.trace import trace
-from autosplit.profiler import profile_graph
+from autosplit.measure.profiler import profile_graph
 
 
 def measure(name: str, model, inputs, stages: list[int], budget_s: float) -> dict:  # type: ignore[no-untyped-def]

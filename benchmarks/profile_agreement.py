@@ -20,11 +20,11 @@ import torch
 import torchvision
 
 import autosplit
-from autosplit.allocator import restart_keeping_freed_memory
 from autosplit.capture.trace import trace
 from autosplit.comparison import manual_plan
+from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.planner import plan_candidates
-from autosplit.verified_choice import verify_and_choose
+from autosplit.verify.choice import verify_and_choose
 
 SIZES = [8, 12, 16, 24]
 
@@ -78,5 +78,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

@@ -46,7 +46,7 @@ from report import lead_in_words, load_sentence, plural
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
 import autosplit
-from autosplit.allocator import restart_keeping_freed_memory
+from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.planner import plan_with_balance
 
 ONE = "one device"
@@ -255,5 +255,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

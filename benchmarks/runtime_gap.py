@@ -3,7 +3,7 @@ action by action, on 2 CPU workers.
 
 For each model, autosplit plans it for 2 CPU workers with ``--schedule`` (GPipe by default;
 the profile, the runtime's cost per action and the link measured as ``autosplit plan``
-measures them) and verifies the plan's stages (``autosplit.verify.verify_plans``). Then the
+measures them) and verifies the plan's stages (``autosplit.verify.plans.verify_plans``). Then the
 plan trains ``--steps`` steps on 2 gloo ranks, back to back after warm-up steps (more until a
 step faults in no fresh memory: ``harness.settled``), with every
 action of torch's runtime timed from inside it on a clock common to both ranks: each stage's
@@ -50,15 +50,15 @@ from harness import ModelSpec, page_faults, settled
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
 import autosplit
-from autosplit.allocator import restart_keeping_freed_memory
-from autosplit.collectives import measure_link_bandwidth
 from autosplit.errors import AutosplitError, InvalidInputError
+from autosplit.measure.allocator import restart_keeping_freed_memory
+from autosplit.measure.collectives import measure_link_bandwidth
+from autosplit.measure.runtime_cost import action_costs
 from autosplit.records import Plan
-from autosplit.runtime_cost import action_costs
 from autosplit.schedules import SPLIT_BACKWARD, torch_order
 from autosplit.simulator import simulate_plan
 from autosplit.validation import KNOWN_SCHEDULES
-from autosplit.verify import verify_plans
+from autosplit.verify.plans import verify_plans
 
 GIVEN = " (the cut given by --balance, not autosplit's plan)"
 SLOW_RECEIVE_MS = 1.0  # a receive (posting + waiting) longer than this is counted as slow
@@ -216,7 +216,7 @@ def _all_settled(faults: int) -> bool:
 def _in_rank(model: Any, inputs: Any, plan: Plan, loss: str, repeats: int
              ) -> dict[str, dict[str, list[float]]]:
     """This rank's stages timed in the rank as verification times them
-    (:func:`autosplit.stage_timing.time_stages`: the stage's blocks together, its schedule's
+    (:func:`autosplit.verify.stage_timing.time_stages`: the stage's blocks together, its schedule's
     micro-batches in flight, here in this process), ``repeats`` times each way, interleaved:
     ``"alone"`` while the other ranks wait at a barrier, ``"together"`` while they time
     theirs. Per way, ``{"F<s>": [ms, …], "B<s>": [ms, …]}``."""
@@ -224,13 +224,14 @@ def _in_rank(model: Any, inputs: Any, plan: Plan, loss: str, repeats: int
 
     import torch.distributed as dist
 
-    from autosplit import fresh_process, timed_runs
     from autosplit.distributed import stage_ranks
-    from autosplit.distributed.stage_module import V_SCHEDULES
-    from autosplit.stage_timing import time_stages
+    from autosplit.measure import timing_process
+    from autosplit.schedules.placement import V_SCHEDULES
     from autosplit.stages import block_ranges
+    from autosplit.verify import timed_runs
+    from autosplit.verify.stage_timing import time_stages
 
-    os.environ[fresh_process.IN_PROCESS] = "1"  # in this rank, not in a fresh process
+    os.environ[timing_process.IN_PROCESS] = "1"  # in this rank, not in a fresh process
     rank, world = dist.get_rank(), dist.get_world_size()
     graph = autosplit.trace(model, example_inputs=inputs)
     place = stage_ranks(len(plan.stages), world, plan.schedule in V_SCHEDULES)
@@ -674,5 +675,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

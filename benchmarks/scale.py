@@ -51,8 +51,8 @@ from common import (
     write_results,
 )
 
-from autosplit.analytic import analytic_profile, build_on_meta
 from autosplit.errors import InfeasiblePlanError
+from autosplit.estimate.analytic import analytic_profile, build_on_meta
 from autosplit.planner import plan_layouts
 from autosplit.records import Plan
 from autosplit.sharding import mode_label

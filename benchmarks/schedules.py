@@ -8,10 +8,10 @@ per rank, cuts, micro-batch size and per-stage recomputation) gives the best pla
 schedule; autosplit's choice is made as ``autosplit plan`` makes it (``command_choice``: the
 best plans at the three best micro-batch sizes by block sums, verified, the fastest kept); the
 hand split (examples/resnet50.py's, GPipe, split 20) is scored on the same profile. Every
-plan's stages are then timed as they run (``autosplit.verify.time_plans``: on a CPU, a
+plan's stages are then timed as they run (``autosplit.verify.plans.time_plans``: on a CPU, a
 pipeline's stages alone and beside the neighbouring worker's stage) and its step predicted
 again from them
-(``autosplit.verify.predict_verified``); from the same timings, each pipeline is also
+(``autosplit.verify.plans.predict_verified``); from the same timings, each pipeline is also
 predicted with every stage as timed alone and as timed beside, to show where the measured step
 lies between the two. Measured right
 after (each model's plans measured before the next model is profiled, so that the machine's
@@ -55,19 +55,19 @@ from report import lead_in_words, load_sentence
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
 import autosplit
-from autosplit.allocator import restart_keeping_freed_memory
-from autosplit.collectives import measure_link_bandwidth
 from autosplit.comparison import manual_plan
-from autosplit.distributed.stage_module import V_SCHEDULES, stage_ranks
 from autosplit.errors import InfeasiblePlanError
+from autosplit.measure.allocator import restart_keeping_freed_memory
+from autosplit.measure.collectives import measure_link_bandwidth
+from autosplit.measure.runtime_cost import action_costs
 from autosplit.planner import plan_candidates
 from autosplit.planner.schedules import plan_schedules
 from autosplit.planner.search import candidate_sizes
 from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile
-from autosplit.runtime_cost import action_costs
-from autosplit.verified_choice import verify_and_choose
-from autosplit.verify import predict_verified, time_plans, verify_plans
+from autosplit.schedules.placement import V_SCHEDULES, stage_ranks
+from autosplit.verify.choice import verify_and_choose
+from autosplit.verify.plans import predict_verified, time_plans, verify_plans
 
 AUTO, HAND, LIMITED = "autosplit", "hand split (GPipe)", "autosplit, memory-limited"
 GOALS = {"vs_hand": 1.10, "step_error": 0.05, "memory_error": 0.10}
@@ -114,7 +114,7 @@ def command_choice(graph: Any, inputs: Any, profile: Profile, memory: int | None
     """autosplit's choice as ``autosplit plan`` makes it: the best pipelines of
     ``schedule="auto"`` at the three best micro-batch sizes by block sums, their stages timed as
     they run and the fastest verified one kept (among those within noise or 3 %, the best by block sums:
-    ``autosplit.verified_choice``); returned as planned (block sums), to be timed again with
+    ``autosplit.verify.choice``); returned as planned (block sums), to be timed again with
     every other plan, with how it was chosen (the first session's figures, in words)."""
     candidates = plan_candidates(profile, 2, top_k=3, schedule="auto", memory_per_gpu=memory)
     chosen, _ = verify_and_choose(graph, inputs, profile, candidates, {}, budget_s=budget_s)
@@ -376,7 +376,7 @@ def markdown(data: dict[str, Any]) -> str:
         spreads = m.get("action_spread", {})
         cost = ", ".join(f"{k} {v:.2f}" + (f" ± {spreads[k]:.2f}" if k in spreads else "")
                          + " ms" for k, v in m.get("action_ms", {}).items())
-        lines += ["", (f"Runtime cost per action, measured (`autosplit.runtime_cost`; ± its "
+        lines += ["", (f"Runtime cost per action, measured (`autosplit.measure.runtime_cost`; ± its "
                        f"spread over the rounds, in each verified plan's ±) and in "
                        f"every prediction: {cost or 'not measured'}.")]
         lines += ["", (f"Backward split: {m['backward_split'] or 'none'}. Profile "
@@ -394,5 +394,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

@@ -47,8 +47,8 @@ from report import despine, lead_in_words, load_sentence, plural, pyplot, save_f
 from torch import nn
 from two_devices import time_in_process
 
-from autosplit.allocator import restart_keeping_freed_memory
 from autosplit.capture.trace import trace
+from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.records import Plan, Stage
 from autosplit.solve import manual
 from autosplit.stages import stage_layout
@@ -310,5 +310,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/allocator.py
+    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

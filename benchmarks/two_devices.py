@@ -14,7 +14,8 @@ import torch
 from harness import LR, ModelSpec, add_machine_load, start_marks, sync
 from torch import nn
 
-from autosplit import distributed, steal
+from autosplit import distributed
+from autosplit.measure import steal_time
 
 
 class TwoDeviceResNet(nn.Module):
@@ -88,6 +89,6 @@ def time_in_process(spec: ModelSpec, configs: list[tuple[str, int | None]], devi
         print(f"  {'warm-up' if r == 0 else f'round {r}/{repeats}'} done", flush=True)
     wall = time.perf_counter() - marks["wall"]
     load: dict[str, Any] = {"wall_s": wall, "ranks_cpu_s": time.process_time() - marks["own"]}
-    after = steal.cpu_seconds()
+    after = steal_time.cpu_seconds()
     add_machine_load(load, marks, after)
     return times, load

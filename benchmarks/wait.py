@@ -22,7 +22,7 @@ is another commit of the same repository, checked out for the run in a temporary
 tree, so its own code is imported (checked before timing), on its own examples/.
 
 The cache: the machine's figures (all-reduce, link, the runtime's cost per action) are kept in
-the file ``$AUTOSPLIT_CACHE`` names (``autosplit.machine_figures.cache_path``). Cold: a file not
+the file ``$AUTOSPLIT_CACHE`` names (``autosplit.measure.machine_cache.cache_path``). Cold: a file not
 there yet, in a fresh empty folder. Warm: the file the cold run of the same command and
 revision just wrote. Code without the cache ignores the variable: cold and warm then differ by
 noise alone, which is the truth about that code. Whether the cold run left a cache file is

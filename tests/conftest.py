@@ -16,8 +16,8 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 import autosplit
-from autosplit.fresh_process import IN_PROCESS
-from autosplit.neighbour import ALONE
+from autosplit.measure.contention import ALONE
+from autosplit.measure.timing_process import IN_PROCESS
 from autosplit.pipeline import PipelinedModule
 
 os.environ.setdefault(IN_PROCESS, "1")  # CPU timings here, not in a fresh process each: the
@@ -43,13 +43,13 @@ def _seed_and_quiet() -> None:
 
 
 def own_machine_cache(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
-    """A cache file at ``path`` (autosplit.machine_figures) holding made-up figures for this
+    """A cache file at ``path`` (autosplit.measure.machine_cache) holding made-up figures for this
     machine, and ``AUTOSPLIT_CACHE`` naming it: nothing read from the cache of the machine it
     runs on, nothing that depends on what measuring the machine gives."""
     import time
 
-    from autosplit.machine_figures import MachineFigures, MachineKey, save
-    from autosplit.runtime_cost import MEASURED
+    from autosplit.measure.machine_cache import MachineFigures, MachineKey, save
+    from autosplit.measure.runtime_cost import MEASURED
 
     names = tuple(dict.fromkeys(name for name, _ in MEASURED))
     save(path, MachineFigures(MachineKey.here("gloo", "cpu", threads=1), time.time(),
@@ -65,7 +65,7 @@ def quick_runtime_costs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The runtime's cost per action measured on smaller stages over fewer rounds than
     ``autosplit plan`` takes (the suite's time: the defaults took 2 min per measurement of
     every schedule); what is measured is not asserted, only how."""
-    from autosplit import runtime_cost
+    from autosplit.measure import runtime_cost
 
     monkeypatch.setattr(runtime_cost, "LAYERS", 4)
     monkeypatch.setattr(runtime_cost, "ROUNDS", 5)

@@ -1,4 +1,4 @@
-"""The C allocator's settings for the processes autosplit starts (autosplit/allocator.py)."""
+"""The C allocator's settings for the processes autosplit starts (autosplit/measure/allocator.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from autosplit import allocator
+from autosplit.measure import allocator
 
 glibc = pytest.mark.skipif(not allocator.applies(), reason="the settings are glibc's")
 
@@ -56,7 +56,7 @@ def test_restart_runs_the_program_again_with_the_settings():
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("MALLOC_") and k not in (allocator.OPT_OUT, "GLIBC_TUNABLES")}
     code = ("import os, sys; print('start', flush=True); "
-            "from autosplit.allocator import restart_keeping_freed_memory as r; r(); "
+            "from autosplit.measure.allocator import restart_keeping_freed_memory as r; r(); "
             "print(os.environ.get('MALLOC_MMAP_THRESHOLD_'), sys.argv[1:])")
     out = subprocess.run([sys.executable, "-c", code, "a", "b"], env=env, capture_output=True,
                          text=True, check=True).stdout.split("\n")
@@ -67,7 +67,7 @@ def test_restart_runs_the_program_again_with_the_settings():
 def test_restart_leaves_a_decided_process_alone():
     env = {**os.environ, allocator.OPT_OUT: "1"}
     code = ("print('start', flush=True); "
-            "from autosplit.allocator import restart_keeping_freed_memory as r; r(); print('on')")
+            "from autosplit.measure.allocator import restart_keeping_freed_memory as r; r(); print('on')")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["start", "on"]

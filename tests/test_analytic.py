@@ -20,7 +20,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import autosplit
-from autosplit.analytic import (
+from autosplit.errors import InvalidInputError, ModelMismatchError, RecordFileError
+from autosplit.estimate.analytic import (
     analytic_profile,
     block_flops,
     build_on_meta,
@@ -28,7 +29,6 @@ from autosplit.analytic import (
     profile_from_costs,
     to_meta,
 )
-from autosplit.errors import InvalidInputError, ModelMismatchError, RecordFileError
 from autosplit.records import Profile
 from autosplit.specs import (
     KNOWN_DEVICES,
@@ -223,7 +223,7 @@ _SEVEN_B = textwrap.dedent(
     import importlib.util, json, resource, sys, time
     import torch
     import autosplit
-    from autosplit.analytic import analytic_profile, build_on_meta
+    from autosplit.estimate.analytic import analytic_profile, build_on_meta
     from autosplit.specs import get_spec
     spec_ = importlib.util.spec_from_file_location("gpt", sys.argv[1])
     gpt = importlib.util.module_from_spec(spec_); spec_.loader.exec_module(gpt)

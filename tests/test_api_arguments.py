@@ -14,8 +14,9 @@ from models import ToyModel
 from synthetic import make_profile
 
 import autosplit
-from autosplit import analytic, comparison, planner, simulator, solve, specs
+from autosplit import comparison, planner, simulator, solve, specs
 from autosplit.errors import ArgumentTypeError, InvalidInputError
+from autosplit.estimate import analytic
 from autosplit.specs import get_spec
 from autosplit.units import parse_bytes
 

@@ -280,7 +280,7 @@ def test_a_ratio_holds_when_the_measured_one_is_inside_the_printed_interval() ->
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from accuracy_cases import printed_interval
 
-    from autosplit.claims import PREDICTION_ERROR
+    from autosplit.measure.spread import PREDICTION_ERROR
 
     auto = {"predicted_ms": 300.0, "step_spread": 0.01}
     one = {"predicted_ms": 400.0, "step_spread": 0.01}
@@ -300,7 +300,7 @@ def test_one_device_runs_its_batch_as_its_prediction_does() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from harness import one_device_parts
 
-    from autosplit.losses import tutorial_loss
+    from autosplit.measure.losses import tutorial_loss
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))

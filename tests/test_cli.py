@@ -329,7 +329,7 @@ def test_plan_measures_the_runtime_cost_of_only_the_schedules_that_can_win(
     import time as clock
 
     from autosplit.cli import measuring
-    from autosplit.machine_figures import MachineFigures, MachineKey, Measurers, save
+    from autosplit.measure.machine_cache import MachineFigures, MachineKey, Measurers, save
 
     key = MachineKey.here("gloo", "cpu", threads=1)
     path = tmp_path / "machine.json"  # the collectives measured, no schedule's cost yet

@@ -23,7 +23,7 @@ from zoo_checks import assert_same_output, assert_trains_like, reference
 
 from autosplit.capture.trace import trace
 from autosplit.codegen import emit
-from autosplit.fresh_process import model_files
+from autosplit.measure.timing_process import model_files
 from autosplit.modelfile import load_model_file
 
 pytest.importorskip("transformers")

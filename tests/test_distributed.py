@@ -1,6 +1,6 @@
 """One process per stage on torch.distributed.pipelining (gloo on 127.0.0.1).
 
-Every multi-process test launches real ranks with autosplit.distributed.launch (the torchrun
+Every multi-process test launches real ranks with autosplit.launch (the torchrun
 launcher) and compares, on rank 0 after gathering, the loss, every parameter gradient, the
 parameters after an SGD step and the BatchNorm statistics with the same model run in this
 process on the same micro-batches: each micro-batch's loss backpropagated, the gradients then

@@ -12,19 +12,19 @@ from models import LongSkip
 from torch import nn
 
 import autosplit
-from autosplit import fresh_process
 from autosplit.errors import InvalidInputError, ModelMismatchError, RankFailedError
+from autosplit.measure import timing_process
+from autosplit.measure.profiler import profile_graph
 from autosplit.planner import plan_candidates
-from autosplit.profiler import profile_graph
-from autosplit.verified_choice import verify_and_choose
-from autosplit.verify import time_stages
+from autosplit.verify.choice import verify_and_choose
+from autosplit.verify.plans import time_stages
 
 
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """Timings in a fresh process (the suite times in its own process otherwise)."""
-    monkeypatch.delenv(fresh_process.IN_PROCESS, raising=False)
-    assert fresh_process.enabled()
+    monkeypatch.delenv(timing_process.IN_PROCESS, raising=False)
+    assert timing_process.enabled()
 
 
 class Unloadable(nn.Module):
@@ -49,7 +49,7 @@ def test_profile_in_a_fresh_process_equals_one_here(fresh: None, monkeypatch: py
     seen: list[tuple[int, int, str]] = []
     there = profile_graph(graph, (x,), microbatch_sizes=[4, 8], repeats=2,
                           progress=lambda *call: seen.append(call))
-    monkeypatch.setenv(fresh_process.IN_PROCESS, "1")
+    monkeypatch.setenv(timing_process.IN_PROCESS, "1")
     here_seen: list[tuple[int, int, str]] = []
     here = profile_graph(graph, (x,), microbatch_sizes=[4, 8], repeats=2,
                          progress=lambda *call: here_seen.append(call))
@@ -83,8 +83,8 @@ def test_an_error_class_that_needs_more_than_its_message_is_named(
     # the child imports this file (tests/ on its path); RankFailedError needs the failing
     # rank too, so it comes back as FreshProcessError naming it, with its message
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
-    with pytest.raises(fresh_process.FreshProcessError, match="RankFailedError: rank 1 died"):
-        fresh_process.run_fresh(_raise_rank_failed, "rank 1 died")
+    with pytest.raises(timing_process.FreshProcessError, match="RankFailedError: rank 1 died"):
+        timing_process.run_fresh(_raise_rank_failed, "rank 1 died")
 
 
 def test_what_cannot_travel_is_timed_here_with_a_warning(fresh: None) -> None:
@@ -93,20 +93,20 @@ def test_what_cannot_travel_is_timed_here_with_a_warning(fresh: None) -> None:
         prof = profile_graph(graph, (torch.randn(4, 6),), microbatch_sizes=[4], repeats=2)
     assert prof.microbatch_sizes == (4,)
     with pytest.warns(RuntimeWarning, match="do not pickle"):
-        made = fresh_process.run_fresh(dict, a=lambda: 7)  # a lambda does not pickle
+        made = timing_process.run_fresh(dict, a=lambda: 7)  # a lambda does not pickle
     assert made["a"]() == 7 and made["progress"] is None
 
 
 def test_an_unexpected_failure_is_named(fresh: None) -> None:
-    with pytest.raises(fresh_process.FreshProcessError, match="TypeError"):
-        fresh_process.run_fresh(int, "7")  # int() takes no progress= argument
+    with pytest.raises(timing_process.FreshProcessError, match="TypeError"):
+        timing_process.run_fresh(int, "7")  # int() takes no progress= argument
 
 
 def test_cheap_checks_come_before_any_process(fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_process(*args: object, **kwargs: object) -> None:
         raise AssertionError("a process was started")
 
-    monkeypatch.setattr(fresh_process, "run_fresh", no_process)
+    monkeypatch.setattr(timing_process, "run_fresh", no_process)
     graph = autosplit.trace(LongSkip())
     with pytest.raises(InvalidInputError, match="loss"):
         profile_graph(graph, (torch.randn(8, 6),), loss="hinge")
@@ -117,12 +117,12 @@ def test_cheap_checks_come_before_any_process(fresh: None, monkeypatch: pytest.M
 
 
 def _in_process_flag(progress: object = None) -> str | None:
-    return os.environ.get(fresh_process.IN_PROCESS)
+    return os.environ.get(timing_process.IN_PROCESS)
 
 
 def test_the_fresh_process_times_in_itself(fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the child imports this file
-    assert fresh_process.run_fresh(_in_process_flag) == "1"  # no process of its own
+    assert timing_process.run_fresh(_in_process_flag) == "1"  # no process of its own
 
 
 def test_both_verification_sessions_run_in_one_fresh_process(
@@ -132,13 +132,13 @@ def test_both_verification_sessions_run_in_one_fresh_process(
     candidates = plan_candidates(prof, 2, top_k=3)
     assert len(candidates) > 1
     started: list[object] = []
-    run_fresh = fresh_process.run_fresh
+    run_fresh = timing_process.run_fresh
 
     def counted(fn: object, *args: object, **kwargs: object) -> object:
         started.append(fn)
         return run_fresh(fn, *args, **kwargs)
 
-    monkeypatch.setattr(fresh_process, "run_fresh", counted)
+    monkeypatch.setattr(timing_process, "run_fresh", counted)
     seen: list[tuple[int, int, str]] = []
     best, others = verify_and_choose(autosplit.trace(model), x, prof, candidates,
                                      {"hand": candidates[-1]}, rounds=2, max_rounds=2,
@@ -158,7 +158,7 @@ def test_a_plan_of_another_model_is_refused_before_any_process(
     def no_process(*args: object, **kwargs: object) -> None:
         raise AssertionError("a process was started")
 
-    monkeypatch.setattr(fresh_process, "run_fresh", no_process)
+    monkeypatch.setattr(timing_process, "run_fresh", no_process)
     with pytest.raises(ModelMismatchError):
         verify_and_choose(autosplit.trace(other), x, prof, candidates)
 
@@ -179,25 +179,25 @@ def _crash(progress: object = None) -> None:
 def test_one_worker_takes_every_job_of_a_block(fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the child imports this file
     seen: list[tuple[int, int, str]] = []
-    with fresh_process.worker() as outer:
-        first = fresh_process.run_fresh(_pid, progress=lambda *a: seen.append(a))
-        with fresh_process.worker() as inner:  # a block inside uses the outer worker
+    with timing_process.worker() as outer:
+        first = timing_process.run_fresh(_pid, progress=lambda *a: seen.append(a))
+        with timing_process.worker() as inner:  # a block inside uses the outer worker
             assert inner is outer
-            second = fresh_process.run_fresh(_pid)
+            second = timing_process.run_fresh(_pid)
         with pytest.raises(InvalidInputError, match="refused there"):  # errors come back
-            fresh_process.run_fresh(_refuse)
-        third = fresh_process.run_fresh(_pid)
+            timing_process.run_fresh(_refuse)
+        third = timing_process.run_fresh(_pid)
     assert first == second == third != os.getpid()
     assert seen == [(1, 2, "half")]
-    with fresh_process.worker():  # a new block: a new process
-        assert fresh_process.run_fresh(_pid) != first
-    assert fresh_process.run_fresh(_pid) not in (first, os.getpid())  # outside: one per job
+    with timing_process.worker():  # a new block: a new process
+        assert timing_process.run_fresh(_pid) != first
+    assert timing_process.run_fresh(_pid) not in (first, os.getpid())  # outside: one per job
 
 
 def test_a_worker_that_dies_is_named_and_replaced(fresh: None,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
-    with fresh_process.worker():
-        with pytest.raises(fresh_process.FreshProcessError, match="exit code 3"):
-            fresh_process.run_fresh(_crash)
-        assert fresh_process.run_fresh(_pid) != os.getpid()  # a new process takes the next job
+    with timing_process.worker():
+        with pytest.raises(timing_process.FreshProcessError, match="exit code 3"):
+            timing_process.run_fresh(_crash)
+        assert timing_process.run_fresh(_pid) != os.getpid()  # a new process takes the next job

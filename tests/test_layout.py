@@ -1,5 +1,6 @@
-"""The package's shape: no import cycle in autosplit/, no module over 450 lines, and no public
-function of more than 8 parameters (but those listed until their options become records).
+"""The package's shape: no import cycle in autosplit/, measuring below planning and running
+(:data:`LAYERS`), no module over 450 lines, and no public function of more than 8 parameters
+(but those listed until their options become records).
 
 All read the source with ``ast`` and import nothing, so they are fast and see every module,
 including those that need optional dependencies.
@@ -172,10 +173,11 @@ MAX_PARAMETERS = 8
 # Public functions over MAX_PARAMETERS, until their options become records (ProfileOptions,
 # PlanSettings): each must leave this list when it is fixed, and none may join it.
 MANY_PARAMETERS_FOR_NOW = {
-    "analytic.py:analytic_profile", "distributed/launch.py:launch",
+    "estimate/analytic.py:analytic_profile", "launch.py:launch",
     "partitioning.py:partition", "planner/replicated.py:plan_replicated",
     "planner/search.py:plan", "planner/settings.py:PlanSettings.check",
-    "profiler.py:profile", "profiler.py:profile_graph", "stage_timing.py:time_stages",
+    "measure/profiler.py:profile", "measure/profiler.py:profile_graph",
+    "verify/stage_timing.py:time_stages",
 }
 
 
@@ -222,7 +224,7 @@ def _public_functions() -> dict[str, int]:
 
 def test_no_public_function_takes_more_than_8_parameters() -> None:
     functions = _public_functions()
-    assert "profiler.py:profile" in functions  # the walk sees the public API
+    assert "measure/profiler.py:profile" in functions  # the walk sees the public API
     over = {name for name, count in functions.items() if count > MAX_PARAMETERS}
     assert over - MANY_PARAMETERS_FOR_NOW == set(), "take an options record instead"
     assert MANY_PARAMETERS_FOR_NOW - over == set(), "fixed: take it off the list"
@@ -246,3 +248,33 @@ def test_no_private_name_is_imported_across_packages() -> None:
                 if private and _package_of(module) != _package_of(node.module):
                     crossing.append(f"{module} imports {node.module}.{alias.name}")
     assert crossing == [], "make the name public, or keep it inside its package"
+
+
+LAYERS: dict[str, tuple[str, ...]] = {
+    # package: the packages it must not import (at module level or inside a function)
+    "autosplit.measure": ("autosplit.planner", "autosplit.solve", "autosplit.distributed",
+                          "autosplit.cli", "autosplit.verify", "autosplit.codegen"),
+    "autosplit.estimate": ("autosplit.planner", "autosplit.solve", "autosplit.distributed",
+                           "autosplit.cli", "autosplit.verify", "autosplit.codegen"),
+    "autosplit.verify": ("autosplit.distributed", "autosplit.cli", "autosplit.codegen"),
+    "autosplit.schedules": ("autosplit.planner", "autosplit.solve", "autosplit.distributed",
+                            "autosplit.cli", "autosplit.measure", "autosplit.verify"),
+}
+"""The data flow, capture → measure → plan → verify → build, as import rules: what measures
+knows nothing of planning or running a plan, what verifies nothing of running one."""
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_measuring_imports_nothing_from_planning_or_running() -> None:
+    eager, lazy = _graph("module"), _graph("function")
+    edges = {name: eager[name] | lazy[name] for name in MODULES}
+    assert any(_inside(m, "autosplit.measure") for m in edges)  # the rule sees the package
+    broken = sorted(
+        f"{module} imports {target}"
+        for package, banned in LAYERS.items()
+        for module, targets in edges.items() if _inside(module, package)
+        for target in targets if any(_inside(target, b) for b in banned))
+    assert broken == [], "layering (tests/test_layout.py LAYERS):\n" + "\n".join(broken)

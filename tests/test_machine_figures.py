@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autosplit.machine_figures import (
+from autosplit.measure.machine_cache import (
     MAX_AGE_S,
     MachineFigures,
     MachineKey,
@@ -161,21 +161,21 @@ def test_a_cold_cache_starts_the_cpu_ranks_once_for_the_collectives_and_the_one_
     measured on one launch of the ranks: the one-stage measurer then takes what it brought."""
     from synthetic import make_profile
 
-    from autosplit import machine_measure, runtime_cost
     from autosplit.cli.measuring import _machine
-    from autosplit.collectives import AllReduceCost, Collectives
+    from autosplit.measure import machine, runtime_cost
+    from autosplit.measure.collectives import AllReduceCost, Collectives
 
     launches: list[int] = []
 
-    def measured() -> machine_measure.CpuMachine:
+    def measured() -> machine.CpuMachine:
         launches.append(1)
-        return machine_measure.CpuMachine(Collectives(AllReduceCost(1e9, 0.5), 2e9),
+        return machine.CpuMachine(Collectives(AllReduceCost(1e9, 0.5), 2e9),
                                           (0.3, 0.1))
 
     def never() -> tuple[float, float]:
         raise AssertionError("a second launch")
 
-    monkeypatch.setattr(machine_measure, "measure_cpu_machine", measured)
+    monkeypatch.setattr(machine, "measure_cpu_machine", measured)
     monkeypatch.setattr(runtime_cost, "measure_one_stage_action_ms", never)
     prof = make_profile([1], [[1.0]], batch_size=2)  # measured on a CPU worker
     _, measurers = _machine(prof)
@@ -185,7 +185,7 @@ def test_a_cold_cache_starts_the_cpu_ranks_once_for_the_collectives_and_the_one_
 
 
 def test_the_cpu_machine_is_measured_on_one_launch_of_two_ranks() -> None:
-    from autosplit.machine_measure import measure_cpu_machine
+    from autosplit.measure.machine import measure_cpu_machine
 
     machine = measure_cpu_machine(nbytes=2**17, link_bytes=2**16, repeats=1)
     found = machine.collectives

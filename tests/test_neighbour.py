@@ -17,11 +17,12 @@ from models import LongSkip
 from torch import nn
 
 import autosplit
-from autosplit import neighbour, timed_runs, verified_choice, verify
-from autosplit.neighbour import Neighbour
+from autosplit.measure import contention
+from autosplit.measure.contention import Neighbour
 from autosplit.planner import plan_candidates, plan_with_balance
 from autosplit.simulator import overlap_fractions, simulate, simulate_plan
-from autosplit.stage_timing import StageTime, time_stages
+from autosplit.verify import choice, plans, timed_runs
+from autosplit.verify.stage_timing import StageTime, time_stages
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="reads a process's CPU time from /proc")
@@ -30,8 +31,8 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
 @pytest.fixture
 def beside(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stages timed beside a neighbour (the suite times them alone otherwise, for speed)."""
-    monkeypatch.delenv(neighbour.ALONE, raising=False)
-    assert neighbour.enabled()
+    monkeypatch.delenv(contention.ALONE, raising=False)
+    assert contention.enabled()
 
 
 def _cpu_s(pid: int) -> float:
@@ -78,7 +79,7 @@ def test_stages_timed_beside_a_neighbour_say_so(beside: None) -> None:
 
 
 def test_with_the_switch_off_every_stage_is_timed_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(neighbour.ALONE, "1")
+    monkeypatch.setenv(contention.ALONE, "1")
     graph, inputs = _wide()
     times = time_stages(graph, inputs, [((0, 2, 16), (2, 4, 16))], rounds=2, max_rounds=2)
     assert not times[(0, 2, 16), (2, 4, 16)].beside
@@ -107,7 +108,7 @@ def test_a_neighbour_that_cannot_load_the_model_leaves_the_stages_timed_alone(
 
 def test_a_plans_stages_are_timed_beside_the_next_stage_and_one_device_alone(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(neighbour.ALONE, "1")
+    monkeypatch.setenv(contention.ALONE, "1")
     x = torch.randn(8, 6)
     profile = autosplit.profile(LongSkip(), (x,), microbatch_sizes=[2, 4], repeats=2)
     two = next(iter(plan_candidates(profile, 2)))
@@ -139,12 +140,12 @@ def test_a_verified_plan_says_its_stages_ran_beside_each_other(beside: None) -> 
     graph, inputs = _wide()
     profile = autosplit.profile(graph.module, inputs, microbatch_sizes=[8, 16], repeats=2)
     plan = next(iter(plan_candidates(profile, 2)))
-    out = verify.verify_plans(graph, inputs, profile, {"p": plan}, rounds=2, max_rounds=2)
+    out = plans.verify_plans(graph, inputs, profile, {"p": plan}, rounds=2, max_rounds=2)
     assert "beside its neighbouring worker" in out["p"].verification
     monkeypatch = pytest.MonkeyPatch()
     try:
-        monkeypatch.setenv(neighbour.ALONE, "1")
-        alone = verify.verify_plans(graph, inputs, profile, {"p": plan}, rounds=2, max_rounds=2)
+        monkeypatch.setenv(contention.ALONE, "1")
+        alone = plans.verify_plans(graph, inputs, profile, {"p": plan}, rounds=2, max_rounds=2)
     finally:
         monkeypatch.undo()
     assert "beside" not in alone["p"].verification
@@ -169,9 +170,9 @@ def test_a_pipeline_stage_is_its_time_alone_plus_the_overlapping_share_of_the_di
     plan = next(iter(plan_candidates(profile, 2, schedule="gpipe")))
     alone = [_time(30.0, False), _time(30.0, False)]
     together = [_time(36.0, True), _time(33.0, True)]
-    times, words, whole = verify._stage_times(plan, together + alone)
+    times, words, whole = plans._stage_times(plan, together + alone)
     assert whole is None  # GPipe runs no backward in one pass beside split ones
-    shares = overlap_fractions(simulate_plan(verify._scaled(plan, times, 0)))
+    shares = overlap_fractions(simulate_plan(plans._scaled(plan, times, 0)))
     assert 0 < min(shares) and max(shares) < 1  # a pipeline's ranks overlap in part
     for t, a, b, share in zip(times, alone, together, shares):
         assert t.compute_ms == pytest.approx(a.compute_ms + share * (b.compute_ms - a.compute_ms),
@@ -197,9 +198,9 @@ def test_dualpipev_weighs_its_one_pass_backwards_with_the_same_shares() -> None:
 
     alone, together = [split(30.0, False)] * n, [split(36.0 + s, True) for s in range(n)]
     one_alone, one_beside = [_time(24.0, False)] * n, [_time(30.0 + s, True) for s in range(n)]
-    times, _, one = verify._stage_times(plan, together + alone, whole=one_beside + one_alone)
+    times, _, one = plans._stage_times(plan, together + alone, whole=one_beside + one_alone)
     assert one is not None
-    shares = overlap_fractions(simulate_plan(verify._scaled(plan, times, 0, whole=one)))
+    shares = overlap_fractions(simulate_plan(plans._scaled(plan, times, 0, whole=one)))
     ranks = timed_runs.stage_ranks(plan)
     for s in range(n):
         weighed = ((times[s].compute_ms - alone[s].compute_ms)
@@ -216,9 +217,9 @@ def test_replicas_take_their_time_beside_each_other_and_one_device_alone() -> No
     one = plan_with_balance(profile, [len(profile.blocks)], 2)
     replicated = dataclasses.replace(one, replicas=2, microbatches=2)
     beside = _time(36.0, True)
-    assert verify._stage_times(replicated, [beside])[0] == [beside]
+    assert plans._stage_times(replicated, [beside])[0] == [beside]
     alone = _time(30.0, False)
-    assert verify._stage_times(one, [alone]) == ([alone], "", None)
+    assert plans._stage_times(one, [alone]) == ([alone], "", None)
 
 
 def test_a_neighbour_that_dies_is_said_and_the_rest_is_timed_alone() -> None:
@@ -249,7 +250,7 @@ def test_both_verification_sessions_share_one_neighbour(beside: None,
         started.append(self)
 
     monkeypatch.setattr(Neighbour, "__init__", counted)
-    best, others = verified_choice.verify_and_choose(graph, inputs, profile, candidates, {"hand": hand},
+    best, others = choice.verify_and_choose(graph, inputs, profile, candidates, {"hand": hand},
                                             rounds=2, max_rounds=2)
     assert len(started) == 1  # one process for the choosing and the predicting sessions
     (shared,) = started

@@ -9,7 +9,7 @@ from torch import nn
 import autosplit
 from autosplit.cost import block_transient_bytes
 from autosplit.errors import InvalidInputError
-from autosplit.peak_memory import change_during, rise_during, tensor_bytes
+from autosplit.measure.peak_memory import change_during, rise_during, tensor_bytes
 
 MB = 10**6
 

@@ -135,7 +135,7 @@ def test_pipelined_module_runs_what_it_is_given(monkeypatch: pytest.MonkeyPatch)
     def forbidden(*args: object, **kwargs: object) -> None:
         raise AssertionError("PipelinedModule called a policy function")
 
-    for target in ("autosplit.capture.trace.trace", "autosplit.profiler.profile_graph",
+    for target in ("autosplit.capture.trace.trace", "autosplit.measure.profiler.profile_graph",
                    "autosplit.planner.plan", "autosplit.devices.measure_link_bandwidth"):
         monkeypatch.setattr(target, forbidden)
     import autosplit.pipeline as mechanism

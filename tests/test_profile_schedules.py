@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 import autosplit
-from autosplit.analytic import analytic_profile
 from autosplit.errors import InvalidInputError, PlanFileError
+from autosplit.estimate.analytic import analytic_profile
 from autosplit.records import BlockProfile, Profile
 from autosplit.specs import get_spec
 

@@ -10,7 +10,7 @@ from torch import nn
 
 import autosplit
 from autosplit.errors import InvalidInputError, PlanFileError
-from autosplit.profile_budget import bracketing_count, default_microbatch_sizes
+from autosplit.measure.budget import bracketing_count, default_microbatch_sizes
 
 
 class WithDropout(nn.Module):
@@ -178,18 +178,18 @@ def test_cuda_link_bandwidth_is_measured(src: str, dst: str) -> None:
 
 
 def test_the_last_block_is_timed_with_the_loss(monkeypatch) -> None:
-    from autosplit import measurement
+    from autosplit.measure import block_timing
 
     model = LongSkip()
     n = len(autosplit.trace(model).blocks)
     calls: list[tuple[int, bool]] = []
-    real = measurement.timed_run
+    real = block_timing.timed_run
 
     def recording(seg, args, dev, hooks=None, loss=None):
         calls.append((seg.first, loss is not None))
         return real(seg, args, dev, hooks, loss)
 
-    monkeypatch.setattr(measurement, "timed_run", recording)
+    monkeypatch.setattr(block_timing, "timed_run", recording)
     prof = autosplit.profile(model, torch.randn(8, 6), microbatch_sizes=[4], warmup=0, repeats=1)
     assert prof.loss == "mse"
     assert {first for first, with_loss in calls if with_loss} == {n - 1}
@@ -205,7 +205,7 @@ def test_the_last_block_is_timed_with_the_loss(monkeypatch) -> None:
 
 
 def test_the_timed_loss_is_the_tutorial_loss_on_zero_targets() -> None:
-    from autosplit.losses import timing_loss, tutorial_loss
+    from autosplit.measure.losses import timing_loss, tutorial_loss
 
     out = (torch.randn(4, 3, requires_grad=True), torch.arange(4), torch.randn(4))
     expected = tutorial_loss(out, (torch.zeros(4, 3), torch.zeros(4)))

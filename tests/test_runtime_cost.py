@@ -13,18 +13,18 @@ from synthetic import make_profile
 import autosplit
 from autosplit import simulator
 from autosplit.errors import ArgumentTypeError, InvalidInputError
-from autosplit.planner import plan_with_balance
-from autosplit.planner.schedules import plan_schedules
-from autosplit.planner.search import candidate_sizes
-from autosplit.planner.settings import PlanSettings
-from autosplit.runtime_cost import (
+from autosplit.measure.runtime_cost import (
     MEASURED,
     action_costs,
     measure_action_ms,
     measure_action_spread,
     measure_one_stage_action_ms,
 )
-from autosplit.runtime_fit import fit_action_ms, fit_weighed_action_ms
+from autosplit.measure.runtime_fit import fit_action_ms, fit_weighed_action_ms
+from autosplit.planner import plan_with_balance
+from autosplit.planner.schedules import plan_schedules
+from autosplit.planner.search import candidate_sizes
+from autosplit.planner.settings import PlanSettings
 from autosplit.schedules import SPLIT_BACKWARD, StageCosts, simulate_schedule, torch_order
 from autosplit.solve.joint import JointProblem, brute_force_joint, solve_joint
 
@@ -169,7 +169,7 @@ def test_measured_on_two_ranks(monkeypatch) -> None:
     # stages that compute, on 2 gloo ranks: the runtime's messages and bookkeeping cost some
     # time beyond the stages' own (0 only where a schedule's replay already lasted as long);
     # the suite's smaller stages and fewer rounds (tests/conftest.py)
-    from autosplit import runtime_cost
+    from autosplit.measure import runtime_cost
 
     monkeypatch.setattr(runtime_cost, "_CACHE", {})
     measured = dict(measure_action_ms())
@@ -190,7 +190,8 @@ def test_only_the_schedules_asked_for_are_measured(monkeypatch) -> None:
     # a plan of one schedule needs that schedule's cost only: the others are not run (the ranks
     # faked here: test_measured_on_two_ranks runs them); each round's step of 100 ms on stages
     # that cost nothing fits 100 ms / the replay's units per action
-    from autosplit import distributed, runtime_cost
+    from autosplit import launch as launching
+    from autosplit.measure import runtime_cost
 
     monkeypatch.setattr(runtime_cost, "_CACHE", {})
     launched: list[tuple[tuple[str, int], ...]] = []
@@ -204,7 +205,7 @@ def test_only_the_schedules_asked_for_are_measured(monkeypatch) -> None:
         return {0: {name: [(100.0, zero, zero), (100.0, zero, zero), (120.0, zero, zero)]
                     for name, v in pairs}}  # (step, stages alone, together) per round
 
-    monkeypatch.setattr(distributed, "launch", fake)
+    monkeypatch.setattr(launching, "launch", fake)
     costs = action_costs(schedules=("1f1b",))
     assert [name for name, _ in costs["action_ms"]] == ["1f1b"]
     assert [name for name, _ in costs["action_spread"]] == ["1f1b"]
@@ -241,7 +242,8 @@ def test_the_one_stage_runtime_is_measured_on_two_ranks_at_once() -> None:
 def test_the_one_stage_fit_takes_every_rank_s_rounds(monkeypatch) -> None:
     # the ranks faked: each round's one-stage step of m·(f + b) + 2·m·o with f = 1, b = 2 and
     # o = 0.5 ms fits o again; the median over both ranks' rounds, their spread half the IQR
-    from autosplit import distributed, runtime_cost
+    from autosplit import launch as launching
+    from autosplit.measure import runtime_cost
 
     monkeypatch.setattr(runtime_cost, "_CACHE", {})
     costs = StageCosts((1.0,), (2.0,))
@@ -251,7 +253,7 @@ def test_the_one_stage_fit_takes_every_rank_s_rounds(monkeypatch) -> None:
         assert fn is runtime_cost.one_stage_rounds and nprocs == 2
         return {0: [(step, costs) for step in steps], 1: None}
 
-    monkeypatch.setattr(distributed, "launch", fake)
+    monkeypatch.setattr(launching, "launch", fake)
     ms, spread = measure_one_stage_action_ms()
     assert ms == pytest.approx(0.5, abs=1e-5)
     assert spread == pytest.approx((0.525 - 0.475) / 2, abs=1e-5)  # quartiles 0.475, 0.525
@@ -263,7 +265,7 @@ def test_plain_runs_time_the_one_pass_backward_where_the_schedule_runs_it(split:
     """Per stage (forward, input pass, weight pass, one pass) ms: the one pass is timed apart
     where a split schedule runs some backwards whole (DualPipeV), else it is the two passes;
     the first stage's split backward is all weight work."""
-    from autosplit import runtime_cost
+    from autosplit.measure import runtime_cost
 
     modules = {0: runtime_cost._stage_module(), 1: runtime_cost._stage_module()}
     got = runtime_cost._plain_times(modules, 1, split, runs=1, whole=whole)

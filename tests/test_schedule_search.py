@@ -298,7 +298,7 @@ def test_cli_bad_schedule_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def test_the_cli_offers_every_searched_schedule() -> None:
     from autosplit.cli.parser import PLAN_SCHEDULES
-    from autosplit.planner.schedules import SEARCHED
+    from autosplit.schedules import SEARCHED
 
     assert PLAN_SCHEDULES == ("auto", *dict.fromkeys(name for name, _ in SEARCHED))
 

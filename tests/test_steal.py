@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 import autosplit
-from autosplit import measurement, steal
 from autosplit.capture.trace import trace
-from autosplit.stage_timing import time_stages
+from autosplit.measure import block_timing, steal_time
+from autosplit.verify.stage_timing import time_stages
 
 
 @pytest.mark.parametrize(
@@ -30,25 +30,25 @@ from autosplit.stage_timing import time_stages
 )
 def test_a_timing_is_disturbed_past_five_percent_of_every_core(stolen_s, wall_s, cores,
                                                                expected) -> None:
-    assert steal.disturbed(stolen_s, wall_s, cores) is expected
+    assert steal_time.disturbed(stolen_s, wall_s, cores) is expected
 
 
 def test_a_window_reads_the_steal_over_its_span(monkeypatch) -> None:
     readings = iter([(100.0, 7.0), (101.0, 9.5)])
-    monkeypatch.setattr(steal, "cpu_seconds", lambda: next(readings))
-    window = steal.Window()
+    monkeypatch.setattr(steal_time, "cpu_seconds", lambda: next(readings))
+    window = steal_time.Window()
     assert window.disturbed() is True  # 2.5 core-s stolen within a few microseconds
-    monkeypatch.setattr(steal, "cpu_seconds", lambda: None)
-    assert steal.Window().disturbed() is False  # unreadable (not Linux): nothing judged
+    monkeypatch.setattr(steal_time, "cpu_seconds", lambda: None)
+    assert steal_time.Window().disturbed() is False  # unreadable (not Linux): nothing judged
 
 
 def test_this_machine_reports_its_steal_or_nothing() -> None:
-    reading = steal.cpu_seconds()
+    reading = steal_time.cpu_seconds()
     assert reading is None or (reading[0] >= 0.0 and reading[1] >= 0.0)
 
 
 class _Burst:
-    """A fake :class:`steal.Window`: the windows numbered in ``hit`` (from 1, in the order
+    """A fake :class:`steal_time.Window`: the windows numbered in ``hit`` (from 1, in the order
     opened) see the hypervisor take the CPUs."""
 
     hit: ClassVar[set[int]] = set()
@@ -58,7 +58,7 @@ class _Burst:
         _Burst.opened += 1
         self.number = _Burst.opened
 
-    def disturbed(self, max_share: float = steal.MAX_SHARE) -> bool:
+    def disturbed(self, max_share: float = steal_time.MAX_SHARE) -> bool:
         return self.number in _Burst.hit
 
 
@@ -66,8 +66,8 @@ class _Burst:
 def burst(monkeypatch):
     """Windows ``hit`` are disturbed, and the timings taken in them 1000 ms slower."""
     _Burst.opened, _Burst.hit = 0, set()
-    monkeypatch.setattr(steal, "Window", _Burst)
-    real = measurement.timed_run
+    monkeypatch.setattr(steal_time, "Window", _Burst)
+    real = block_timing.timed_run
 
     def slowed(seg, args, dev, hooks=None, loss=None):
         outputs, f_ms, b_ms = real(seg, args, dev, hooks, loss)
@@ -75,7 +75,7 @@ def burst(monkeypatch):
             return outputs, f_ms + 1000.0, b_ms + 1000.0
         return outputs, f_ms, b_ms
 
-    monkeypatch.setattr(measurement, "timed_run", slowed)
+    monkeypatch.setattr(block_timing, "timed_run", slowed)
     return _Burst
 
 
@@ -120,7 +120,7 @@ def test_the_stage_timing_sets_aside_the_runs_the_hypervisor_disturbed(burst) ->
 
 
 def test_a_verified_plan_says_how_many_timings_were_set_aside(burst) -> None:
-    from autosplit.verify import verify_plans
+    from autosplit.verify.plans import verify_plans
 
     model, x = _model(), torch.randn(8, 6)
     graph = trace(model)

@@ -16,19 +16,19 @@ from test_layouts import _brute_force, _random_profile
 
 import autosplit
 from autosplit.cli import main
-from autosplit.collectives import (
-    LATENCY_BYTES,
-    bus_bandwidth,
-    measure_allreduce,
-    measure_allreduce_bandwidth,
-    measure_link_bandwidth,
-)
 from autosplit.cost import replica_sync_ms
 from autosplit.errors import (
     ArgumentTypeError,
     InfeasiblePlanError,
     InvalidInputError,
     ScheduleUnavailableError,
+)
+from autosplit.measure.collectives import (
+    LATENCY_BYTES,
+    bus_bandwidth,
+    measure_allreduce,
+    measure_allreduce_bandwidth,
+    measure_link_bandwidth,
 )
 from autosplit.planner import plan_layouts
 from autosplit.records import Plan, Profile
@@ -263,7 +263,7 @@ def test_the_collectives_measured_at_once_are_the_figures_each_measurer_keeps(
         monkeypatch) -> None:
     """One start of the ranks times the synchronisation at two sizes and the link; each figure
     is then the one its own measurer returns, without measuring again."""
-    from autosplit import collectives
+    from autosplit.measure import collectives
 
     monkeypatch.setattr(collectives, "_MEASURED", {})
     found = collectives.measure_collectives(2, nbytes=2**17, link_bytes=2**16, repeats=1,
@@ -287,7 +287,7 @@ def test_a_rank_aborting_after_the_figure_keeps_the_figure(monkeypatch) -> None:
     there) leaves the figure standing; killed before it, the failure is raised."""
     import torch.multiprocessing as mp
 
-    from autosplit import collectives
+    from autosplit.measure import collectives
 
     def dying(put: bool):
         def start(fn, args, **kwargs):

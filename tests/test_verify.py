@@ -15,33 +15,26 @@ from models import LongSkip, TiedLM
 from torch import nn
 
 import autosplit
-from autosplit import (
-    measurement,
-    neighbour,
-    profiler,
-    stage_timing,
-    timed_runs,
-    verified_choice,
-    verify,
-)
 from autosplit.capture.trace import trace
-from autosplit.claims import (
+from autosplit.cli import main
+from autosplit.comparison import manual_plan
+from autosplit.cost import single_device_ms, whole_update_ms
+from autosplit.errors import InvalidInputError
+from autosplit.measure import block_timing, contention, profiler
+from autosplit.measure.spread import (
     PREDICTION_ERROR,
     half_iqr,
     ratio_with_spread,
     relative_spread,
     spread_text,
 )
-from autosplit.cli import main
-from autosplit.comparison import manual_plan
-from autosplit.cost import single_device_ms, whole_update_ms
-from autosplit.errors import InvalidInputError
 from autosplit.plan_text import one_device_way
 from autosplit.planner import plan_candidates
 from autosplit.records import Plan, Profile
 from autosplit.simulator import simulate_plan
-from autosplit.verified_choice import RESOLVED_RATIO, steady_choice, verify_and_choose
-from autosplit.verify import SESSION_START_S, session_estimate_s, time_stages, verify_plans
+from autosplit.verify import choice, plans, stage_timing, timed_runs
+from autosplit.verify.choice import RESOLVED_RATIO, steady_choice, verify_and_choose
+from autosplit.verify.plans import SESSION_START_S, session_estimate_s, time_stages, verify_plans
 
 # ------------------------------------------------------------------------ claims (hand numbers)
 
@@ -162,7 +155,7 @@ class Recorded(nn.Module):
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every timed interval lasts exactly 1 s: the timings no longer depend on the machine."""
     ticks = itertools.count()
-    monkeypatch.setattr(measurement, "clock", lambda dev: float(next(ticks)))
+    monkeypatch.setattr(block_timing, "clock", lambda dev: float(next(ticks)))
     CALLS.clear()
 
 
@@ -192,7 +185,7 @@ def test_profile_repeats_until_the_spread_is_small_or_the_cap(monkeypatch) -> No
         ticks[0] += next(noisy) / 1000.0
         return ticks[0]
 
-    monkeypatch.setattr(measurement, "clock", clock)
+    monkeypatch.setattr(block_timing, "clock", clock)
     CALLS.clear()
     graph = trace(Recorded(), leaf_modules=[Recorder])
     profiler.profile_graph(graph, torch.randn(4, 4), microbatch_sizes=[2, 4], warmup=0,
@@ -233,7 +226,7 @@ def small() -> tuple:
 def test_stage_runs_take_turns_a_b_a_b(small, monkeypatch) -> None:
     model, x, _ = small
     order: list[tuple[int, int, int]] = []
-    real = measurement.timed_run
+    real = block_timing.timed_run
 
     with_loss: list[bool] = []
 
@@ -242,7 +235,7 @@ def test_stage_runs_take_turns_a_b_a_b(small, monkeypatch) -> None:
         with_loss.append(loss is not None)
         return real(seg, args, dev, hooks, loss)
 
-    monkeypatch.setattr(measurement, "timed_run", recording)
+    monkeypatch.setattr(block_timing, "timed_run", recording)
     runs = [(0, 3, 4), (3, 7, 4), (0, 7, 8)]
     graph = trace(model)
     assert len(graph.blocks) == 7
@@ -255,7 +248,7 @@ def test_stage_runs_take_turns_a_b_a_b(small, monkeypatch) -> None:
 def test_a_stage_run_in_flight_runs_every_forward_before_the_backwards() -> None:
     """d micro-batches in flight: F F F, then B B B in the same order, as a GPipe stage runs
     them; their gradients add up as d separate runs' do."""
-    from autosplit import stage_timing
+    from autosplit.verify import stage_timing
 
     torch.manual_seed(0)
     model = LongSkip().eval()  # BatchNorm's statistics stay put: every run sees the same
@@ -294,7 +287,7 @@ def test_the_depth_in_flight_is_the_schedules_own() -> None:
 def test_every_other_round_starts_without_gradients(small, monkeypatch) -> None:
     model, x, _ = small
     seen: list[tuple[int, bool]] = []  # (first block, gradients there before the run)
-    real = measurement.timed_run
+    real = block_timing.timed_run
 
     def recording(seg, args, dev, hooks=None, loss=None):
         grads = [p.grad is not None for p in seg.module.parameters()]
@@ -302,7 +295,7 @@ def test_every_other_round_starts_without_gradients(small, monkeypatch) -> None:
         seen.append((seg.first, all(grads)))
         return real(seg, args, dev, hooks, loss)
 
-    monkeypatch.setattr(measurement, "timed_run", recording)
+    monkeypatch.setattr(block_timing, "timed_run", recording)
     runs = [(0, 3, 4), (3, 7, 4), (0, 7, 4)]  # the whole model shares the stages' weights
     times = time_stages(trace(model), x, runs, warmup=1, rounds=4, max_rounds=4)
     for k in range(5):  # A starts anew in even rounds, B in odd ones, C in even ones
@@ -312,11 +305,11 @@ def test_every_other_round_starts_without_gradients(small, monkeypatch) -> None:
 
 
 def test_a_step_has_one_first_backward_and_m_minus_one_adding_up() -> None:
-    t = verify.StageTime(2.0, 5.0, 0.0, 4, first_backward_ms=3.0)
+    t = plans.StageTime(2.0, 5.0, 0.0, 4, first_backward_ms=3.0)
     assert t.per_step(1).backward_ms == 3.0
     assert t.per_step(4).backward_ms == pytest.approx((3.0 + 3 * 5.0) / 4)
     assert t.per_step(4).forward_ms == 2.0
-    untimed = verify.StageTime(2.0, 5.0, 0.0, 4)
+    untimed = plans.StageTime(2.0, 5.0, 0.0, 4)
     assert untimed.per_step(4) == untimed
 
 
@@ -363,10 +356,10 @@ def test_the_chosen_candidate_is_predicted_from_a_second_session_not_the_one_tha
         sessions.append([run for run, _ in runs])  # (each run and what runs beside it)
         per_sample = [0.1 if len(sessions) == 1 and b == lucky else 1.0
                       for (_, _, b), _ in runs]
-        return {r: verify.StageTime(c * r[0][2], c * r[0][2], 0.01, 3)
+        return {r: plans.StageTime(c * r[0][2], c * r[0][2], 0.01, 3)
                 for r, c in zip(runs, per_sample)}
 
-    monkeypatch.setattr(verify, "time_stages", stage_times)
+    monkeypatch.setattr(plans, "time_stages", stage_times)
     best, others = verify_and_choose(graph, x, prof, candidates, {"hand": hand}, budget_s=30.0)
     assert best.split_size == lucky and len(sessions) == 2
     # the first session times the candidates only; the second the chosen one, the hand split
@@ -453,11 +446,11 @@ def test_one_device_is_the_faster_of_the_whole_batch_and_accumulated_micro_batch
     def stage_times(graph, inputs, runs, **options):
         timed.extend(run for run, _ in runs)  # (each run and what runs beside it)
         # per sample, the whole batch at once costs whole_per_sample ms, micro-batches 1 ms
-        return {r: verify.StageTime(b * (whole_per_sample if b == plan.batch_size else 1.0) / 2,
+        return {r: plans.StageTime(b * (whole_per_sample if b == plan.batch_size else 1.0) / 2,
                                     b * (whole_per_sample if b == plan.batch_size else 1.0) / 2,
                                     0.0, 1) for r in runs for b in [r[0][2]]}
 
-    monkeypatch.setattr(verify, "time_stages", stage_times)
+    monkeypatch.setattr(plans, "time_stages", stage_times)
     verified = verify_plans(trace(model), x, prof, {"p": plan})["p"]
     n = len(prof.blocks)
     assert (0, n, b_one) in timed and (0, n, plan.batch_size) in timed  # both ways timed
@@ -534,7 +527,7 @@ def test_dualpipev_stages_are_timed_in_two_passes_and_in_one(small, fake_clock) 
 
 
 def test_a_run_is_timed_whole_and_split_apart(small, fake_clock) -> None:
-    from autosplit.stage_timing import SplitBackward
+    from autosplit.verify.stage_timing import SplitBackward
 
     model, x, _ = small
     run = (3, 7, 4)  # ends with the last block: the split backward starts from the loss
@@ -554,7 +547,7 @@ def _skip_stage() -> tuple:
     graph = trace(LongSkip().eval())
     end = len(graph.blocks)
     seg = graph.extract(2, end)
-    env = measurement.stage_inputs(graph, (torch.randn(4, 6),), 4, [(2, end, 4)],
+    env = block_timing.stage_inputs(graph, (torch.randn(4, 6),), 4, [(2, end, 4)],
                                    torch.device("cpu"))
     return graph, seg, env
 
@@ -563,8 +556,8 @@ def _skip_stage() -> tuple:
 @pytest.mark.parametrize("with_loss", [False, True])
 def test_a_split_backward_makes_the_gradients_a_whole_one_does(depth: int,
                                                                 with_loss: bool) -> None:
-    from autosplit import stage_timing
-    from autosplit.losses import timing_loss
+    from autosplit.measure.losses import timing_loss
+    from autosplit.verify import stage_timing
 
     graph, seg, env = _skip_stage()
     cpu = torch.device("cpu")
@@ -572,7 +565,7 @@ def test_a_split_backward_makes_the_gradients_a_whole_one_does(depth: int,
     grads = []
     for split in (False, True):
         seg.module.zero_grad(set_to_none=True)
-        args = measurement.segment_args(graph, env, seg)  # leaves that need a gradient
+        args = block_timing.segment_args(graph, env, seg)  # leaves that need a gradient
         assert len(args) == 2 and all(a.requires_grad for a in args)  # the skip crosses
         f_ms, b_ms, w_ms = stage_timing._in_flight(seg, args, cpu, loss, depth, split)
         assert len(f_ms) == len(b_ms) == depth and len(w_ms) == (depth if split else 0)
@@ -584,7 +577,7 @@ def test_a_split_backward_makes_the_gradients_a_whole_one_does(depth: int,
 
 
 def test_a_checkpointed_run_recomputes_its_forward_in_its_backward() -> None:
-    from autosplit.stage_timing import Checkpointed
+    from autosplit.verify.stage_timing import Checkpointed
 
     torch.manual_seed(0)
     model = LongSkip().eval()
@@ -603,14 +596,14 @@ def test_a_checkpointed_run_recomputes_its_forward_in_its_backward() -> None:
 
 @pytest.mark.parametrize("split", [False, True])
 def test_a_checkpointed_run_makes_the_gradients_a_plain_one_does(split: bool) -> None:
-    from autosplit import stage_timing
+    from autosplit.verify import stage_timing
 
     graph, seg, env = _skip_stage()
     cpu = torch.device("cpu")
     grads = []
     for recompute in (False, True):
         seg.module.zero_grad(set_to_none=True)
-        args = measurement.segment_args(graph, env, seg)
+        args = block_timing.segment_args(graph, env, seg)
         ran = dataclasses.replace(seg, module=stage_timing._Recomputed(seg.module)) \
             if recompute else seg
         stage_timing._in_flight(ran, args, cpu, None, 2, split)
@@ -807,12 +800,12 @@ def test_a_session_is_estimated_from_block_sums() -> None:
 def test_verification_takes_the_sessions_its_budget_allows() -> None:
     graph, x, prof, candidates = _long_skip_candidates()
     others = {"hand": candidates[-1]}
-    how = {"beside": neighbour.enabled(), "whole_batch": True}
+    how = {"beside": contention.enabled(), "whole_batch": True}
     second = session_estimate_s(prof, {"candidate 0": candidates[0], **others}, **how)
     first = session_estimate_s(prof, {f"candidate {i}": c for i, c in enumerate(candidates)},
                                False, **how)
     quick = {"rounds": 2, "max_rounds": 2}
-    with pytest.raises(verified_choice.VerificationSkipped) as skipped:
+    with pytest.raises(choice.VerificationSkipped) as skipped:
         verify_and_choose(graph, x, prof, candidates, others, fit_budget=True,
                           budget_s=second / 2, **quick)
     assert skipped.value.needed_s == pytest.approx(second)

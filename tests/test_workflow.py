@@ -16,8 +16,8 @@ import autosplit
 from autosplit import partitioning
 from autosplit.cli import main
 from autosplit.planner import plan_layouts
-from autosplit.planner.schedules import SEARCHED
 from autosplit.records import Plan, Profile
+from autosplit.schedules import SEARCHED
 from autosplit.workflow import (
     SEPARATED,
     Planned,
@@ -239,7 +239,7 @@ def test_the_most_promising_schedule_is_measured_first_then_those_that_can_still
     from rich.console import Console
 
     from autosplit.cli import measuring
-    from autosplit.machine_figures import MachineFigures, MachineKey, Measurers
+    from autosplit.measure.machine_cache import MachineFigures, MachineKey, Measurers
 
     _, _, prof = _model_and_profile(tmp_path)
     heavy = _costs(dataclasses.replace(prof, blocks=tuple(

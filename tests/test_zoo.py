@@ -102,7 +102,7 @@ def test_fsdp2_is_planned_only_where_the_graph_calls_each_blocks_modules() -> No
     traces through, estimated for 4 H100s: their profiles say FSDP2 has no module per block to
     gather in, and every layout's replicas are planned with DDP; torchvision's ResNet18, whose
     graph calls its blocks' modules, keeps FSDP2 among its modes."""
-    from autosplit.analytic import count_costs, profile_from_costs
+    from autosplit.estimate.analytic import count_costs, profile_from_costs
     from autosplit.planner import plan_layouts
     from autosplit.specs import get_spec
 

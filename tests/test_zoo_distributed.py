@@ -15,7 +15,7 @@ from zoo import build
 from autosplit import distributed
 from autosplit.capture.exported import hf_defaults
 from autosplit.capture.trace import trace
-from autosplit.losses import model_loss
+from autosplit.measure.losses import model_loss
 from autosplit.records import Plan
 from autosplit.stages import split
 

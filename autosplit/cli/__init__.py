@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from autosplit.cli.common import checked_outputs
 from autosplit.cli.parser import EXIT_USAGE, build_parser
 from autosplit.errors import AutosplitError, InfeasiblePlanError
-from autosplit.fresh_process import worker as timing_worker
+from autosplit.measure.timing_process import worker as timing_worker
 from autosplit.units import size_at_least
 
 __all__ = ["main", "entry", "build_parser"]
@@ -36,9 +36,9 @@ EXIT_INTERRUPTED = 130
 
 def entry() -> None:
     """The ``autosplit`` program: restarted once with the C allocator keeping freed memory
-    (:mod:`autosplit.allocator`: profiles and steps then take what they will take in the ranks
+    (:mod:`autosplit.measure.allocator`: profiles and steps then take what they will take in the ranks
     autosplit starts), then :func:`main` on ``sys.argv``."""
-    from autosplit.allocator import restart_keeping_freed_memory
+    from autosplit.measure.allocator import restart_keeping_freed_memory
 
     restart_keeping_freed_memory()
     sys.exit(main())

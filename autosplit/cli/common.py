@@ -66,7 +66,7 @@ def load_model(args: argparse.Namespace, on_meta: bool = False) -> tuple[Any, An
     source = load_model_file(args.model, args.entry)
     kwargs = model_args(args)
     if on_meta:
-        from autosplit.analytic import build_on_meta
+        from autosplit.estimate.analytic import build_on_meta
 
         model = build_on_meta(lambda: source.build(**kwargs))
     else:

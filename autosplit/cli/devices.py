@@ -14,7 +14,7 @@ __all__ = ["calibrate_command", "devices_command"]
 
 def calibrate_command(args: argparse.Namespace) -> int:
     """Fit the spec's efficiencies to ``--profile``; write the calibrated spec."""
-    from autosplit.analytic import count_costs
+    from autosplit.estimate.analytic import count_costs
     from autosplit.specs import calibrate, get_spec, load_spec
 
     console = make_console()

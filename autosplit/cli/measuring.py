@@ -26,7 +26,7 @@ def estimate(args: argparse.Namespace, spec: Any, model: Any, inputs: Any, stage
 
     import torch
 
-    from autosplit.analytic import analytic_profile
+    from autosplit.estimate.analytic import analytic_profile
 
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     start = time.perf_counter()
@@ -84,7 +84,7 @@ def captured(args: argparse.Namespace, model: Any, example: Any) -> tuple[Any, A
     once per command (profiling and verifying share the capture)."""
     from autosplit.capture.signature import example_call
     from autosplit.capture.trace import trace
-    from autosplit.profiler import check_inputs
+    from autosplit.measure.profiler import check_inputs
 
     done = getattr(args, "_captured", None)
     if done is not None and done[0] is model and done[1] is example:
@@ -103,8 +103,8 @@ def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, cons
     """Profile ``model`` with a progress bar; ``include`` is a micro-batch size to measure
     too (when it fits the batch). The runtime's cost per action is measured for the schedules
     the command plans with (:func:`_schedules`)."""
-    from autosplit import steal
-    from autosplit.profiler import profile_graph
+    from autosplit.measure import steal_time
+    from autosplit.measure.profiler import profile_graph
 
     graph, inputs = captured(args, model, inputs)
     with _progress("profiling", console, transient=False) as bar:
@@ -128,7 +128,7 @@ def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, cons
         )
         bar.update(task, completed=1, total=1)
     aside = (f"; {prof.set_aside} timed round(s) set aside: the hypervisor took over "
-             f"{steal.MAX_SHARE:.0%} of the CPUs during them" if prof.set_aside else "")
+             f"{steal_time.MAX_SHARE:.0%} of the CPUs during them" if prof.set_aside else "")
     console.print(
         f"measured micro-batch sizes {', '.join(map(str, prof.microbatch_sizes))} in "
         f"{prof.seconds:.1f} s{aside}"
@@ -141,10 +141,10 @@ def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, cons
 
 def _machine(prof: Profile) -> tuple[Any, Any]:
     """This machine's key and the measurers of its figures for ``prof``'s kind of device."""
-    from autosplit.collectives import measure_collectives
-    from autosplit.machine_figures import MachineKey, Measurers
-    from autosplit.machine_measure import measure_cpu_machine
-    from autosplit.runtime_cost import action_costs, measure_one_stage_action_ms
+    from autosplit.measure.collectives import measure_collectives
+    from autosplit.measure.machine import measure_cpu_machine
+    from autosplit.measure.machine_cache import MachineKey, Measurers
+    from autosplit.measure.runtime_cost import action_costs, measure_one_stage_action_ms
 
     cpu = prof.device.kind == "cpu"
     stash: list[tuple[float, float]] = []  # the one-stage cost, measured with the collectives
@@ -168,25 +168,25 @@ def _machine(prof: Profile) -> tuple[Any, Any]:
 
     measurers = Measurers(collectives, actions if cpu else None,  # gloo only, so far
                           one_stage if cpu else None)
-    # (the ranks that measure them run one thread each, autosplit.distributed.launch's default)
+    # (the ranks that measure them run one thread each, autosplit.launch's default)
     return MachineKey.here("gloo" if cpu else "nccl", prof.device.kind, threads=1), measurers
 
 
 def _with_allreduce(prof: Profile, stages: int, console: Console,
                     schedules: Sequence[str] | None = None, remeasure: bool = False,
                     figures_out: list[Any] | None = None) -> Profile:
-    """``prof`` with the machine's figures (:mod:`autosplit.machine_figures`), from the cache
+    """``prof`` with the machine's figures (:mod:`autosplit.measure.machine_cache`), from the cache
     or measured: the all-reduce and link bandwidths of 2 local ranks (gloo between CPU
     workers, NCCL between GPUs) and, between CPU workers, the pipeline runtime's cost per
     action of ``schedules`` (``None``: every schedule the planner searches;
-    :mod:`autosplit.runtime_cost`) and of one stage, when planning for more than one device.
+    :mod:`autosplit.measure.runtime_cost`) and of one stage, when planning for more than one device.
     ``figures_out`` receives the figures (for :func:`with_schedule_costs`)."""
     import dataclasses
 
     import torch
 
-    from autosplit.machine_figures import figures_for
-    from autosplit.runtime_cost import MEASURED
+    from autosplit.measure.machine_cache import figures_for
+    from autosplit.measure.runtime_cost import MEASURED
 
     if stages < 2 or (prof.device.kind == "cuda" and torch.cuda.device_count() < 2):
         return prof
@@ -227,8 +227,8 @@ def with_schedule_costs(args: argparse.Namespace, prof: Profile, request: Any,
     the most promising first, then those that can still win."""
     import dataclasses
 
-    from autosplit.machine_figures import figures_for
-    from autosplit.runtime_cost import MEASURED
+    from autosplit.measure.machine_cache import figures_for
+    from autosplit.measure.runtime_cost import MEASURED
     from autosplit.workflow import schedules_worth_measuring
 
     stash = getattr(args, "_machine_figures", None)
@@ -322,7 +322,7 @@ def verifier(args: argparse.Namespace, model: Any, inputs: Any, prof: Profile,
     not verify (:func:`verifies`)."""
     if not verifies(args, prof):
         return None
-    from autosplit.verified_choice import VerificationSkipped, verify_and_choose
+    from autosplit.verify.choice import VerificationSkipped, verify_and_choose
 
     def verify(candidates: Sequence[Plan], others: Mapping[str, Plan]
                ) -> tuple[Plan, dict[str, Plan]]:
@@ -360,7 +360,7 @@ def report_verification(console: Console, planned: Planned) -> None:
     """One line: how long verification took, what it changed, what it left out."""
     if not planned.verify_s or not planned.plan.verification:
         return
-    from autosplit.verified_choice import describe_shape
+    from autosplit.verify.choice import describe_shape
 
     first = planned.block_sum_choice
     change = (f"it chose {describe_shape(planned.plan)} where block sums chose "

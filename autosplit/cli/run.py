@@ -103,7 +103,7 @@ def run_command(args: argparse.Namespace) -> int:
     if torchrun:  # one rank of a torchrun job: rank 0 prints
         world = int(os.environ.get("WORLD_SIZE", "1"))
         backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        from autosplit.distributed.launch import rendezvous_words
+        from autosplit.launch import rendezvous_words
 
         print(f"{rendezvous_words()} · {backend} · waiting for the other ranks (up to "
               f"--timeout {args.timeout:g} s)", file=sys.stderr, flush=True)

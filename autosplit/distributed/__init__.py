@@ -15,7 +15,7 @@ rank. A plan with d > 1 data-parallel replicas runs on d times the ranks, laid o
 ``DistributedDataParallel`` along "dp" (:mod:`~autosplit.distributed.replicas`).
 
 Modules: :mod:`~autosplit.distributed.stage_module` (StageModule, PipelineStages, schedules),
-:mod:`~autosplit.distributed.trainer` (Trainer), :mod:`~autosplit.distributed.launch`
+:mod:`~autosplit.distributed.trainer` (Trainer), :mod:`~autosplit.launch`
 (process groups, the local launcher), :mod:`~autosplit.distributed.replicas` (the mesh, DDP),
 :mod:`~autosplit.distributed.job` (``autosplit run``),
 :mod:`~autosplit.distributed.split_spec` (a plan as ``pipeline()``'s ``split_spec``).
@@ -40,13 +40,6 @@ from autosplit.distributed.job import (
     train_model_file,
     tutorial_targets,
 )
-from autosplit.distributed.launch import (
-    DEFAULT_TIMEOUT_S,
-    free_port,
-    init_distributed,
-    launch,
-    run_rank,
-)
 from autosplit.distributed.replicas import MESH_DIMS, MeshPlace, mesh_place
 from autosplit.distributed.split_spec import split_spec_problems, to_split_spec
 from autosplit.distributed.stage_module import (
@@ -54,14 +47,20 @@ from autosplit.distributed.stage_module import (
     build_schedule,
     build_stages,
     check_schedule,
-    stage_indices,
     stage_metadata,
     stage_modules,
-    stage_ranks,
 )
 from autosplit.distributed.trainer import Trainer, plan_digest
 from autosplit.errors import RankFailedError
-from autosplit.losses import tutorial_loss
+from autosplit.launch import (
+    DEFAULT_TIMEOUT_S,
+    free_port,
+    init_distributed,
+    launch,
+    run_rank,
+)
+from autosplit.measure.losses import tutorial_loss
+from autosplit.schedules.placement import stage_indices, stage_ranks
 from autosplit.stages import CutValueError, graph_for_plan
 
 __all__ = [

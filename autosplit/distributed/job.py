@@ -1,7 +1,7 @@
 """The ``autosplit run`` job: train a model file's model on a plan, or time plans side by side.
 
 Every function here runs as one rank inside an initialised process group (torchrun or
-:func:`autosplit.distributed.launch`).
+:func:`autosplit.launch`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch.utils import _pytree as pytree
 
 from autosplit.distributed.trainer import Trainer
 from autosplit.errors import InvalidInputError
-from autosplit.losses import model_loss, tutorial_loss
+from autosplit.measure.losses import model_loss, tutorial_loss
 from autosplit.records import Plan
 
 

@@ -16,19 +16,18 @@ import torch.distributed as dist
 from torch import nn
 
 from autosplit.checkpointing import checkpointed
-from autosplit.distributed.launch import _default_device, _one_line
 from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph, Granularity, Segment
+from autosplit.launch import default_device, one_line
 from autosplit.records import Plan
 from autosplit.schedules import SPLIT_BACKWARD
+from autosplit.schedules.placement import V_SCHEDULES, stage_indices, stage_ranks
 from autosplit.stages import StageLayout, graph_for_plan, run_stage, stage_layout
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
 """The two schedules whose plans may run on any divisor of p ranks (one stage per rank here)."""
 INTERLEAVED_SCHEDULES = {"gpipe": "ScheduleLoopedBFS", "1f1b": "ScheduleInterleaved1F1B"}
 """What "gpipe" and "1f1b" run as when a rank holds several stages."""
-V_SCHEDULES = ("zbv", "dualpipev")
-"""Schedules placing stages in a V: of 2k stages on k ranks, rank r holds r and 2k − 1 − r."""
 SPLIT_BACKWARD_SCHEDULES = SPLIT_BACKWARD
 """Schedules that run a stage's backward as input-gradient (I) then weight-gradient (W)."""
 
@@ -137,40 +136,6 @@ def _stage_modules_of(graph: BlockGraph, plan: Plan) -> list[StageModule]:
                         plan.stages[s.index].checkpoint, copy_sent) for s in layout.stages]
 
 
-def stage_ranks(num_stages: int, world_size: int, v_shape: bool = False) -> tuple[int, ...]:
-    """The pipeline rank holding each stage (torch's ``generate_stage_to_rank_mapping``).
-
-    Looped (default): stage s on rank s mod w (w = world size). ``v_shape`` (ZB-V, DualPipeV):
-    the stages go down the ranks and back up, so with 2w stages rank r holds r and 2w − 1 − r.
-
-    Raises:
-        InvalidInputError: ``num_stages`` is not a multiple of ``world_size``.
-    """
-    if world_size < 1 or num_stages % world_size:
-        raise InvalidInputError(
-            f"a plan of {num_stages} stages cannot be spread over {world_size} processes: use "
-            f"{num_stages} processes (one per stage) or a divisor of {num_stages}"
-        )
-    if not v_shape:
-        return tuple(s % world_size for s in range(num_stages))
-    return tuple(s % world_size if (s // world_size) % 2 == 0
-                 else world_size - 1 - s % world_size for s in range(num_stages))
-
-
-def stage_indices(num_stages: int, rank: int, world_size: int,
-                  v_shape: bool = False) -> tuple[int, ...]:
-    """The stages rank ``rank`` holds, ascending: ``rank, rank + w, rank + 2w …`` (w = world
-    size), or with ``v_shape`` the V of :func:`stage_ranks` (``rank, 2w − 1 − rank``).
-
-    One stage per rank when ``world_size == num_stages``; several (interleaved schedules)
-    when ``num_stages`` is a multiple of ``world_size``.
-    """
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise InvalidInputError(f"rank {rank} is outside a world of {world_size} processes")
-    ranks = stage_ranks(num_stages, world_size, v_shape)
-    return tuple(s for s, r in enumerate(ranks) if r == rank)
-
-
 def stage_metadata(
     modules: Sequence[StageModule], inputs: Sequence[torch.Tensor]
 ) -> list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]]:
@@ -257,9 +222,9 @@ def build_stages(
     if not dist.is_initialized():
         raise InvalidInputError(
             "no process group: call autosplit.distributed.init_distributed() first (under "
-            "torchrun or autosplit.distributed.launch)"
+            "torchrun or autosplit.launch)"
         )
-    dev = torch.device(device) if device is not None else _default_device(group)
+    dev = torch.device(device) if device is not None else default_device(group)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     check_schedule(plan, world)
     mine = stage_indices(len(plan.stages), rank, world, plan.schedule in V_SCHEDULES)
@@ -309,7 +274,7 @@ def build_schedule(
     except ValueError as exc:
         raise InvalidInputError(
             f"{cls.__name__} cannot run {m} micro-batches on {stages[0].group_size} processes "
-            f"({_one_line(str(exc))}): use one process per stage, or another split size"
+            f"({one_line(str(exc))}): use one process per stage, or another split size"
         ) from None
 
 

@@ -19,7 +19,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autosplit.distributed.launch import _default_device
 from autosplit.distributed.replicas import (
     broadcast_buffers,
     mesh_place,
@@ -28,19 +27,18 @@ from autosplit.distributed.replicas import (
 )
 from autosplit.distributed.sharding import shard_stages
 from autosplit.distributed.stage_module import (
-    V_SCHEDULES,
     StageModule,
     _pipeline_stages,
     _stage_modules_of,
     build_schedule,
     check_schedule,
     run_schedule,
-    stage_indices,
-    stage_ranks,
 )
 from autosplit.errors import InvalidInputError, PlanMismatchError
 from autosplit.graph import BlockGraph, Granularity
+from autosplit.launch import default_device
 from autosplit.records import Plan
+from autosplit.schedules.placement import V_SCHEDULES, stage_indices, stage_ranks
 from autosplit.stages import graph_for_plan, move, split, stage_layout
 
 
@@ -155,14 +153,14 @@ class Trainer:
         if not dist.is_initialized():
             raise InvalidInputError(
                 "no process group: call autosplit.distributed.init_distributed() first (under "
-                "torchrun or autosplit.distributed.launch)"
+                "torchrun or autosplit.launch)"
             )
         self.plan = plan
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self.scale_grads = scale_grads
         self.reduce_loss = reduce_loss
-        self.device = torch.device(device) if device is not None else _default_device(group)
+        self.device = torch.device(device) if device is not None else default_device(group)
         _check_not_sharded(model)
         graph = graph_for_plan(model, plan, granularity=granularity, leaf_modules=leaf_modules,
                                example_inputs=example_inputs, example_kwargs=example_kwargs)

@@ -21,11 +21,11 @@ equal over their own group of devices, every stage at once, in one of three ways
   :mod:`autosplit.sharding`).
 
 W defaults to the all-reduce bandwidth measured on the real backend (``Profile.
-allreduce_bytes_per_s``, :mod:`autosplit.collectives`), with its latency α, else to the link
+allreduce_bytes_per_s``, :mod:`autosplit.measure.collectives`), with its latency α, else to the link
 bandwidth (α = 0: a bandwidth given by hand comes without one); all-gathers and
 reduce-scatters are costed at the same W (a ring moves (d − 1)/d of the bytes in each, half an
 all-reduce). A pipeline of one stage runs on torch's runtime too, each replica its own: its
-cost per action is ``Profile.one_stage_action`` (:mod:`autosplit.runtime_cost`).
+cost per action is ``Profile.one_stage_action`` (:mod:`autosplit.measure.runtime_cost`).
 
 The search is exact over (mode, cuts, b) for each (p, d): the synchronisation grows with
 max_s G_s, so for each mode and b the exact branch and bound

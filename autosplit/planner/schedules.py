@@ -36,7 +36,7 @@ from autosplit.planner.assembly import explain_infeasible, shared_weights
 from autosplit.planner.problems import _copy_bytes
 from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile, Stage
-from autosplit.schedules import SPLIT_BACKWARD, torch_order
+from autosplit.schedules import SEARCHED, SPLIT_BACKWARD, torch_order
 from autosplit.solve.joint import (
     MAX_BALANCES,
     JointProblem,
@@ -49,11 +49,6 @@ from autosplit.solve.joint_problem import rank_update_ms
 __all__ = ["SEARCHED", "ScheduleChoice", "ScheduleOption", "joint_problem", "plan_schedules",
            "too_many_cuts"]
 
-SEARCHED = (("gpipe", 1), ("1f1b", 1), ("looped-bfs", 2), ("interleaved-1f1b", 2),
-            ("interleaved-zb", 2), ("zbv", 2), ("dualpipev", 2))
-"""The (schedule, v) pairs ``"auto"`` searches: every schedule torch's runtime runs, the
-multi-stage ones with 2 stages per rank (v = 3, 4 of the looped schedules are not searched:
-the runtime's cost per action is measured per schedule, not per v)."""
 
 SPLIT = SPLIT_BACKWARD
 """Schedules that split the backward into input (I) and weight (W) gradients."""

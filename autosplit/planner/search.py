@@ -185,7 +185,8 @@ def plan(
 def _joint(settings: PlanSettings, profile: Profile, candidates: list[int], solver: str,
            time_limit_s: float | None) -> Plan:
     """:func:`plan` for ``"auto"`` and the schedules only the joint search plans."""
-    from autosplit.planner.schedules import SEARCHED, plan_schedules
+    from autosplit.planner.schedules import plan_schedules
+    from autosplit.schedules import SEARCHED
 
     uniform = len(set(settings.speeds)) == 1 and all(q is profile for q in settings.profiles)
     if settings.schedule == "auto" and not uniform:  # GPipe and 1F1B, this module's search
@@ -278,7 +279,7 @@ def plan_candidates(profile: Profile, gpus: int = 2, *, top_k: int = 3,
     The first is :func:`plan`'s own choice; the others are :func:`plan` with ``split_size``
     fixed to each other measured size, ranked by predicted step. Block sums misjudge sizes by
     different amounts, so these are the candidates worth timing stage by stage
-    (:mod:`autosplit.verify`) before one is chosen. ``options`` are :func:`plan`'s keyword
+    (:mod:`autosplit.verify.plans`) before one is chosen. ``options`` are :func:`plan`'s keyword
     arguments; with ``split_size`` given there is one candidate.
 
     Raises:

@@ -11,6 +11,7 @@ name are still planned with :mod:`autosplit.simulator`.
 from autosplit.schedules.replay import StageCosts, TimedAction, Timeline, replay, simulate_schedule
 from autosplit.schedules.torch_order import (
     SCHEDULES,
+    SEARCHED,
     SPLIT_BACKWARD,
     Action,
     ScheduleOrder,
@@ -20,6 +21,7 @@ from autosplit.schedules.torch_order import (
 
 __all__ = [
     "SCHEDULES",
+    "SEARCHED",
     "SPLIT_BACKWARD",
     "Action",
     "ScheduleOrder",

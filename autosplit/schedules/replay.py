@@ -115,7 +115,7 @@ class StageCosts:
         grad_bytes: bytes of the stage's weight gradients, allocated by its first weight
             gradient pass of the step (bytes); default 0 each.
         action_ms: what the runtime costs per action beyond the stage's compute (ms, in every
-            action's duration; :mod:`autosplit.runtime_cost`); default 0.
+            action's duration; :mod:`autosplit.measure.runtime_cost`); default 0.
         bwd_whole_ms: the backward run whole, in one pass, as a ``B`` action of a schedule that
             splits the others (DualPipeV's) runs it (ms); default: ``bwd_input_ms`` +
             ``bwd_weight_ms`` (one pass costs less than the two, by 10–13 % on ResNet50's and

@@ -41,7 +41,7 @@ from typing import Any, Literal
 from autosplit import checks
 from autosplit.errors import ScheduleUnavailableError
 
-__all__ = ["SCHEDULES", "SPLIT_BACKWARD", "Action", "ScheduleOrder", "torch_class_name", "torch_order"]
+__all__ = ["SCHEDULES", "SEARCHED", "SPLIT_BACKWARD", "Action", "ScheduleOrder", "torch_class_name", "torch_order"]
 
 SCHEDULES = ("gpipe", "1f1b", "looped-bfs", "interleaved-1f1b", "interleaved-zb", "zbv",
              "dualpipev")
@@ -49,6 +49,12 @@ SCHEDULES = ("gpipe", "1f1b", "looped-bfs", "interleaved-1f1b", "interleaved-zb"
 
 SPLIT_BACKWARD = ("interleaved-zb", "zbv", "dualpipev")
 """The schedules that run a backward as an input-gradient then a weight-gradient pass."""
+
+SEARCHED = (("gpipe", 1), ("1f1b", 1), ("looped-bfs", 2), ("interleaved-1f1b", 2),
+            ("interleaved-zb", 2), ("zbv", 2), ("dualpipev", 2))
+"""The (schedule, v) pairs ``"auto"`` searches: every schedule torch's runtime runs, the
+multi-stage ones with 2 stages per rank (v = 3, 4 of the looped schedules are not searched:
+the runtime's cost per action is measured per schedule, not per v)."""
 
 _CLASSES = {
     "looped-bfs": "ScheduleLoopedBFS",

@@ -66,7 +66,7 @@ class JointProblem:
             of its stage's first weight-gradient pass of the step (B, or W when split) until
             the step ends; or ``None``: counted in ``static_bytes``.
         action_ms: what the runtime costs per action beyond the compute (ms; in every F, B,
-            I and W of the replay, :mod:`autosplit.runtime_cost`).
+            I and W of the replay, :mod:`autosplit.measure.runtime_cost`).
         shared: weights several blocks use (tied weights): each one's user blocks, the bytes
             of ``static_bytes`` each user counts for it (the weight and its optimizer state)
             and those of ``grad_bytes`` (its gradient). A rank whose stages hold several users

@@ -3,7 +3,7 @@
 A :class:`DeviceSpec` holds a device's published figures: dense peak FLOP/s per data type, memory
 size and bandwidth, and the bandwidth of the link between two such devices. With an
 ``efficiency`` (the share of the peak that a training step reaches) it turns counted work into
-time with a roofline, applied operator by operator (see :mod:`autosplit.analytic`):
+time with a roofline, applied operator by operator (see :mod:`autosplit.estimate.analytic`):
 
     t(op) = max(flops / (peak[dtype] · efficiency),
                 bytes / (memory_bandwidth · bandwidth_efficiency),

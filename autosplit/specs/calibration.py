@@ -22,7 +22,7 @@ __all__ = ["OpCosts", "calibrate"]
 
 
 class OpCosts(Protocol):
-    """What :func:`calibrate` needs from counted costs (:class:`autosplit.analytic.ModelCosts`)."""
+    """What :func:`calibrate` needs from counted costs (:class:`autosplit.estimate.analytic.ModelCosts`)."""
 
     @property
     def block_names(self) -> tuple[str, ...]: ...
@@ -58,7 +58,7 @@ def calibrate(
       scale as 1/efficiency, so one factor is fitted and both efficiencies are divided by it
       (their ratio is kept). Operators held at the spec's floor (``op_overhead_s``) do not
       scale, so with a floor this fit is approximate: pass the counted costs instead.
-    * ``analytic`` the counted costs (:func:`autosplit.analytic.count_costs`): the compute and
+    * ``analytic`` the counted costs (:func:`autosplit.estimate.analytic.count_costs`): the compute and
       the bandwidth efficiency are fitted separately (``fit_bandwidth=False`` keeps their
       ratio as with a profile). Where the data leave the balance between the two open (few
       memory-bound operators), a weak pull towards the spec's own balance decides. With the
@@ -85,7 +85,7 @@ def calibrate(
     if not isinstance(analytic, Profile) and not callable(getattr(analytic, "ops", None)):
         raise ArgumentTypeError(
             "analytic must be an analytic Profile or the counted costs "
-            f"(autosplit.analytic.count_costs), got {type(analytic).__name__}"
+            f"(autosplit.estimate.analytic.count_costs), got {type(analytic).__name__}"
         )
     if isinstance(analytic, Profile) and analytic.device.name != spec.label():
         raise InvalidInputError(

@@ -1,6 +1,6 @@
 """Count each block's work on the meta device: FLOPs and bytes moved per operator, bytes saved.
 
-See :mod:`autosplit.analytic` for what is counted and how; :func:`count_costs` returns the
+See :mod:`autosplit.estimate.analytic` for what is counted and how; :func:`count_costs` returns the
 device-independent :class:`ModelCosts` that a device spec turns into times.
 """
 
@@ -22,13 +22,13 @@ from torch.utils.flop_counter import FlopCounterMode
 from autosplit import checks
 from autosplit.capture.trace import trace
 from autosplit.errors import ArgumentTypeError, InvalidInputError
+from autosplit.estimate.meta_device import META, model_dtype, to_meta
 from autosplit.fsdp_units import shardable
 from autosplit.graph import BlockGraph, Granularity
-from autosplit.meta_device import META, model_dtype, to_meta
-from autosplit.profile_budget import default_microbatch_sizes
-from autosplit.profiler import check_inputs, check_microbatch_sizes
+from autosplit.measure.budget import default_microbatch_sizes
+from autosplit.measure.profiler import check_inputs, check_microbatch_sizes
+from autosplit.measure.tensors import fresh_leaves, nbytes, tensor_leaves
 from autosplit.records import SharedParam
-from autosplit.tensors import fresh_leaves, nbytes, tensor_leaves
 
 __all__ = [
     "BlockCost",
@@ -248,7 +248,7 @@ def count_costs(
         example_inputs: a tensor or tuple of tensors (any device, meta included); dimension 0
             is the batch B. Only shapes and dtypes are used.
         microbatch_sizes: sizes b to count; default
-            :func:`autosplit.profile_budget.default_microbatch_sizes` for B and ``stages``.
+            :func:`autosplit.measure.budget.default_microbatch_sizes` for B and ``stages``.
         stages: the number of stages planned for (only used for the default sizes).
         granularity: see :func:`autosplit.capture.trace.trace`.
         leaf_modules: see :func:`autosplit.capture.trace.trace`.

@@ -1,10 +1,10 @@
 """A cold cache's figures for 2 CPU workers, measured on one launch of the ranks.
 
-What :mod:`autosplit.machine_figures` needs first on a machine it has not seen: DDP's
-synchronisation at 32 MiB and at :data:`~autosplit.collectives.LATENCY_BYTES`, the link
+What :mod:`autosplit.measure.machine_cache` needs first on a machine it has not seen: DDP's
+synchronisation at 32 MiB and at :data:`~autosplit.measure.collectives.LATENCY_BYTES`, the link
 between the two ranks, and the one-stage runtime's cost per action. Each is measured as its
-own measurer measures it (:func:`autosplit.collectives.measure_collectives`,
-:func:`autosplit.runtime_cost.measure_one_stage_action_ms`), one after the other on the same
+own measurer measures it (:func:`autosplit.measure.collectives.measure_collectives`,
+:func:`autosplit.measure.runtime_cost.measure_one_stage_action_ms`), one after the other on the same
 two ranks: one start of the ranks (each imports torch: seconds) instead of two.
 """
 
@@ -14,15 +14,15 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from autosplit.claims import half_iqr
-from autosplit.collectives import (
+from autosplit.measure.collectives import (
     LATENCY_BYTES,
     Collectives,
     collectives_of,
     link_seconds,
     sync_seconds,
 )
-from autosplit.runtime_cost import one_stage_fits, one_stage_rounds
+from autosplit.measure.runtime_cost import one_stage_fits, one_stage_rounds
+from autosplit.measure.spread import half_iqr
 
 __all__ = ["CpuMachine", "measure_cpu_machine"]
 
@@ -57,7 +57,7 @@ def measure_cpu_machine(nbytes: int = 32 * 2**20, link_bytes: int = 16 * 2**20,
                         repeats: int = 7, timeout_s: float = 120.0) -> CpuMachine:
     """The all-reduce, the link and the one-stage runtime's cost of 2 gloo CPU workers of one
     thread each, on one launch (see the module docstring)."""
-    from autosplit.distributed import launch
+    from autosplit.launch import launch
 
     whole, small, link, rounds = launch(_rank, 2, nbytes, link_bytes, repeats,
                                         backend="gloo", timeout_s=timeout_s)[0]

@@ -10,8 +10,8 @@ and that profile's plans measured 10–29 % above their predictions; the other p
 
 :class:`Window` reads the steal before and after a timing; :meth:`Window.disturbed` says whether
 the hypervisor took more than :data:`MAX_SHARE` of all cores' time meanwhile. The profiler
-(:func:`autosplit.measurement.measure_interleaved`, per round of a block's sizes) and the stage
-timing (:func:`autosplit.stage_timing.time_stages`, per run) set such timings aside, and use them
+(:func:`autosplit.measure.block_timing.measure_interleaved`, per round of a block's sizes) and the stage
+timing (:func:`autosplit.verify.stage_timing.time_stages`, per run) set such timings aside, and use them
 only where no other timing of the same thing is left.
 
 ``/proc/stat`` counts in ticks (10 ms on Linux): below :data:`MIN_JUDGED_S` stolen, too few

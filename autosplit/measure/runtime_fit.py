@@ -1,7 +1,7 @@
 """The runtime's cost per action fitted to a measured step: the cost o that makes the replay of
 a schedule's order (:func:`autosplit.schedules.simulate_schedule`) last the step measured.
 
-Arithmetic only, no torch: :mod:`autosplit.runtime_cost` measures the steps and calls these.
+Arithmetic only, no torch: :mod:`autosplit.measure.runtime_cost` measures the steps and calls these.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ __all__ = ["BLEND_ROUNDS", "fit_action_ms", "fit_weighed_action_ms"]
 
 BLEND_ROUNDS = 2
 """How often the overlaps are replayed again from the costs they weighed (as
-:data:`autosplit.verify.BLEND_ROUNDS`)."""
+:data:`autosplit.verify.plans.BLEND_ROUNDS`)."""
 
 
 def fit_action_ms(schedule: str, v: int, m: int, step_ms: float, p: int = 2,
@@ -68,7 +68,7 @@ def fit_weighed_action_ms(schedule: str, v: int, m: int, step_ms: float,
                           alone: StageCosts, together: StageCosts, p: int = 2) -> float:
     """The cost of one action (ms) for which the replay of ``schedule``'s order lasts
     ``step_ms``, with each stage's costs weighed as a verified prediction weighs its stage
-    times (:mod:`autosplit.verify`): its costs ``alone`` (the other ranks idle) plus, for the
+    times (:mod:`autosplit.verify.plans`): its costs ``alone`` (the other ranks idle) plus, for the
     share of its rank's work that overlaps another rank's in the replay
     (:func:`~autosplit.simulator.overlap_shares`, with the cost per action in it), the
     difference to its costs ``together`` (every rank computing at once); the shares are

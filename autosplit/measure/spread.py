@@ -2,7 +2,7 @@
 
 A time here is a median with a relative spread s (a fraction: 0.03 is ±3 %): the value is taken
 to lie in ``median · (1 − s) … median · (1 + s)``. The spread of a verified time is half its
-interquartile range over its median (see :mod:`autosplit.verify`).
+interquartile range over its median (see :mod:`autosplit.verify.plans`).
 
 The ratio ``a / b`` of two such times then lies in
 ``a(1 − s_a) / (b(1 + s_b)) … a(1 + s_a) / (b(1 − s_b))``. When that interval contains 1 the

@@ -8,10 +8,10 @@ of two workers (pipelines, and data parallelism) were predicted 5–14 % below t
 step from stages timed with the other core idle, while one device, which runs alone, was within
 a few percent.
 
-So :func:`autosplit.stage_timing.time_stages` can time a stage run *beside* another one: a
+So :func:`autosplit.verify.stage_timing.time_stages` can time a stage run *beside* another one: a
 :class:`Neighbour` process runs the other run (forward and backward of one micro-batch, again
 and again) on the other core while the stage is timed, and goes idle for a run timed alone (one
-device). It is started with the ranks' environment (:mod:`autosplit.allocator`) and its own
+device). It is started with the ranks' environment (:mod:`autosplit.measure.allocator`) and its own
 copy of the model.
 
 Protocol (text lines over two pipes): the parent sends ``run <i>``, ``idle`` or ``stop``; the
@@ -37,16 +37,16 @@ from typing import Self
 
 import torch
 
-from autosplit import allocator, fresh_process, measurement
 from autosplit.graph import BlockGraph
-from autosplit.losses import timing_loss
+from autosplit.measure import allocator, block_timing, timing_process
+from autosplit.measure.losses import timing_loss
 
 __all__ = ["ALONE", "Neighbour", "enabled"]
 
 ALONE = "AUTOSPLIT_TIME_ALONE"
 """Set to 1 to time every stage with the other cores idle (no :class:`Neighbour`)."""
 
-_CHILD = "import sys; from autosplit.neighbour import _main; _main(*sys.argv[1:4])"
+_CHILD = "import sys; from autosplit.measure.contention import _main; _main(*sys.argv[1:4])"
 
 _READY_TIMEOUT_S = 300.0
 """How long the neighbour may take to load the model (s)."""
@@ -78,7 +78,7 @@ class Neighbour:
         self._tmp = tempfile.TemporaryDirectory(prefix="autosplit-neighbour-")
         job = Path(self._tmp.name, "job.pkl")
         try:
-            job.write_bytes(pickle.dumps(fresh_process.model_files(),
+            job.write_bytes(pickle.dumps(timing_process.model_files(),
                                          protocol=pickle.HIGHEST_PROTOCOL)
                             + pickle.dumps((graph, tuple(inputs), self.runs, loss, threads),
                                            protocol=pickle.HIGHEST_PROTOCOL))
@@ -201,12 +201,12 @@ def _child(job: str, down: str, up: str) -> None:
     commands = int(down)
     try:
         with open(job, "rb") as f:
-            fresh_process.import_model_files(pickle.load(f))
+            timing_process.import_model_files(pickle.load(f))
             graph, inputs, runs, loss, threads = pickle.load(f)
         torch.set_num_threads(threads)
         dev = torch.device("cpu")
-        work = measurement.private_copy(graph, dev)
-        envs = {b: measurement.stage_inputs(work, inputs, b, runs, dev) for b in {r[2] for r in runs}}
+        work = block_timing.private_copy(graph, dev)
+        envs = {b: block_timing.stage_inputs(work, inputs, b, runs, dev) for b in {r[2] for r in runs}}
         segments = {r: work.extract(r[0], r[1]) for r in runs}
         last = timing_loss(loss)
     except Exception as exc:  # noqa: BLE001 - told back in one line; the parent times alone
@@ -233,6 +233,6 @@ def _child(job: str, down: str, up: str) -> None:
         seg = segments[current]
         for param in seg.module.parameters():
             param.grad = None
-        args = measurement.segment_args(work, envs[current[2]], seg)
-        measurement.timed_run(seg, args, dev,
+        args = block_timing.segment_args(work, envs[current[2]], seg)
+        block_timing.timed_run(seg, args, dev,
                               loss=last if current[1] == len(work.blocks) else None)

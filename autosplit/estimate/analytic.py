@@ -3,7 +3,7 @@
 The model is built (or copied) on ``torch.device("meta")``: tensors there have shapes, dtypes
 and strides but no storage, so a model of billions of parameters costs no memory and its
 blocks run in milliseconds. Each block runs at every micro-batch size b, exactly as the
-measured profiler runs it (:mod:`autosplit.profiler`: the same :class:`~autosplit.graph.Segment`
+measured profiler runs it (:mod:`autosplit.measure.profiler`: the same :class:`~autosplit.graph.Segment`
 per block, its inputs turned into fresh autograd leaves, a backward seeded with ones), while
 
 * ``torch.utils.flop_counter.FlopCounterMode`` counts the FLOPs of every ATen operator, forward
@@ -52,13 +52,13 @@ import torch
 from torch import nn
 
 from autosplit.errors import ArgumentTypeError
+from autosplit.estimate.meta_device import build_on_meta, to_meta
+from autosplit.estimate.op_counting import BlockCost, ModelCosts, count_costs
 from autosplit.graph import Granularity
-from autosplit.meta_device import build_on_meta, to_meta
-from autosplit.op_counting import BlockCost, ModelCosts, count_costs
-from autosplit.profiler import check_inputs
+from autosplit.measure.profiler import check_inputs
+from autosplit.measure.update_timing import UPDATE_PASSES
 from autosplit.records import BlockProfile, CutProfile, DeviceInfo, Profile
 from autosplit.specs import DeviceSpec, op_time_s
-from autosplit.update_timing import UPDATE_PASSES
 
 __all__ = [
     "build_on_meta",
@@ -140,7 +140,7 @@ def _estimated_split(row: Sequence[BlockCost], spec: DeviceSpec, dtype: str) -> 
 def _estimated_update(param_bytes: int, spec: DeviceSpec, dtype: str
                       ) -> tuple[tuple[str, float], ...]:
     """Each optimizer's update of ``param_bytes`` as one memory-bound operator: the bytes it
-    reads and writes per parameter byte (:data:`~autosplit.update_timing.UPDATE_PASSES`) at
+    reads and writes per parameter byte (:data:`~autosplit.measure.update_timing.UPDATE_PASSES`) at
     the device's memory bandwidth (ms); 0 without parameters."""
     return tuple((name, op_time_s(0.0, passes * param_bytes, spec, dtype) * 1000.0
                   if param_bytes else 0.0) for name, passes in UPDATE_PASSES.items())

@@ -365,7 +365,7 @@ def _measure(rank_fn: Any, ranks: int, nbytes: Any, repeats: int, backend: str) 
     puts (s, or a tuple of them)."""
     import torch.multiprocessing as mp
 
-    from autosplit.distributed.launch import free_port
+    from autosplit.launch import free_port
 
     results = mp.get_context("spawn").SimpleQueue()
     env = os.environ.get("OMP_NUM_THREADS")

@@ -3,7 +3,7 @@
 Planning for several devices needs, besides the model's profile, how fast the machine moves
 data and runs torch's pipeline runtime: DDP's all-reduce (bus bandwidth and latency), a
 stage's send to the next (link bandwidth) and the runtime's cost per action of each schedule
-(:mod:`autosplit.runtime_cost`). They depend on the host, the backend, the devices, the
+(:mod:`autosplit.measure.runtime_cost`). They depend on the host, the backend, the devices, the
 threads per worker and torch, and take a minute or more to measure: they are measured once
 and kept under the user's cache folder (``$XDG_CACHE_HOME/autosplit/machine.json``, else
 ``~/.cache/autosplit/machine.json``, or ``$AUTOSPLIT_CACHE``), one entry per
@@ -150,8 +150,8 @@ class MachineFigures:
 
 @dataclass(frozen=True)
 class Measurers:
-    """How to measure each figure (the functions of :mod:`autosplit.collectives` and
-    :mod:`autosplit.runtime_cost`, or synthetic ones in tests).
+    """How to measure each figure (the functions of :mod:`autosplit.measure.collectives` and
+    :mod:`autosplit.measure.runtime_cost`, or synthetic ones in tests).
 
     Attributes:
         collectives: ``() -> (all-reduce bytes/s, latency ms, link bytes/s)``.

@@ -20,13 +20,13 @@ alone and together as a verified prediction weighs them, to last the measured st
 (:func:`fit_weighed_action_ms`). The planner adds ``o`` to every action of that schedule
 (``Profile.action_ms``, ``Plan.action_ms``), the median over the rounds; the fits' spread
 over the rounds (``Profile.action_spread``) widens a verified plan's predicted step
-(:func:`autosplit.verify.predict_verified`). Measured once per process (and forgotten:
+(:func:`autosplit.verify.plans.predict_verified`). Measured once per process (and forgotten:
 :func:`forget_measurements`).
 
 A plan of one stage with data-parallel replicas runs on the same runtime, one stage per
 rank: :func:`measure_one_stage_action_ms` fits its cost per action the same way, on 2 ranks
 each running a one-stage ``ScheduleGPipe`` of a measuring stage at once, as replicas do (their
-gradient synchronisation is DDP's, costed apart: :func:`autosplit.collectives.measure_allreduce`):
+gradient synchronisation is DDP's, costed apart: :func:`autosplit.measure.collectives.measure_allreduce`):
 on 2 CPU workers 0.26–0.37 ms per action.
 
 Stages that compute, not stages that cost nothing: on 2 CPU workers (AMD EPYC, one day's fits),
@@ -34,7 +34,7 @@ stages of one 16 × 16 layer gave GPipe 0.36–0.60 ms per action and stages tha
 1024 wide) 0.5–1.5 ms: the runtime's per-action work costs more while the ranks compute.
 
 Steady stage times, not one run's: ``o`` is fitted on medians over rounds, as a verified
-prediction times its stages (:mod:`autosplit.stage_timing`); fitted on one plain run per round
+prediction times its stages (:mod:`autosplit.verify.stage_timing`); fitted on one plain run per round
 (the first run after other work is the slowest), it came out 30–100 % lower.
 """
 
@@ -46,10 +46,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from autosplit import checks
-from autosplit.claims import half_iqr
-from autosplit.planner.schedules import SEARCHED
-from autosplit.runtime_fit import fit_action_ms, fit_weighed_action_ms
-from autosplit.schedules import StageCosts, torch_class_name, torch_order
+from autosplit.measure.runtime_fit import fit_action_ms, fit_weighed_action_ms
+from autosplit.measure.spread import half_iqr
+from autosplit.schedules import SEARCHED, StageCosts, torch_class_name, torch_order
 
 __all__ = ["LAYERS", "MEASURED", "PLAIN_RUNS", "ROUNDS", "ROWS", "WARMUP_ROUNDS", "WIDTH",
            "action_costs", "forget_measurements",
@@ -112,7 +111,7 @@ def _fits(backend: str, timeout_s: float, schedules: Sequence[str] | None
     known = _CACHE.setdefault(backend, {})
     missing = tuple((name, v) for name, v in pairs if name not in known)
     if missing:
-        from autosplit.distributed import launch
+        from autosplit.launch import launch
 
         rounds = launch(_rank, 2, missing, ROUNDS, WARMUP_ROUNDS, LAYERS, backend=backend,
                         timeout_s=timeout_s)[0]
@@ -180,7 +179,7 @@ def measure_one_stage_action_ms(backend: str = "gloo", timeout_s: float = 120.0
     checks.one_of("backend", backend, ("gloo",))
     known = _CACHE.setdefault(backend, {})
     if _ONE_STAGE not in known:
-        from autosplit.distributed import launch
+        from autosplit.launch import launch
 
         known[_ONE_STAGE] = one_stage_fits(
             launch(one_stage_rounds, 2, backend=backend, timeout_s=timeout_s)[0])
@@ -305,9 +304,8 @@ def _rank(pairs: Sequence[tuple[str, int]] = MEASURED, repeats: int = ROUNDS,
     import torch.distributed as dist
     from torch.distributed import pipelining
 
-    from autosplit.distributed import stage_indices
-    from autosplit.distributed.stage_module import V_SCHEDULES
     from autosplit.schedules import SPLIT_BACKWARD
+    from autosplit.schedules.placement import V_SCHEDULES, stage_indices
 
     rank = dist.get_rank()
     device = torch.device("cpu")

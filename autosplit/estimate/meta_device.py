@@ -1,6 +1,6 @@
 """Build a model on the meta device, or move one there: shapes and dtypes, no storage.
 
-:mod:`autosplit.analytic` counts work on such models; a model of billions of parameters costs
+:mod:`autosplit.estimate.analytic` counts work on such models; a model of billions of parameters costs
 no memory there.
 """
 

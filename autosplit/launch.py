@@ -26,14 +26,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autosplit import allocator
 from autosplit.errors import InvalidInputError, RankFailedError, RendezvousError
+from autosplit.measure import allocator
 
 DEFAULT_TIMEOUT_S = 120.0
 """Process-group timeout (s): a collective or send/recv that waits longer raises on its rank."""
 
 
-def _default_device(group: Any = None) -> torch.device:
+def default_device(group: Any = None) -> torch.device:
     if dist.is_initialized() and dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -64,7 +64,7 @@ def init_distributed(
     if missing and not dist.is_initialized():
         raise InvalidInputError(
             f"{', '.join(missing)} not set: start the ranks with torchrun or "
-            "autosplit.distributed.launch"
+            "autosplit.launch"
         )
     device = torch.device("cpu")
     kwargs: dict[str, Any] = {}
@@ -83,7 +83,7 @@ def init_distributed(
         except (RuntimeError, dist.DistError) as exc:  # the store timed out, or refused
             raise RendezvousError(
                 f"{rendezvous_words()}: no process group within {timeout_s:g} s "
-                f"({_one_line(str(exc).split(' Exception raised from')[0])[:160]}); start "
+                f"({one_line(str(exc).split(' Exception raised from')[0])[:160]}); start "
                 "every rank (rank 0 listens there), or unset RANK, WORLD_SIZE, MASTER_ADDR and "
                 "MASTER_PORT to let autosplit start its own ranks") from None
     return device
@@ -166,7 +166,7 @@ def _write_status(status_dir: str, exc: BaseException) -> None:
     rank = int(os.environ.get("RANK", "-1"))
     while exc.__cause__ is not None:  # PipelineStage wraps the model's error: report that one
         exc = exc.__cause__
-    text = _shorten(_one_line(f"{type(exc).__name__}: {exc}"), 400)
+    text = _shorten(one_line(f"{type(exc).__name__}: {exc}"), 400)
     record = {"rank": rank, "time": time.time(), "error": text}
     path = os.path.join(status_dir, f"rank{rank}.json")
     with contextlib.suppress(OSError):
@@ -240,7 +240,7 @@ def launch(
 
     Uses ``torch.distributed.run``'s launcher (an elastic agent with a c10d rendezvous on
     ``host:port``, no restarts). The ranks start with the C allocator keeping freed memory
-    (:mod:`autosplit.allocator`), unless this process's environment decides it. Every rank joins a process group first (see
+    (:mod:`autosplit.measure.allocator`), unless this process's environment decides it. Every rank joins a process group first (see
     :func:`init_distributed`; ``timeout_s`` bounds every wait on a peer) and destroys it
     afterwards. When a rank dies or raises, the launcher stops the others and this function
     raises :class:`RankFailedError`.
@@ -308,7 +308,7 @@ def launch(
     return dict(results)
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
@@ -341,7 +341,7 @@ def _rank_failure(
         message = failure.message
         if isinstance(message, dict):
             message = message.get("message", "")
-        text = _one_line(message or "")
+        text = one_line(message or "")
         if failure.exitcode and (not text or text.startswith("To enable traceback")):
             code = failure.exitcode
             text = f"exited with code {code}" if code > 0 else f"killed by signal {-code}"

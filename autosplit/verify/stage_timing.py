@@ -6,24 +6,24 @@ A stage run ``(first, end, b)`` is blocks ``first … end-1`` extracted from the
 take turns (A B A B …, round after round) so that drift hits all of them alike, and rounds go
 on while a run's interquartile range exceeds 5 % of its median, up to a cap and a time budget.
 A run during which the hypervisor took more than its share of the CPUs is set aside
-(:mod:`autosplit.steal`).
+(:mod:`autosplit.measure.steal_time`).
 Every other round a run starts without gradients, as a step's first micro-batch does (its
 backward makes them), the others add into them, as the step's later micro-batches do.
 
 Beside: on a CPU, a plan's workers share the machine and slow each other down, so a stage of a
 plan with several workers is timed while another process runs the neighbouring worker's stage
-on another core (:mod:`autosplit.neighbour`); one device is timed with the other cores idle.
+on another core (:mod:`autosplit.measure.contention`); one device is timed with the other cores idle.
 
 In flight: a run given a depth d runs d forwards, then their d backwards in the same order, as a
 GPipe stage runs its micro-batches (d = m), instead of one forward and its backward. With m
 micro-batches' activations held, a stage runs slower than one micro-batch at a time: measured
 on GPT small's second stage (b = 8, 8 in flight), 6.6 % (b = 16, 4 in flight: 1.3 %); on
 ResNet50's stages at b = 12 (64×64, 4 in flight) within 0.5 % — under the allocator setting the
-ranks run with (:mod:`autosplit.allocator`). Times are per micro-batch, averaged over the d.
+ranks run with (:mod:`autosplit.measure.allocator`). Times are per micro-batch, averaged over the d.
 
 Split backward: a run wrapped in :class:`SplitBackward` runs each backward in two passes, as
 torch's zero-bubble stages do (the input gradient, then the weight gradient:
-:func:`~autosplit.measurement.timed_split_backward`); its backward time is the two passes
+:func:`~autosplit.measure.block_timing.timed_split_backward`); its backward time is the two passes
 together and :attr:`StageTime.weight_share` the weight pass's share of it.
 
 Checkpointed: a run wrapped in :class:`Checkpointed` runs under activation checkpointing, as a
@@ -45,17 +45,18 @@ from typing import Any
 
 import torch
 
-from autosplit import checks, fresh_process, measurement, steal
+from autosplit import checks
 from autosplit.checkpointing import checkpointed
-from autosplit.claims import relative_spread
 from autosplit.devices import resolve_device
 from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph, Segment
-from autosplit.losses import timing_loss
-from autosplit.neighbour import Neighbour
-from autosplit.neighbour import enabled as neighbour_enabled
-from autosplit.profile_budget import spread_settled
-from autosplit.profiler import check_inputs, check_microbatch_sizes
+from autosplit.measure import block_timing, steal_time, timing_process
+from autosplit.measure.budget import spread_settled
+from autosplit.measure.contention import Neighbour
+from autosplit.measure.contention import enabled as neighbour_enabled
+from autosplit.measure.losses import timing_loss
+from autosplit.measure.profiler import check_inputs, check_microbatch_sizes
+from autosplit.measure.spread import relative_spread
 
 __all__ = ["Beside", "Checkpointed", "Item", "SplitBackward", "StageRun", "StageTime", "as_beside",
            "time_stages", "wrapped"]
@@ -65,7 +66,7 @@ StageRun = tuple[int, int, int]
 
 Beside = tuple[StageRun, "StageRun | None"]
 """A stage run and the run the neighbouring worker runs meanwhile (``None``: the other cores
-idle); see :mod:`autosplit.neighbour`."""
+idle); see :mod:`autosplit.measure.contention`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +137,7 @@ class StageTime:
         beside: whether another process ran the neighbouring worker's run meanwhile
             (:data:`Beside`).
         set_aside: timed runs set aside because the hypervisor took more than its share of
-            the CPUs meanwhile (:mod:`autosplit.steal`; counted only where no other was left).
+            the CPUs meanwhile (:mod:`autosplit.measure.steal_time`; counted only where no other was left).
         weight_share: for a run timed with its backward split (:class:`SplitBackward`), the
             median share of the weight-gradient pass in the backward (fraction); ``None``:
             the backward ran whole.
@@ -203,7 +204,7 @@ def time_stages(
     keyed by the items of ``runs``.
 
     An item ``(run, other)`` (:data:`Beside`) is timed while another process runs ``other``
-    on another core (:class:`~autosplit.neighbour.Neighbour`; on a CPU, unless
+    on another core (:class:`~autosplit.measure.contention.Neighbour`; on a CPU, unless
     ``AUTOSPLIT_TIME_ALONE=1``), as a plan's neighbouring worker does; a bare run, or
     ``(run, None)``, with the other cores idle. An item wrapped in :class:`SplitBackward` runs
     its backward in two passes, as zero-bubble schedules do, one wrapped in
@@ -213,15 +214,15 @@ def time_stages(
     backwards; 1, one forward and its backward, when not given); its times are per micro-batch.
 
     A run that ends with the model's last block is timed with ``loss`` after it
-    (:mod:`autosplit.losses`), as the profile it checks was.
+    (:mod:`autosplit.measure.losses`), as the profile it checks was.
 
-    ``neighbour``: a running :class:`~autosplit.neighbour.Neighbour` of this process, started
+    ``neighbour``: a running :class:`~autosplit.measure.contention.Neighbour` of this process, started
     for every ``other`` of ``runs``, to time beside instead of starting one (several sessions
     then share one process: it is left idle, and the caller closes it); the stages are then
     timed in this process.
 
     Works on a private copy of the model (the model is left as it was); on a CPU, in a fresh
-    process, as the ranks run (:mod:`autosplit.fresh_process`). ``rounds`` timed rounds at
+    process, as the ranks run (:mod:`autosplit.measure.timing_process`). ``rounds`` timed rounds at
     least (2 at least: every other round starts without gradients, see
     :meth:`StageTime.per_step`), after ``warmup`` untimed ones; more, up to ``max_rounds``,
     while a run's IQR exceeds 5 % of its median and ``budget_s`` seconds are not spent.
@@ -250,8 +251,8 @@ def time_stages(
             raise InvalidInputError(f"neighbour: not started for the runs {sorted(missing)}")
         return _time_here(graph, inputs, runs, progress=progress, neighbour=neighbour,
                           **options)
-    if resolve_device(device).type == "cpu" and fresh_process.enabled():
-        return fresh_process.run_fresh(_time_here, graph, inputs, runs, progress=progress,
+    if resolve_device(device).type == "cpu" and timing_process.enabled():
+        return timing_process.run_fresh(_time_here, graph, inputs, runs, progress=progress,
                                        **options)
     return _time_here(graph, inputs, runs, progress=progress, **options)
 
@@ -291,7 +292,7 @@ def _time_here(
     # per run: forward, backward, first backward, and the sums after an added and a new start
     timings = {r: (fwd[r], bwd[r], first[r], sums[r, False], sums[r, True]) for r in runs}
     spare: dict[Any, tuple[list[float], ...]] = {r: ([], [], [], [], []) for r in runs}
-    set_aside = dict.fromkeys(runs, 0)  # timings the hypervisor disturbed (autosplit.steal)
+    set_aside = dict.fromkeys(runs, 0)  # timings the hypervisor disturbed (autosplit.measure.steal_time)
     alone: set[Any] = set()  # items meant to be timed beside another run, but not
     rounds = max(rounds, 2)  # both kinds of backward
     try:
@@ -308,8 +309,8 @@ def _time_here(
                     Neighbour(graph, inputs, others, loss, threads)
                     if others and dev.type == "cpu" and neighbour_enabled()
                     else contextlib.nullcontext())  # type: ignore[arg-type]
-            work = measurement.private_copy(graph, dev)
-            envs = {b: measurement.stage_inputs(work, inputs, b, own, dev) for b in {r[2] for r in own}}
+            work = block_timing.private_copy(graph, dev)
+            envs = {b: block_timing.stage_inputs(work, inputs, b, own, dev) for b in {r[2] for r in own}}
             segments = {r: work.extract(r[0], r[1]) for r in own}
             recomputed = {run: dataclasses.replace(segments[run], module=_Recomputed(
                 segments[run].module)) for r, (run, _) in jobs.items()
@@ -335,9 +336,9 @@ def _time_here(
                             param.grad = None
                         elif param.grad is None:  # (another run's fresh start took it)
                             param.grad = torch.zeros_like(param)
-                    args = measurement.segment_args(work, envs[run[2]], seg)
+                    args = block_timing.segment_args(work, envs[run[2]], seg)
                     last = loss_fn if run[1] == len(work.blocks) else None
-                    window = steal.Window()
+                    window = steal_time.Window()
                     f_ms, b_ms, w_ms = _in_flight(
                         recomputed[run] if wrapped(r, Checkpointed) else seg, args, dev, last,
                         depths[r], wrapped(r, SplitBackward))
@@ -380,13 +381,13 @@ def _in_flight(seg: Segment, args: Sequence[Any], dev: torch.device, loss: Any,
     ``split`` (each backward in two passes: input gradient, then weight gradient) each one's
     weight pass, a part of its backward (ms; no weight times without ``split``)."""
     if depth == 1 and not split:
-        _, f_ms, b_ms = measurement.timed_run(seg, args, dev, loss=loss)
+        _, f_ms, b_ms = block_timing.timed_run(seg, args, dev, loss=loss)
         return [f_ms], [b_ms], []
-    held = [measurement.timed_forward(seg, args, dev, loss=loss) for _ in range(depth)]
+    held = [block_timing.timed_forward(seg, args, dev, loss=loss) for _ in range(depth)]
     if not split:
         return ([f_ms for *_, f_ms in held],
-                [measurement.timed_backward(outputs, value, needs, dev)
+                [block_timing.timed_backward(outputs, value, needs, dev)
                  for outputs, value, needs, _ in held], [])
-    passes = [measurement.timed_split_backward(outputs, value, args, seg.module.parameters(), dev)
+    passes = [block_timing.timed_split_backward(outputs, value, args, seg.module.parameters(), dev)
               if needs else (0.0, 0.0) for outputs, value, needs, _ in held]
     return [f_ms for *_, f_ms in held], [i + w for i, w in passes], [w for _, w in passes]

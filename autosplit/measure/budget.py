@@ -2,7 +2,7 @@
 that fit the time budget, whether one more round of a block still fits, and when a figure's
 spread has settled.
 
-Policy only: :mod:`autosplit.measurement` times, this module decides when to stop.
+Policy only: :mod:`autosplit.measure.block_timing` times, this module decides when to stop.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What is timed to verify a plan: each stage's runs, beside what, with how many micro-batches
-in flight, and what a session of them costs (see :mod:`autosplit.verify`).
+in flight, and what a session of them costs (see :mod:`autosplit.verify.plans`).
 
 A plan's stages are timed as they run (:func:`timed_items`): each beside what the neighbouring
 worker runs meanwhile, and, for a pipeline, alone too; on a zero-bubble schedule with the
@@ -19,7 +19,8 @@ from autosplit.cost import single_device_ms
 from autosplit.errors import AutosplitError
 from autosplit.records import Plan, Profile
 from autosplit.schedules import SPLIT_BACKWARD, ScheduleOrder, torch_order
-from autosplit.stage_timing import (
+from autosplit.stages import block_ranges
+from autosplit.verify.stage_timing import (
     Beside,
     Checkpointed,
     Item,
@@ -27,7 +28,6 @@ from autosplit.stage_timing import (
     StageRun,
     as_beside,
 )
-from autosplit.stages import block_ranges
 
 __all__ = ["IN_FLIGHT_CAP_MS", "SESSION_START_S", "depths", "order_of", "session_estimate_s",
            "session_runs", "stage_ranks", "stage_runs", "timed_items", "timed_runs",
@@ -75,7 +75,7 @@ def timed_runs(plan: Plan, beside: bool = True) -> list[Beside]:
     same time), the same stage for one stage on several replicas, nothing (the other cores
     idle) for one stage on one device — then, for a plan of several stages and with
     ``beside``, each stage's run alone (a pipeline's workers compute at the same time only for
-    part of the step: :func:`autosplit.verify._stage_times`)."""
+    part of the step: :func:`autosplit.verify.plans._stage_times`)."""
     runs = stage_runs(plan)
     n = len(runs)
     if n == 1:
@@ -129,7 +129,7 @@ def stage_ranks(plan: Plan) -> list[int]:
 def session_runs(profile: Profile, plans: Mapping[str, Plan], one_device: bool, beside: bool,
                  whole: Callable[[int], bool]
                  ) -> tuple[list[Any], dict[Any, int], dict[str, tuple[Beside, ...]]]:
-    """What a session of :func:`autosplit.verify.time_plans` times: the runs, the micro-batches each keeps in
+    """What a session of :func:`autosplit.verify.plans.time_plans` times: the runs, the micro-batches each keeps in
     flight (a run two plans share: the deeper of the two), and the ways one device is timed
     per plan."""
     n = len(profile.blocks)

@@ -6,15 +6,15 @@ each micro-batch size. So before a plan is printed or saved, each stage of the b
 candidates, and of every plan shown beside them, is timed as it will run: its contiguous
 blocks together (:meth:`~autosplit.graph.BlockGraph.extract`), forward and backward, at the
 plan's micro-batch size b, with as many micro-batches in flight as the plan's schedule keeps
-on that stage (all m on a GPipe stage; :mod:`autosplit.stage_timing` times them, taking turns
+on that stage (all m on a GPipe stage; :mod:`autosplit.verify.stage_timing` times them, taking turns
 A B A B), and, on the stages of a zero-bubble schedule whose inputs need a gradient, with the
 backward in two passes, input gradient then weight gradient, as torch runs it there
-(:class:`~autosplit.stage_timing.SplitBackward`: two passes cost more than one, by 10–13 % on
+(:class:`~autosplit.verify.stage_timing.SplitBackward`: two passes cost more than one, by 10–13 % on
 ResNet50 and GPT small, and the weight pass's share is the stage's own) — and in one pass too
 where the schedule runs some of that stage's backwards whole (DualPipeV's ``B`` actions:
 :attr:`~autosplit.records.Stage.whole_backward_ms`); a stage the plan checkpoints is timed
 under activation checkpointing, its backward with the recomputation
-(:class:`~autosplit.stage_timing.Checkpointed`). Every other round a
+(:class:`~autosplit.verify.stage_timing.Checkpointed`). Every other round a
 stage starts without gradients, as a step's first micro-batch does (its backward makes them),
 the others add into them; a step of m micro-batches is predicted with one of the first kind
 and m − 1 of the second (:meth:`StageTime.per_step`).
@@ -22,7 +22,7 @@ Adding into gradients costs more: ResNet50's forward and backward at b = 24 (64�
 longer than starting without them.
 
 On a CPU a plan's workers are processes on one machine, and they slow each other down while
-they compute at the same time (:mod:`autosplit.neighbour`): a stage of a plan with several
+they compute at the same time (:mod:`autosplit.measure.contention`): a stage of a plan with several
 workers is timed beside the neighbouring worker's stage, which another process runs on another
 core, and, for a pipeline, alone too. Replicas compute side by side all the step: their time
 beside each other is theirs. A pipeline's ranks overlap only in part (the fill, the drain, the
@@ -35,7 +35,7 @@ measured step (five of seven below), from stages timed beside the neighbour −1
 Each plan is then predicted again by the same simulator (:mod:`autosplit.simulator`) from
 these stage times; transfers keep the plan's modelled link time. The best of several
 candidates is chosen on one such session and predicted from a second one, with the plans
-printed beside it (:func:`autosplit.verified_choice.verify_and_choose`): the fastest of noisy
+printed beside it (:func:`autosplit.verify.choice.verify_and_choose`): the fastest of noisy
 figures is its luckiest.
 The whole model is timed in one piece too, for the "over one device" figure: at the
 profile's best micro-batch size, accumulated, and on a CPU also on the whole batch at once
@@ -52,14 +52,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autosplit import checks, neighbour, steal
+from autosplit import checks
 from autosplit.cost import whole_update_ms
 from autosplit.devices import resolve_device
 from autosplit.graph import BlockGraph
-from autosplit.profiler import check_inputs
+from autosplit.measure import contention, steal_time
+from autosplit.measure.profiler import check_inputs
 from autosplit.records import Plan, Profile
 from autosplit.simulator import overlap_fractions, simulate_plan
-from autosplit.stage_timing import (
+from autosplit.units import format_ms
+from autosplit.verify.stage_timing import (
     Beside,
     Checkpointed,
     Item,
@@ -68,7 +70,7 @@ from autosplit.stage_timing import (
     time_stages,
     wrapped,
 )
-from autosplit.timed_runs import (
+from autosplit.verify.timed_runs import (
     SESSION_START_S,
     depths,
     session_estimate_s,
@@ -77,7 +79,6 @@ from autosplit.timed_runs import (
     timed_items,
     whole_items,
 )
-from autosplit.units import format_ms
 
 __all__ = ["PlanTimes", "SESSION_START_S", "StageTime", "predict_verified", "session_estimate_s",
            "time_plans", "time_stages", "verify_plans"]
@@ -95,9 +96,9 @@ BLEND_ROUNDS = 2
 def _stage_times(plan: Plan, timed: Sequence[StageTime], share: float | None = None,
                  whole: Sequence[StageTime] = ()
                  ) -> tuple[list[StageTime], str, list[StageTime] | None]:
-    """Each stage's time for the prediction, from ``timed`` (as :func:`~autosplit.timed_runs.timed_runs` lists),
+    """Each stage's time for the prediction, from ``timed`` (as :func:`~autosplit.verify.timed_runs.timed_runs` lists),
     how it was made, in words for :attr:`Plan.verification`, and the same of each stage's
-    backward run in one pass, from ``whole`` (as :func:`~autosplit.timed_runs.whole_items` lists; ``None`` if
+    backward run in one pass, from ``whole`` (as :func:`~autosplit.verify.timed_runs.whole_items` lists; ``None`` if
     empty), weighed with the same shares.
 
     One device: its time alone. Replicas compute side by side all the time: their time beside
@@ -145,7 +146,7 @@ def _scaled(plan: Plan, times: Sequence[StageTime], factor: int,
     the runtime's cost per action by ``factor`` times ``action_spread_ms`` (not below 0); a
     stage's weight-gradient part is the share its split backward was timed with
     (:attr:`StageTime.weight_share`), else the share the search gave it; a stage timed split
-    and ``whole`` too (:func:`~autosplit.timed_runs.whole_items`) keeps that backward as its one pass
+    and ``whole`` too (:func:`~autosplit.verify.timed_runs.whole_items`) keeps that backward as its one pass
     (:attr:`~autosplit.records.Stage.whole_backward_ms`; ``None`` otherwise). A checkpointed
     stage was timed so (:class:`Checkpointed`): its backward less its forward is the backward
     the simulation adds the recomputation to."""
@@ -174,13 +175,13 @@ class PlanTimes:
     """The stage runs of several plans, timed in one session (:func:`time_plans`).
 
     Attributes:
-        times: each timed item (:data:`~autosplit.stage_timing.Beside`, or one wrapped in
-            :class:`~autosplit.stage_timing.SplitBackward` or
-            :class:`~autosplit.stage_timing.Checkpointed`) and its time.
+        times: each timed item (:data:`~autosplit.verify.stage_timing.Beside`, or one wrapped in
+            :class:`~autosplit.verify.stage_timing.SplitBackward` or
+            :class:`~autosplit.verify.stage_timing.Checkpointed`) and its time.
         depths: per plan name, the micro-batches in flight each stage was timed with.
         singles: per plan name, the ways one device was timed running its batch.
         beside: whether the stages of plans with several workers were timed beside a
-            neighbour, and alone (:func:`~autosplit.timed_runs.timed_runs`).
+            neighbour, and alone (:func:`~autosplit.verify.timed_runs.timed_runs`).
     """
 
     times: Mapping[Item, StageTime]
@@ -218,7 +219,7 @@ def time_plans(
     checks.instance_of("profile", profile, Profile, "an autosplit Profile")
     for plan in plans.values():
         plan.check_model(graph.fingerprint, graph.model_name)
-    beside = resolve_device(options.get("device")).type == "cpu" and neighbour.enabled()
+    beside = resolve_device(options.get("device")).type == "cpu" and contention.enabled()
     whole = _whole_batch_fits(example_inputs, options.get("device"))
     runs, deepest, singles = session_runs(profile, plans, one_device, beside, whole)
     times = time_stages(graph, example_inputs, runs, depths=deepest,
@@ -290,7 +291,7 @@ def predict_verified(profile: Profile, plans: Mapping[str, Plan], timed: PlanTim
                 f"{'/'.join(map(str, timed.depths[name]))}, {distinct} stage runs taking "
                 f"turns over ≥ {timed.rounds} rounds{how}; "
                 + (f"{timed.set_aside} timing(s) set aside, the hypervisor taking over "
-                   f"{steal.MAX_SHARE:.0%} of the CPUs meanwhile; " if timed.set_aside else "")
+                   f"{steal_time.MAX_SHARE:.0%} of the CPUs meanwhile; " if timed.set_aside else "")
                 + (f"torch's runtime {plan.action_ms:.2f} ± {action_spread:.2f} ms per "
                    "action; " if plan.action_ms + action_spread > 0 else "")
                 + f"block sums gave {format_ms(plan.predicted_step_ms)}"

@@ -45,7 +45,7 @@ UPDATE_PASSES: dict[str, int] = {
     "adam-mixed": 14,  # fp32 master and moments (4 bytes each) over 2-byte parameters
 }
 """Bytes each update reads and writes per parameter byte, as a memory-bound kernel: what an
-estimated profile (:mod:`autosplit.analytic`) charges for it."""
+estimated profile (:mod:`autosplit.estimate.analytic`) charges for it."""
 
 
 class _Update:

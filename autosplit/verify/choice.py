@@ -2,14 +2,14 @@
 
 The fastest of noisy figures is the luckiest: predicted from the timings that chose it, a plan
 would look better than the plans printed beside it. So the best candidate is chosen on one
-verification session (:func:`autosplit.verify.verify_plans`) and predicted, with the plans
+verification session (:func:`autosplit.verify.plans.verify_plans`) and predicted, with the plans
 shown beside it and one device, from a second one; on a CPU both sessions run in one fresh
-process (:mod:`autosplit.fresh_process`) beside one neighbouring worker
-(:mod:`autosplit.neighbour`).
+process (:mod:`autosplit.measure.timing_process`) beside one neighbouring worker
+(:mod:`autosplit.measure.contention`).
 
 Candidates that the first session cannot tell apart would be chosen by the noise alone, a
 different one from each profile of the same model: those whose steps are within each other's
-spread (as a printed ratio reads "within noise": :func:`autosplit.claims.ratio_with_spread`),
+spread (as a printed ratio reads "within noise": :func:`autosplit.measure.spread.ratio_with_spread`),
 or within :data:`RESOLVED_RATIO` of the fastest, the accuracy autosplit claims for a verified
 ratio. Among those, the choice is the one the profile's block sums predict fastest
 (:func:`steady_choice`): an independent measurement of the same plans, every block timed over
@@ -23,16 +23,17 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autosplit import checks, fresh_process, neighbour
-from autosplit.claims import PREDICTION_ERROR, ratio_with_spread
+from autosplit import checks
 from autosplit.devices import resolve_device
 from autosplit.errors import InvalidInputError
 from autosplit.graph import BlockGraph
-from autosplit.profiler import check_inputs
+from autosplit.measure import contention, timing_process
+from autosplit.measure.profiler import check_inputs
+from autosplit.measure.spread import PREDICTION_ERROR, ratio_with_spread
 from autosplit.records import Plan, Profile
-from autosplit.timed_runs import session_estimate_s, stage_runs, timed_runs
 from autosplit.units import format_ms
-from autosplit.verify import verify_plans
+from autosplit.verify.plans import verify_plans
+from autosplit.verify.timed_runs import session_estimate_s, stage_runs, timed_runs
 
 __all__ = ["RESOLVED_RATIO", "VerificationSkipped", "describe_shape", "steady_choice",
            "verify_and_choose"]
@@ -40,7 +41,7 @@ __all__ = ["RESOLVED_RATIO", "VerificationSkipped", "describe_shape", "steady_ch
 RESOLVED_RATIO = PREDICTION_ERROR
 """The smallest difference between two verified steps (a fraction of the faster) that the
 choice acts on alone: the error a printed ratio of two verified steps allows
-(:data:`autosplit.claims.PREDICTION_ERROR`). A verified ratio is claimed within ±3 % of the
+(:data:`autosplit.measure.spread.PREDICTION_ERROR`). A verified ratio is claimed within ±3 % of the
 measured one (the README's Results, "How far the predictions hold"), and
 benchmarks/accuracy.py measured its errors at 1–3 % in the median and up to 4.4–10 % per
 run, wider than one session's spread of 0.5–2 %: one profile of ResNet101 chose b = 12 on a
@@ -85,12 +86,12 @@ def verify_and_choose(
     timed once, with the others.
 
     ``fit_budget``: ``budget_s`` bounds the whole verification, as estimated from block sums
-    beforehand (:func:`~autosplit.verify.session_estimate_s`): both sessions when they fit,
+    beforehand (:func:`~autosplit.verify.plans.session_estimate_s`): both sessions when they fit,
     else one, of block sums' best candidate with the others (the choice then is block sums'),
     else none (:class:`VerificationSkipped`).
 
     Raises:
-        InvalidInputError: no candidate; as :func:`~autosplit.verify.verify_plans`.
+        InvalidInputError: no candidate; as :func:`~autosplit.verify.plans.verify_plans`.
         VerificationSkipped: with ``fit_budget``, not even one session fits ``budget_s``.
     """
     if not candidates:
@@ -102,9 +103,9 @@ def verify_and_choose(
         return _within_budget(graph, example_inputs, profile, candidates, others or {},
                               options)
     if (len(candidates) > 1 and resolve_device(options.get("device")).type == "cpu"
-            and fresh_process.enabled()):  # both sessions in one fresh process
+            and timing_process.enabled()):  # both sessions in one fresh process
         progress = options.pop("progress", None)
-        return fresh_process.run_fresh(_choose_here, graph, example_inputs, profile,
+        return timing_process.run_fresh(_choose_here, graph, example_inputs, profile,
                                        list(candidates), dict(others or {}),
                                        progress=progress, **options)
     return _choose_here(graph, example_inputs, profile, candidates, others, **options)
@@ -165,7 +166,7 @@ def _within_budget(graph: BlockGraph, example_inputs: Any, profile: Profile,
     """:func:`verify_and_choose` in the sessions that fit ``options["budget_s"]``."""
     left = float(options["budget_s"])
     cpu = resolve_device(options.get("device")).type == "cpu"
-    how = {"beside": cpu and neighbour.enabled(), "whole_batch": cpu}
+    how = {"beside": cpu and contention.enabled(), "whole_batch": cpu}
     named = {f"candidate {i}": c for i, c in enumerate(candidates)}
     second = session_estimate_s(profile, {"candidate 0": candidates[0], **others}, **how)
     first = session_estimate_s(profile, named, False, **how) if len(named) > 1 else 0.0
@@ -191,7 +192,7 @@ def steady_choice(first: Mapping[str, Plan],
     ``step_spread``; ``planned``: the same names as planned, ``predicted_step_ms`` from the
     profile's block sums. Within noise: a verified step at most :data:`RESOLVED_RATIO` longer
     than the fastest's, or the ratio of the two, each at its median ± its spread, can be 1
-    (:func:`autosplit.claims.ratio_with_spread`; a plan without a spread is told apart
+    (:func:`autosplit.measure.spread.ratio_with_spread`; a plan without a spread is told apart
     by the first rule alone). Among those, the choice goes to the shortest
     step by block sums (an independent measurement, steadier from one profile to the next than
     a few rounds of stage runs), then the shorter verified step. On clear differences the
@@ -223,16 +224,16 @@ def steady_choice(first: Mapping[str, Plan],
 
 def _shared_neighbour(graph: BlockGraph, example_inputs: Any, profile: Profile,
                       plans: Sequence[Plan], options: Mapping[str, Any]
-                      ) -> contextlib.AbstractContextManager[neighbour.Neighbour | None]:
+                      ) -> contextlib.AbstractContextManager[contention.Neighbour | None]:
     """One neighbouring worker for both sessions of :func:`verify_and_choose` (on a CPU, with
     stages to time beside it: else ``None``), started for every run it may be asked for; a
     process started once, not once per session (its start, loading torch and the model, took
     about 2 s of each session on the development machines)."""
-    beside = resolve_device(options.get("device")).type == "cpu" and neighbour.enabled()
+    beside = resolve_device(options.get("device")).type == "cpu" and contention.enabled()
     runs = [other for plan in plans for _, other in timed_runs(plan, beside) if other]
     if not runs or not beside or options.get("neighbour") is not None:
         return contextlib.nullcontext()
-    return neighbour.Neighbour(graph, check_inputs(example_inputs), runs, profile.loss,
+    return contention.Neighbour(graph, check_inputs(example_inputs), runs, profile.loss,
                                options.get("threads", 1))
 
 

@@ -1,15 +1,15 @@
 """Time on a CPU where the ranks run: in a fresh Python process.
 
-The training ranks (:func:`autosplit.distributed.launch`, ``autosplit run``, torchrun) are
-fresh processes, started with the allocator settings of :mod:`autosplit.allocator`. The
+The training ranks (:func:`autosplit.launch`, ``autosplit run``, torchrun) are
+fresh processes, started with the allocator settings of :mod:`autosplit.measure.allocator`. The
 process that plans is not, and on the 2-core development machines it ran the same work
 measurably slower than a fresh process started from it: ResNet50's forward and backward
 (b = 24, 3×64×64, one thread, a new model each time) took 814–968 ms (median 896) in the
 process started from the shell against 790–931 ms (median 837) in a fresh child, slower in
 20 of 21 interleaved pairs, and on an earlier day 1.22–1.87 s against 0.97–1.22 s in the
 ranks. A prediction timed there is biased against the run it predicts, so CPU timings — the
-profile (:func:`autosplit.profiler.profile_graph`) and the stage runs that verify a plan
-(:func:`autosplit.verify.time_stages`) — are taken in a fresh process, like a rank's.
+profile (:func:`autosplit.measure.profiler.profile_graph`) and the stage runs that verify a plan
+(:func:`autosplit.verify.plans.time_stages`) — are taken in a fresh process, like a rank's.
 
 :func:`run_fresh` pickles the function and its arguments, starts a Python process with the
 ranks' environment, relays ``progress(done, total, what)`` calls back through a pipe, and
@@ -39,8 +39,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from autosplit import allocator
 from autosplit.errors import AutosplitError
+from autosplit.measure import allocator
 
 __all__ = [
     "IN_PROCESS", "FreshProcessError", "Worker", "enabled", "import_model_files", "model_files",
@@ -53,10 +53,10 @@ IN_PROCESS = "AUTOSPLIT_TIME_IN_PROCESS"
 _MODEL_FILES = "autosplit_model_"
 """Prefix of the modules :mod:`autosplit.modelfile` imports from model files."""
 
-_CHILD = "import sys; from autosplit.fresh_process import _child; _child(*sys.argv[1:4])"
+_CHILD = "import sys; from autosplit.measure.timing_process import _child; _child(*sys.argv[1:4])"
 """The fresh process's program (``python -c``: not ``-m``, which would run this module twice)."""
 
-_WORKER = "import sys; from autosplit.fresh_process import _serve; _serve(*sys.argv[1:3])"
+_WORKER = "import sys; from autosplit.measure.timing_process import _serve; _serve(*sys.argv[1:3])"
 """The program of a :class:`Worker`'s process: jobs in turn until its input closes."""
 
 _DONE = "\x04done"
@@ -243,7 +243,7 @@ def worker() -> Iterator[Worker]:
 def _here(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any],
           progress: Progress | None, why: str) -> T:
     warnings.warn(f"timing in this process, not in a fresh one like the ranks: {why}; "
-                  "its times may differ from the ranks' (see autosplit.fresh_process)",
+                  "its times may differ from the ranks' (see autosplit.measure.timing_process)",
                   RuntimeWarning, stacklevel=3)
     return fn(*args, progress=progress, **kwargs)
 
@@ -303,9 +303,9 @@ def _job(job: str, result: str, out: Any) -> None:
 def import_model_files(files: dict[str, str]) -> None:
     """Import the model files of :func:`model_files` here (before unpickling what they hold);
     one that fails is left out (then what needs it does not load, and says so)."""
-    from autosplit.modelfile import _import_file
+    from autosplit.modelfile import import_file
 
     for name, path in files.items():
         if name not in sys.modules:
             with contextlib.suppress(Exception):  # then the job may not load: said so
-                _import_file(Path(path), path)
+                import_file(Path(path), path)

@@ -4,7 +4,7 @@
 the order of the sizes rotating, until each figure's interquartile range is within
 :data:`SPREAD_TOLERANCE` of its median (or the repeat cap or the time budget is reached);
 :func:`timed_run` times one segment's forward and backward (ms, CUDA events on CUDA).
-:mod:`autosplit.verify` times whole stages with the same functions.
+:mod:`autosplit.verify.plans` times whole stages with the same functions.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from autosplit import steal
-from autosplit.block_memory import split_held_bytes, working_bytes
 from autosplit.graph import BlockGraph, Segment
-from autosplit.profile_budget import Deadline, spread_settled
-from autosplit.tensors import backward_from, fresh_leaves, nbytes, tensor_leaves
+from autosplit.measure import steal_time
+from autosplit.measure.block_memory import split_held_bytes, working_bytes
+from autosplit.measure.budget import Deadline, spread_settled
+from autosplit.measure.tensors import backward_from, fresh_leaves, nbytes, tensor_leaves
 
 __all__ = [
     "Interleaved",
@@ -141,7 +141,7 @@ def _wall(dev: torch.device) -> float:
 
 
 Loss = Callable[[Any], torch.Tensor]
-"""``loss(outputs) -> scalar``, run after the last block (:func:`autosplit.losses.timing_loss`)."""
+"""``loss(outputs) -> scalar``, run after the last block (:func:`autosplit.measure.losses.timing_loss`)."""
 
 
 def timed_forward(seg: Segment, args: Sequence[Any], dev: torch.device, hooks: Any = None,
@@ -300,7 +300,7 @@ def measure_interleaved(
     counts as input-gradient work only (W = 0).
 
     A timed round during which the hypervisor took more than its share of the CPUs
-    (:class:`autosplit.steal.Window`) is set aside: its timings count only for a block that has
+    (:class:`autosplit.measure.steal_time.Window`) is set aside: its timings count only for a block that has
     no other round, and the block's index goes into ``set_aside`` (one entry per round)."""
     warmup, repeats, cap, split_at = rounds.warmup, rounds.repeats, rounds.cap, rounds.split_at
     failures: list[tuple[int, Exception]] = []
@@ -324,7 +324,7 @@ def measure_interleaved(
                 if done or run >= warmup + cap or not deadline.allows(i, round_s):
                     break
             round_start = time.perf_counter()
-            window = steal.Window()
+            window = steal_time.Window()
             round_f: dict[int, float] = {}
             round_b: dict[int, float] = {}
             round_split: list[tuple[float, float]] = []

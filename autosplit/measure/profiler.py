@@ -28,15 +28,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from autosplit import checks, fresh_process
+from autosplit import checks
 from autosplit.capture.signature import call_arguments
 from autosplit.capture.trace import trace
 from autosplit.devices import describe_device, resolve_device
 from autosplit.errors import ArgumentTypeError, InvalidInputError
 from autosplit.fsdp_units import shardable
 from autosplit.graph import BlockGraph, Granularity
-from autosplit.losses import check_loss, default_loss, timing_loss
-from autosplit.measurement import (
+from autosplit.measure import timing_process
+from autosplit.measure.block_timing import (
     Progress,
     RoundOptions,
     SizeResult,
@@ -45,14 +45,15 @@ from autosplit.measurement import (
     private_copy,
     warm_up,
 )
-from autosplit.profile_budget import (
+from autosplit.measure.budget import (
     Deadline,
     bracketing_count,
     default_microbatch_sizes,
     within_budget,
 )
+from autosplit.measure.losses import check_loss, default_loss, timing_loss
+from autosplit.measure.update_timing import time_updates
 from autosplit.records import BlockProfile, CutProfile, Profile
-from autosplit.update_timing import time_updates
 
 __all__ = [
     "profile",
@@ -179,7 +180,7 @@ def profile(
         granularity: see :func:`autosplit.capture.trace.trace`.
         leaf_modules: see :func:`autosplit.capture.trace.trace`.
         progress: ``progress(done, total, what)`` after each measurement.
-        loss: the training loss timed with the last block (:data:`autosplit.losses.LOSSES`):
+        loss: the training loss timed with the last block (:data:`autosplit.measure.losses.LOSSES`):
             default the model's own (``"model"``) where it returns one, else the tutorial's
             ``"mse"`` (the losses ``autosplit run`` trains with); ``"none"`` leaves it out.
         example_kwargs: keyword inputs of the example call (``{"labels": ids}``).
@@ -236,7 +237,7 @@ def profile_graph(
     """Profile an already traced model (see :func:`profile` for the arguments).
 
     On a CPU the blocks are timed in a fresh process, as the ranks run
-    (:mod:`autosplit.fresh_process`)."""
+    (:mod:`autosplit.measure.timing_process`)."""
     checks.instance_of("graph", graph, BlockGraph, "a BlockGraph (autosplit.trace(model))")
     inputs = check_inputs(example_inputs)
     _check_options(stages, warmup, repeats, threads, budget_s, progress)
@@ -254,8 +255,8 @@ def profile_graph(
     options = dict(device=device, microbatch_sizes=microbatch_sizes, stages=stages,
                    warmup=warmup, repeats=repeats, max_repeats=max_repeats, threads=threads,
                    budget_s=budget_s, include=include, loss=loss)
-    if resolve_device(device).type == "cpu" and fresh_process.enabled():
-        return fresh_process.run_fresh(_profile_here, graph, inputs, progress=progress,
+    if resolve_device(device).type == "cpu" and timing_process.enabled():
+        return timing_process.run_fresh(_profile_here, graph, inputs, progress=progress,
                                        **options)
     return _profile_here(graph, inputs, progress=progress, **options)
 

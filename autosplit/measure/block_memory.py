@@ -6,7 +6,7 @@
 * :func:`split_held_bytes`: what a micro-batch holds between the two passes of a split backward
   (torch's zero-bubble stages) — ``BlockProfile.split_held_bytes``.
 
-Both run under :mod:`autosplit.peak_memory` (torch's profiler on a CPU, the caching allocator's
+Both run under :mod:`autosplit.measure.peak_memory` (torch's profiler on a CPU, the caching allocator's
 statistics on a GPU), which slows them down: nothing here is timed.
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from autosplit.graph import Segment
-from autosplit.peak_memory import change_during, rise_during
-from autosplit.tensors import backward_from, nbytes, tensor_leaves
+from autosplit.measure.peak_memory import change_during, rise_during
+from autosplit.measure.tensors import backward_from, nbytes, tensor_leaves
 
 __all__ = ["split_held_bytes", "working_bytes"]
 
