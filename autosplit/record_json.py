@@ -1,6 +1,8 @@
 """The JSON round trip of the records: ``save_record`` / ``load_record`` (no torch import).
 
-A record file is a JSON object ``{"kind": "plan" | "profile", "format_version": 1, <fields>}``.
+A record file is a JSON object ``{"kind": "plan" | "profile", "format_version": N, <fields>}``:
+format 1 has the record's fields at the top level; format 2 (plans) groups them, each group an
+object of its fields (``{"layout": {…}, "prediction": {…}, "provenance": {…}}``). Both load.
 Reading rebuilds the dataclass field by field from its type hints, so a wrong type, a missing
 or unknown field, or a broken invariant is a :class:`~autosplit.errors.PlanFileError` naming
 the file and the field's path (``plan file 'p.json': stages[1].blocks is empty``).
@@ -21,25 +23,38 @@ from typing import Any, TypeVar
 from autosplit.errors import PlanFileError
 from autosplit.validation import RecordError, join_path, show
 
-__all__ = ["FORMAT_VERSION", "save_record", "load_record", "from_json"]
+__all__ = ["FORMAT_VERSION", "GROUPED_VERSION", "Groups", "save_record", "load_record",
+           "from_json"]
 
 FORMAT_VERSION = 1
-"""Version of the record files this autosplit writes and reads."""
+"""Version of a record file with its fields at the top level (profiles; plans before format 2)."""
+GROUPED_VERSION = 2
+"""Version of a record file with its fields in groups (plans)."""
+
+Groups = dict[str, tuple[str, ...]]
+"""Group name → the record's fields in it, in order; every field in exactly one group."""
 
 T = TypeVar("T")
 
 
-def save_record(value: Any, kind: str, path: str | Path) -> None:
-    """Write the record ``value`` (a dataclass) as JSON tagged with ``kind`` and
-    :data:`FORMAT_VERSION`."""
-    data = {"kind": kind, "format_version": FORMAT_VERSION, **dataclasses.asdict(value)}
+def save_record(value: Any, kind: str, path: str | Path, groups: Groups | None = None) -> None:
+    """Write the record ``value`` (a dataclass) as JSON tagged with ``kind``: its fields in
+    ``groups`` (:data:`GROUPED_VERSION`), or at the top level (:data:`FORMAT_VERSION`)."""
+    fields = dataclasses.asdict(value)
+    if groups is None:
+        data = {"kind": kind, "format_version": FORMAT_VERSION, **fields}
+    else:
+        data = {"kind": kind, "format_version": GROUPED_VERSION,
+                **{group: {name: fields[name] for name in names}
+                   for group, names in groups.items()}}
     text = json.dumps(data, indent=1, allow_nan=False)
     Path(path).write_text(text + "\n")
 
 
-def load_record(cls: type[T], kind: str, path: str | Path) -> T:
-    """Read a record of ``kind`` from ``path``; every problem is a :class:`PlanFileError`
-    naming the file and, for a bad value, the field's path."""
+def load_record(cls: type[T], kind: str, path: str | Path, groups: Groups | None = None) -> T:
+    """Read a record of ``kind`` from ``path`` (with ``groups``: format 2 or 1, else format 1);
+    every problem is a :class:`PlanFileError` naming the file and, for a bad value, the
+    field's path (in format 2 from its group: ``layout.stages[1].blocks``)."""
     path = Path(path)
     where = f"{kind} file {str(path)!r}"
     try:
@@ -60,16 +75,44 @@ def load_record(cls: type[T], kind: str, path: str | Path) -> T:
         found = show(data.get("kind")) if isinstance(data, dict) else f"a {type(data).__name__}"
         raise PlanFileError(f"{str(path)!r} is not an autosplit {kind} file (kind: {found})")
     version = data.get("format_version")
-    if type(version) is not int or version != FORMAT_VERSION:
+    known = (FORMAT_VERSION,) if groups is None else (FORMAT_VERSION, GROUPED_VERSION)
+    if type(version) is not int or version not in known:
         raise PlanFileError(
             f"{where} has format version {show(version)}; this autosplit reads version "
-            f"{FORMAT_VERSION}: make it again"
+            f"{' or '.join(map(str, known))}: make it again"
         )
+    body = {k: v for k, v in data.items() if k not in ("kind", "format_version")}
     try:
-        fields = {k: v for k, v in data.items() if k not in ("kind", "format_version")}
-        return from_json(cls, fields)
+        if version == FORMAT_VERSION:
+            return from_json(cls, body)
+        assert groups is not None
+        return _from_groups(cls, body, groups)
     except RecordError as exc:
         raise PlanFileError(f"{where}: {exc.bare()}") from None
+
+
+def _from_groups(cls: type[T], body: dict[str, Any], groups: Groups) -> T:
+    """The record of a format-2 ``body``: each group's fields, checked to be its own."""
+    home = {name: group for group, names in groups.items() for name in names}
+    fields: dict[str, Any] = {}
+    for group, value in body.items():
+        if group not in groups:
+            raise RecordError(str(group), f"is not a group of a {cls.__name__} file (its "
+                              f"groups: {', '.join(groups)})")
+        if not isinstance(value, dict):
+            raise RecordError(group, f"is {show(value)}: expected an object of fields")
+        for name, field_value in value.items():
+            if home.get(name, group) != group:
+                raise RecordError(join_path(group, str(name)),
+                                  f"belongs in {home[name]}, not in {group}")
+            fields[name] = field_value
+            home.setdefault(name, group)  # an unknown field: named where it was found
+    try:
+        return from_json(cls, fields)
+    except RecordError as exc:
+        head = exc.path.split(".", 1)[0].split("[", 1)[0]
+        raise RecordError(join_path(home[head], exc.path) if head in home else exc.path,
+                          exc.problem) from None
 
 
 def from_json(tp: Any, value: Any, path: str = "") -> Any:

@@ -35,7 +35,7 @@ from autosplit.profile_records import (
     SharedParam,
     fingerprint_of,
 )
-from autosplit.record_json import FORMAT_VERSION, load_record, save_record
+from autosplit.record_json import FORMAT_VERSION, Groups, load_record, save_record
 from autosplit.units import format_bytes, format_ms
 from autosplit.validation import (
     check_plan,
@@ -55,6 +55,7 @@ __all__ = [
     "Plan",
     "fingerprint_of",
     "FORMAT_VERSION",
+    "PLAN_GROUPS",
 ]
 
 
@@ -319,7 +320,7 @@ class Plan:
 
     def save(self, path: str | Path) -> None:
         """Write the plan as JSON."""
-        save_record(self, "plan", path)
+        save_record(self, "plan", path, PLAN_GROUPS)
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
@@ -330,4 +331,17 @@ class Plan:
                 names the file and the field. Whether the plan fits a model is checked where
                 the model is known (:meth:`check_model`, :meth:`check_blocks`).
         """
-        return load_record(cls, "plan", path)
+        return load_record(cls, "plan", path, PLAN_GROUPS)
+
+
+PLAN_GROUPS: Groups = {
+    "layout": ("stages", "split_size", "microbatches", "batch_size", "schedule",
+               "stages_per_rank", "replicas", "replica_mode", "placement", "devices_per_node",
+               "shared", "optimizer", "memory_limit_bytes"),
+    "prediction": ("predicted_step_ms", "step_spread", "bound_step_ms", "action_ms",
+                   "replica_sync_ms", "allreduce_bytes_per_s", "update_ms", "single_device_ms",
+                   "single_device_split", "single_device_spread"),
+    "provenance": ("model", "fingerprint", "solver", "candidates", "profile", "verification"),
+}
+"""The groups of a plan file (format 2): how the model is laid out and fed, what is predicted
+of it, and where it comes from. Every :class:`Plan` field is in exactly one."""

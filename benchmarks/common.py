@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import autosplit
+from autosplit.cli.outputs import check_outputs
 from autosplit.measure import allocator
-from autosplit.outputs import check_outputs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -69,7 +69,7 @@ def describe(info: dict[str, Any]) -> str:
 
 def write_results(out: Path, stem: str, data: dict[str, Any], markdown: str) -> None:
     """``out/stem.json`` and ``out/stem.md``, both or neither, each replaced atomically
-    (:mod:`autosplit.outputs`, as the CLI writes its files)."""
+    (:mod:`autosplit.cli.outputs`, as the CLI writes its files)."""
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
     check_outputs({"json": str(json_path), "md": str(md_path)}, {}).commit({

@@ -179,7 +179,7 @@ def test_older_plan_files_load_without_checkpointing(tmp_path: Path, drop_norm) 
     plan = two_stage_plan(model, torch.randn(12, 6), 4, (False, False))
     plan.save(tmp_path / "plan.json")
     data = json.loads((tmp_path / "plan.json").read_text())
-    for stage in data["stages"]:
+    for stage in data["layout"]["stages"]:
         del stage["checkpoint"]
     (tmp_path / "old.json").write_text(json.dumps(data))
     old = Plan.load(tmp_path / "old.json")
@@ -195,7 +195,7 @@ def test_checkpoint_must_be_a_bool(tmp_path: Path, drop_norm, value: object) -> 
                     for f in dataclasses.fields(Stage)}, "checkpoint": value})
     plan.save(tmp_path / "plan.json")
     data = json.loads((tmp_path / "plan.json").read_text())
-    data["stages"][1]["checkpoint"] = value
+    data["layout"]["stages"][1]["checkpoint"] = value
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(PlanFileError, match=r"stages\[1\]\.checkpoint is .*expected true or"):
         Plan.load(tmp_path / "bad.json")

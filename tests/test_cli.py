@@ -65,7 +65,7 @@ def test_profile_then_plan_then_show(tmp_path, capsys) -> None:
                          "--plot", str(png), "--schedule", "1f1b", "--memory", "1GiB")
     assert code == 0, err
     assert "net1" in out and "net2" in out and "predicted step" in out
-    assert json.loads(plan.read_text())["schedule"] == "1f1b"
+    assert json.loads(plan.read_text())["layout"]["schedule"] == "1f1b"
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])  # the IHDR chunk
@@ -84,7 +84,7 @@ def test_plan_profiles_when_no_profile_is_given(tmp_path, capsys) -> None:
                          "--schedule", "gpipe", "-o", str(tmp_path / "p.json"))
     assert code == 0, err
     assert "profiling on CPU" in out and "solver milp" in out
-    assert len(json.loads((tmp_path / "p.json").read_text())["stages"]) == 3
+    assert len(json.loads((tmp_path / "p.json").read_text())["layout"]["stages"]) == 3
     # the runtime's cost per action of the one schedule planned, not of every schedule
     costs = next(line for line in out.splitlines() if "pipeline runtime per action" in line)
     assert "gpipe" in costs and "1f1b" not in costs and "zbv" not in costs
@@ -175,7 +175,7 @@ def test_analytic_plan_for_a_named_device(tmp_path, capsys) -> None:
     assert code == 0, err
     assert "estimated GPT on h100-80gb" in out and "analytic on h100-80gb" in out
     assert "one device of 74.5 GiB could hold it too" in out
-    assert json.loads((tmp_path / "p.json").read_text())["profile"].startswith("analytic")
+    assert json.loads((tmp_path / "p.json").read_text())["provenance"]["profile"].startswith("analytic")
 
 
 def test_calibrate_then_plan_with_the_spec(tmp_path, capsys) -> None:

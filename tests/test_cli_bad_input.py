@@ -158,7 +158,7 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
                      "-o", str(plan)]) == 0
     zero, empty = json.loads(prof.read_text()), json.loads(plan.read_text())
     zero["microbatch_sizes"][0] = 0
-    empty["stages"][1]["blocks"] = []
+    empty["layout"]["stages"][1]["blocks"] = []
     return {"@prof": prof.read_text(), "@plan": plan.read_text(), "@zero": json.dumps(zero),
             "@empty": json.dumps(empty)}
 
@@ -264,7 +264,7 @@ def test_a_failing_rename_restores_the_outputs_replaced(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         records: dict[str, str]) -> None:
     """-o is renamed into place, then --emit's rename fails: the old -o comes back."""
-    import autosplit.outputs
+    import autosplit.cli.outputs
 
     _workspace(tmp_path, records, monkeypatch)
     (tmp_path / "p.json").write_text("the previous plan")
@@ -277,7 +277,7 @@ def test_a_failing_rename_restores_the_outputs_replaced(
             raise OSError(5, "Input/output error")
         replace(src, dst)
 
-    monkeypatch.setattr(autosplit.outputs.os, "replace", flaky)
+    monkeypatch.setattr(autosplit.cli.outputs.os, "replace", flaky)
     before = _snapshot(tmp_path)
     code, err = _run([*P, "-o", "p.json", "--emit", "e.py"], capsys)
     assert code == 2 and "rolled back" in _assert_one_line(err, code)

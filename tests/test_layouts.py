@@ -217,8 +217,9 @@ def test_plan_replicas_round_trips_and_old_files_load(tmp_path) -> None:
     pipe = plan(_dp_wins_profile(), 2)
     assert "layout 2 stages × 1 replica" in str(pipe)
     data = json.loads(path.read_text())
-    del data["replicas"], data["replica_sync_ms"]
-    data["microbatches"] = math.ceil(data["batch_size"] / data["split_size"])
+    layout = data["layout"]
+    del layout["replicas"], data["prediction"]["replica_sync_ms"]
+    layout["microbatches"] = math.ceil(layout["batch_size"] / layout["split_size"])
     path.write_text(json.dumps(data))
     assert Plan.load(path).replicas == 1
     with pytest.raises(InvalidInputError, match="replicas"):

@@ -23,7 +23,7 @@ from autosplit import cost, simulator
 from autosplit.capture.trace import trace
 from autosplit.cli import main
 from autosplit.errors import AutosplitError, InvalidInputError, PlanFileError, PlanMismatchError
-from autosplit.records import Plan, Profile, Stage
+from autosplit.records import PLAN_GROUPS, Plan, Profile, Stage
 from autosplit.validation import KNOWN_OPTIMIZERS, KNOWN_SCHEDULES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,7 +51,9 @@ def _json(record: Profile | Plan) -> dict[str, Any]:
 
 
 PROFILE_JSON = _json(PROFILE)
-PLAN_JSON = _json(PLAN)
+PLAN_FILE = _json(PLAN)  # format 2, as saved
+PLAN_JSON = json.loads(json.dumps(  # format 1: every field at the top level
+    {"kind": "plan", "format_version": 1, **dataclasses.asdict(PLAN)}))
 
 
 def _load_text(cls: type[Profile | Plan], text: str) -> Profile | Plan:
@@ -71,6 +73,21 @@ def test_valid_records_load_unchanged() -> None:
     assert PLAN.balance == (2, 1, 1) and PLAN.split_size == 1 and PLAN.microbatches == 8
     assert _load_text(Profile, json.dumps(PROFILE_JSON)) == PROFILE
     assert _load_text(Plan, json.dumps(PLAN_JSON)) == PLAN
+
+
+def test_a_plan_is_saved_in_groups_and_format_1_still_loads() -> None:
+    assert PLAN_FILE["format_version"] == 2
+    assert list(PLAN_FILE) == ["kind", "format_version", "layout", "prediction", "provenance"]
+    assert PLAN_FILE["layout"]["split_size"] == 1 and PLAN_FILE["layout"]["schedule"] == "1f1b"
+    assert PLAN_FILE["prediction"]["predicted_step_ms"] == PLAN.predicted_step_ms
+    assert PLAN_FILE["provenance"]["fingerprint"] == PLAN.fingerprint
+    assert _load_text(Plan, json.dumps(PLAN_FILE)) == PLAN
+    assert _load_text(Plan, json.dumps(PLAN_JSON)) == PLAN  # format 1: the fields at the top
+
+
+def test_every_plan_field_is_in_exactly_one_group() -> None:
+    grouped = [name for names in PLAN_GROUPS.values() for name in names]
+    assert sorted(grouped) == sorted(f.name for f in dataclasses.fields(Plan))
 
 
 def test_a_plan_saved_before_the_one_device_split_loads_without_it() -> None:
@@ -467,3 +484,29 @@ def test_mutated_plans_load_cleanly_or_fail_with_plan_file_error(text: str) -> N
         plan.check_blocks(PROFILE.block_names)
     except AutosplitError:
         pass
+
+
+# ------------------------------------------------------------------ format 2: fields in groups
+
+
+def _moved(data: dict[str, Any]) -> None:
+    data["layout"]["predicted_step_ms"] = data["prediction"].pop("predicted_step_ms")
+
+
+@pytest.mark.parametrize("change, message", [
+    (_set("layout.stages[1].blocks", []), "layout.stages[1].blocks is empty"),
+    (_set("prediction.predicted_step_ms", -1.0), "prediction.predicted_step_ms is -1.0"),
+    (_set("provenance.solver", 3), "provenance.solver is 3"),
+    (_set("provenance.fingerprint", _DELETE), "provenance.fingerprint is missing"),
+    (_set("layout.colour", "red"), "layout.colour is not a field of a Plan"),
+    (_moved, "layout.predicted_step_ms belongs in prediction, not in layout"),
+    (_set("extras", {}), "extras is not a group of a Plan file (its groups: layout, "
+                         "prediction, provenance)"),
+    (_set("layout", [1]), "layout is [1]: expected an object of fields"),
+    (_set("format_version", 3), "has format version 3; this autosplit reads version 1 or 2"),
+])
+def test_a_corrupt_grouped_plan_names_the_group_and_the_field(change: Callable[..., Any],
+                                                             message: str) -> None:
+    with pytest.raises(PlanFileError, match="bad.json") as info:
+        _load_text(Plan, _mutated(PLAN_FILE, change))
+    assert message in str(info.value)

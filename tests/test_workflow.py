@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 from collections.abc import Mapping, Sequence
 
 import pytest
@@ -57,12 +56,9 @@ def _model_and_profile(tmp_path) -> tuple[str, torch.nn.Module, Profile]:
     return str(path), model, prof
 
 
-def _shape(plan: Plan | Mapping) -> tuple:
-    if isinstance(plan, Plan):
-        return ([len(s.blocks) for s in plan.stages], plan.replicas, plan.split_size,
-                plan.schedule, round(plan.predicted_step_ms, 6))
-    return ([len(s["blocks"]) for s in plan["stages"]], plan.get("replicas", 1),
-            plan["split_size"], plan["schedule"], round(plan["predicted_step_ms"], 6))
+def _shape(plan: Plan) -> tuple:
+    return ([len(s.blocks) for s in plan.stages], plan.replicas, plan.split_size,
+            plan.schedule, round(plan.predicted_step_ms, 6))
 
 
 def test_partition_plan_and_compare_choose_the_same_plan_on_one_profile(
@@ -81,7 +77,7 @@ def test_partition_plan_and_compare_choose_the_same_plan_on_one_profile(
     out = tmp_path / "plan.json"
     assert main(["plan", path, "--gpus", "2", "--profile", str(saved), "--schedule", "gpipe",
                  "--pipeline-only", "-o", str(out)]) == 0
-    assert _shape(json.loads(out.read_text())) == _shape(expected)
+    assert _shape(Plan.load(out)) == _shape(expected)
 
     assert main(["compare", path, "--gpus", "2", "--profile", str(saved),
                  "--schedule", "gpipe"]) == 0
@@ -92,7 +88,7 @@ def test_partition_plan_and_compare_choose_the_same_plan_on_one_profile(
     # over every layout, the command's choice is the workflow's
     assert main(["plan", path, "--gpus", "2", "--profile", str(saved), "-o", str(out)]) == 0
     every = choose_plan(prof, PlanRequest(devices=2)).plan
-    assert _shape(json.loads(out.read_text())) == _shape(every)
+    assert _shape(Plan.load(out)) == _shape(every)
 
 
 class Recorder:

@@ -6,7 +6,7 @@ written, a bad option), one line ``error: …`` on stderr; 1 an internal error (
 the traceback instead. No traceback otherwise.
 
 Inputs are never overwritten, and a command writes its outputs only once it has succeeded, all
-or none (see :mod:`autosplit.outputs`): they are checked before any work.
+or none (see :mod:`autosplit.cli.outputs`): they are checked before any work.
 
 The parser is :mod:`autosplit.cli.parser`; each command lives in its own module
 (:mod:`~autosplit.cli.profile_plan`, :mod:`~autosplit.cli.compare`, :mod:`~autosplit.cli.show`,

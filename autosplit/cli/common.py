@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
-from autosplit.outputs import Outputs, check_outputs
+from autosplit.cli.outputs import Outputs, check_outputs
 
 __all__ = ["make_console", "checked_outputs", "device_spec", "load_model", "model_args"]
 
