@@ -86,7 +86,7 @@ def verify_and_choose(
     timed once, with the others.
 
     ``fit_budget``: ``budget_s`` bounds the whole verification, as estimated from block sums
-    beforehand (:func:`~autosplit.verify.plans.session_estimate_s`): both sessions when they fit,
+    beforehand (:func:`~autosplit.verify.timed_runs.session_estimate_s`): both sessions when they fit,
     else one, of block sums' best candidate with the others (the choice then is block sums'),
     else none (:class:`VerificationSkipped`).
 
