@@ -21,6 +21,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -224,17 +225,31 @@ def _signals_restored() -> Iterator[None]:
                 signal.signal(sig, handler)
 
 
+@dataclass(frozen=True, slots=True)
+class RankSettings:
+    """How :func:`launch` starts its ranks.
+
+    Attributes:
+        threads: ``torch.set_num_threads`` in every rank (``None``: leave torch's default).
+        host, port: where the rendezvous listens (``port=None``: a free port on ``host``).
+        log_dir: where the ranks' stdout/stderr go (``None``: this process's terminal).
+        quiet: keep the launcher's own log lines off the terminal.
+    """
+
+    threads: int | None = 1
+    host: str = "127.0.0.1"
+    port: int | None = None
+    log_dir: str | None = None
+    quiet: bool = True
+
+
 def launch(
     fn: Callable[..., Any],
     nprocs: int,
     *args: Any,
     backend: str = "gloo",
     timeout_s: float = DEFAULT_TIMEOUT_S,
-    threads: int | None = 1,
-    host: str = "127.0.0.1",
-    port: int | None = None,
-    log_dir: str | None = None,
-    quiet: bool = True,
+    ranks: RankSettings = RankSettings(),
 ) -> dict[int, Any]:
     """Run ``fn(*args)`` on ``nprocs`` ranks on this machine, one process each.
 
@@ -250,10 +265,8 @@ def launch(
         nprocs: number of ranks.
         backend: ``"gloo"`` or ``"nccl"``.
         timeout_s: process-group timeout (s).
-        threads: ``torch.set_num_threads`` in every rank (``None``: leave torch's default).
-        host, port: where the rendezvous listens (default: a free port on 127.0.0.1).
-        log_dir: where the ranks' stdout/stderr go (``None``: this process's terminal).
-        quiet: keep the launcher's own log lines off the terminal.
+        ranks: how the ranks start: threads, where the rendezvous listens, where their
+            output goes (:class:`RankSettings`).
 
     Returns:
         ``{rank: fn's return value}``.
@@ -275,7 +288,8 @@ def launch(
             f"backend 'nccl' runs one GPU per rank: {nprocs} ranks but "
             f"{torch.cuda.device_count()} CUDA device(s); use --backend gloo"
         )
-    port = port or free_port(host)
+    threads, host, log_dir = ranks.threads, ranks.host, ranks.log_dir
+    port = ranks.port or free_port(host)
     status = tempfile.TemporaryDirectory(prefix="autosplit-launch-")
     status_dir = status.name
     logs = (DefaultLogsSpecs(log_dir=log_dir, redirects=Std.ALL) if log_dir
@@ -294,7 +308,7 @@ def launch(
         local_addr=host,
         logs_specs=logs,
     )
-    quiet_ctx = _launcher_quiet() if quiet else contextlib.nullcontext()
+    quiet_ctx = _launcher_quiet() if ranks.quiet else contextlib.nullcontext()
     with status:
         try:
             with quiet_ctx, _signals_restored(), allocator.for_children():

@@ -437,7 +437,9 @@ def test_launch_returns_every_rank_and_leaves_nothing_behind(tmp_path: Path,
     assert temp == tmp_path
     folders = set(temp.iterdir())
     port = distributed.free_port()
-    assert distributed.launch(_noop_worker, 3, port=port, timeout_s=TIMEOUT_S) == {0: (0, 3), 1: (1, 3), 2: (2, 3)}
+    assert distributed.launch(_noop_worker, 3, timeout_s=TIMEOUT_S,
+                              ranks=distributed.RankSettings(port=port)) == {
+        0: (0, 3), 1: (1, 3), 2: (2, 3)}
     assert _children() - before == set()
     left = [f.name for f in set(temp.iterdir()) - folders
             if f.name.startswith(("torchelastic_", "autosplit-launch-"))]

@@ -74,6 +74,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     from autosplit.distributed import (
         RankFailedError,
+        RankSettings,
         RunSpec,
         graph_for_plan,
         launch,
@@ -142,7 +143,7 @@ def run_command(args: argparse.Namespace) -> int:
                           "steps will be slower than predicted")
         try:
             results = launch(train_model_file, nproc, spec, backend=backend,
-                             timeout_s=args.timeout, threads=threads)
+                             timeout_s=args.timeout, ranks=RankSettings(threads=threads))
         except RankFailedError as exc:
             print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
             return 1

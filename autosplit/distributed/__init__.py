@@ -54,6 +54,7 @@ from autosplit.distributed.trainer import Trainer, plan_digest
 from autosplit.errors import RankFailedError
 from autosplit.launch import (
     DEFAULT_TIMEOUT_S,
+    RankSettings,
     free_port,
     init_distributed,
     launch,
@@ -80,6 +81,7 @@ __all__ = [
     "init_distributed",
     "run_rank",
     "launch",
+    "RankSettings",
     "graph_for_plan",
     "plan_digest",
     "free_port",
