@@ -26,6 +26,7 @@ import math
 
 from autosplit.errors import InvalidInputError
 from autosplit.records import BlockProfile, Profile
+from autosplit.simulator import warmup_forwards
 from autosplit.validation import KNOWN_SCHEDULES
 
 __all__ = [
@@ -89,7 +90,7 @@ def in_flight(schedule: str, m: int, p: int, s: int) -> int:
     if schedule == "gpipe":
         return m
     if schedule == "1f1b":
-        return min(m, p - s)
+        return warmup_forwards(m, p, s)
     raise InvalidInputError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
 
 

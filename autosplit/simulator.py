@@ -58,7 +58,7 @@ from autosplit.validation import KNOWN_SCHEDULES
 
 __all__ = [
     "SCHEDULES", "Event", "Interval", "SimResult", "copies_on_cores", "overlap_fractions",
-    "overlap_shares", "schedule_order", "simulate", "simulate_plan",
+    "overlap_shares", "schedule_order", "simulate", "simulate_plan", "warmup_forwards",
 ]
 
 
@@ -137,6 +137,12 @@ class SimResult:
         return len(self.events)
 
 
+def warmup_forwards(m: int, p: int, s: int) -> int:
+    """1F1B's warm-up on stage s of p with m micro-batches: the forwards it runs before its
+    first backward, ``min(m, p - s)``, which is also the most micro-batches it holds at once."""
+    return min(m, p - s)
+
+
 def schedule_order(schedule: str, m: int, p: int, s: int) -> tuple[tuple[str, int], ...]:
     """The order in which stage s runs its ops: ``(("F", 0), ("F", 1), …, ("B", 0))``.
 
@@ -146,7 +152,7 @@ def schedule_order(schedule: str, m: int, p: int, s: int) -> tuple[tuple[str, in
     if schedule == "gpipe":
         return tuple(("F", i) for i in range(m)) + tuple(("B", i) for i in reversed(range(m)))
     if schedule == "1f1b":
-        w = min(m, p - s)
+        w = warmup_forwards(m, p, s)
         order: list[tuple[str, int]] = [("F", i) for i in range(w)]
         for j in range(m - w):
             order += [("B", j), ("F", w + j)]

@@ -74,7 +74,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from autosplit.errors import InvalidInputError
-from autosplit.simulator import schedule_order
+from autosplit.simulator import schedule_order, warmup_forwards
 from autosplit.solve.step_bounds import Tables, device_1f1b, pairs, stage_g, update_prefix
 from autosplit.solve.step_problem import StepProblem, StepSolution
 
@@ -328,7 +328,7 @@ class _Search:
         else:
             after_k = cfk + cbk + rest_sum
             bound = np.maximum.reduce([
-                fixed + device_1f1b(fk, bk, after_k, m, min(m, p - k)),
+                fixed + device_1f1b(fk, bk, after_k, m, warmup_forwards(m, p, k)),
                 fixed + fk + bk + cfk + cbk + m * rest_max,
                 # a path down with micro-batch 0, through one device's m forwards (or, on the
                 # way back, m backwards) and back with micro-batch m − 1
@@ -348,7 +348,7 @@ class _Search:
             for s in range(k - 1, -1, -1):
                 pre_post = math.fsum(f[:s]) + math.fsum(b[:s]) + math.fsum(cuts[:s])
                 trip = tail + cuts[s] + after
-                busy = device_1f1b(f[s], b[s], trip, m, min(m, p - s))
+                busy = device_1f1b(f[s], b[s], trip, m, warmup_forwards(m, p, s))
                 bound = np.maximum(bound, pre_post + busy)
                 tail += f[s] + b[s] + cuts[s]
         bound = np.where(ok, bound, np.inf)

@@ -15,6 +15,8 @@ from typing import Protocol
 
 import numpy as np
 
+from autosplit.simulator import warmup_forwards
+
 __all__ = ["MEMORY_RTOL", "Tables", "device_1f1b", "pair_gain", "pairs", "stage_g",
            "update_prefix"]
 
@@ -72,7 +74,7 @@ def stage_g(f: np.ndarray | float, b: np.ndarray | float, m: int, p: int,
     forwards, down and back with micro-batch m − 1) skips w_s − 1 backwards: step ≥ Σ t + Σ
     transfers + (m − 1) · max(f_s, b_s) + (m − w_s) · min(f_s, b_s), w_s = min(m, p − s).
     """
-    w = min(m, p - s)
+    w = warmup_forwards(m, p, s)
     return (m - 1) * np.maximum(f, b) + (m - w) * np.minimum(f, b)
 
 
@@ -113,7 +115,7 @@ def pairs(f: list[float], b: list[float], fk: np.ndarray, bk: np.ndarray,
         (the bound's gain per child, the largest gain within stages 0 … k per child).
     """
     k = len(f)
-    w = [min(m, p - s) for s in range(p)]
+    w = [warmup_forwards(m, p, s) for s in range(p)]
     later = [(rest_max, m - w[k + 1])] if k + 1 < p else []
     found = []
     for t1, jmax in [(fk + bk, m - w[k]), *later]:
