@@ -82,3 +82,12 @@ def plan_of(graph: object, balance: Sequence[int], split_size: int = 1,
 def even_balance(blocks: int, stages: int) -> tuple[int, ...]:
     """``blocks`` shared out over ``stages`` as evenly as they go, the first stages longer."""
     return tuple(blocks // stages + (i < blocks % stages) for i in range(stages))
+
+
+def format_1(saved: dict) -> dict:
+    """A plan file's JSON (format 2: fields in groups) as an older autosplit wrote it: format
+    1, every field at the top level (for the tests of files saved before a field existed)."""
+    from autosplit.records import PLAN_GROUPS
+
+    fields = {k: v for group in PLAN_GROUPS for k, v in saved[group].items()}
+    return {"kind": "plan", "format_version": 1, **fields}

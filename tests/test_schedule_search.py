@@ -9,7 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
-from synthetic import make_profile
+from synthetic import format_1, make_profile
 
 import autosplit
 from autosplit.cli import main
@@ -251,9 +251,7 @@ def test_old_plan_files_load(tmp_path: Path) -> None:
     plan = autosplit.plan(profile, 2, schedule="gpipe")
     path = tmp_path / "plan.json"
     plan.save(path)
-    saved = json.loads(path.read_text())  # format 2; an old file is format 1, fields at the top
-    data = {"kind": "plan", "format_version": 1,
-            **{k: v for group in ("layout", "prediction", "provenance") for k, v in saved[group].items()}}
+    data = format_1(json.loads(path.read_text()))
     data.pop("stages_per_rank", None)
     for stage in data["stages"]:
         stage.pop("weight_grad_ms", None)

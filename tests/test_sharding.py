@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from synthetic import make_profile
+from synthetic import format_1, make_profile
 from test_layouts import _model_and_profile
 
 from autosplit.cli import main
@@ -118,7 +118,7 @@ def test_replica_mode_round_trips_and_old_files_load_as_ddp(tmp_path) -> None:
     assert Plan.load(path) == sharded and Plan.load(path).replica_mode == "fsdp2"
     text = str(sharded)
     assert "replicas: FSDP2 (fully_shard along dp, resharding after forward)" in text
-    data = json.loads(path.read_text())
+    data = format_1(json.loads(path.read_text()))
     del data["replica_mode"]
     path.write_text(json.dumps(data))
     assert Plan.load(path).replica_mode == "ddp"
