@@ -24,7 +24,7 @@ def _measure_plans(args: argparse.Namespace, plans: dict[str, Plan],
     times (ms), ``--rounds`` of them, taken in turn."""
     import torch
 
-    from autosplit.distributed import RunSpec, launch, measure_plans
+    from autosplit.distributed import RankSettings, RunSpec, launch, measure_plans
 
     runnable = {k: p for k, p in plans.items() if p.batch_size == p.microbatches * p.split_size}
     for name in plans.keys() - runnable.keys():
@@ -40,7 +40,7 @@ def _measure_plans(args: argparse.Namespace, plans: dict[str, Plan],
                   f"{args.rounds} timed step(s) each, taken in turn …")
     results = launch(measure_plans, args.gpus, spec, list(runnable.values()), args.rounds,
                      backend=backend, timeout_s=args.timeout,
-                     threads=1 if backend == "gloo" else None)
+                     ranks=RankSettings(threads=1 if backend == "gloo" else None))
     times = results[0]
     return {name: [1000.0 * x for x in t] for name, t in zip(runnable, times)}
 
