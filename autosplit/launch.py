@@ -65,7 +65,7 @@ def init_distributed(
     if missing and not dist.is_initialized():
         raise InvalidInputError(
             f"{', '.join(missing)} not set: start the ranks with torchrun or "
-            "autosplit.launch"
+            "autosplit.distributed.launch()"
         )
     device = torch.device("cpu")
     kwargs: dict[str, Any] = {}

@@ -5,7 +5,7 @@ format 1 has the record's fields at the top level; format 2 (plans) groups them,
 object of its fields (``{"layout": {…}, "prediction": {…}, "provenance": {…}}``). Both load.
 Reading rebuilds the dataclass field by field from its type hints, so a wrong type, a missing
 or unknown field, or a broken invariant is a :class:`~autosplit.errors.PlanFileError` naming
-the file and the field's path (``plan file 'p.json': stages[1].blocks is empty``).
+the file and the field's path (``plan file 'p.json': layout.stages[1].blocks is empty``).
 
 This module sits below :mod:`autosplit.records` (which calls it from ``save`` / ``load``) and
 imports nothing of autosplit but errors and validation.

@@ -168,7 +168,7 @@ def _machine(prof: Profile) -> tuple[Any, Any]:
 
     measurers = Measurers(collectives, actions if cpu else None,  # gloo only, so far
                           one_stage if cpu else None)
-    # (the ranks that measure them run one thread each, autosplit.launch's default)
+    # (the ranks that measure them run one thread each, RankSettings' default)
     return MachineKey.here("gloo" if cpu else "nccl", prof.device.kind, threads=1), measurers
 
 

@@ -1,7 +1,7 @@
 """The ``autosplit run`` job: train a model file's model on a plan, or time plans side by side.
 
 Every function here runs as one rank inside an initialised process group (torchrun or
-:func:`autosplit.launch`).
+:func:`autosplit.launch.launch`).
 """
 
 from __future__ import annotations

@@ -222,7 +222,7 @@ def build_stages(
     if not dist.is_initialized():
         raise InvalidInputError(
             "no process group: call autosplit.distributed.init_distributed() first (under "
-            "torchrun or autosplit.launch)"
+            "torchrun or autosplit.distributed.launch())"
         )
     dev = torch.device(device) if device is not None else default_device(group)
     rank, world = dist.get_rank(group), dist.get_world_size(group)

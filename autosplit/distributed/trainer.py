@@ -153,7 +153,7 @@ class Trainer:
         if not dist.is_initialized():
             raise InvalidInputError(
                 "no process group: call autosplit.distributed.init_distributed() first (under "
-                "torchrun or autosplit.launch)"
+                "torchrun or autosplit.distributed.launch())"
             )
         self.plan = plan
         self.rank = dist.get_rank(group)

@@ -11,7 +11,7 @@ stages at b = 15 (3×128×128) took 0.81–1.47 s per micro-batch in GPipe's ord
 12.1 s for two halves; with the settings below both pairs agreed (0.76–0.79 s; 12.1 s).
 
 The settings are read when a process starts, so autosplit gives them to the processes it
-starts: the ranks of :func:`autosplit.launch` (``autosplit run``, the benchmarks)
+starts: the ranks of :func:`autosplit.launch.launch` (``autosplit run``, the benchmarks)
 and the ``autosplit`` command itself, which starts again once with them (under torchrun too).
 A process that already names a malloc setting, preloads another allocator (jemalloc,
 tcmalloc) or sets ``AUTOSPLIT_SYSTEM_MALLOC=1`` is left as it is; so is every platform

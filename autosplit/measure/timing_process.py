@@ -1,6 +1,6 @@
 """Time on a CPU where the ranks run: in a fresh Python process.
 
-The training ranks (:func:`autosplit.launch`, ``autosplit run``, torchrun) are
+The training ranks (:func:`autosplit.launch.launch`, ``autosplit run``, torchrun) are
 fresh processes, started with the allocator settings of :mod:`autosplit.measure.allocator`. The
 process that plans is not, and on the 2-core development machines it ran the same work
 measurably slower than a fresh process started from it: ResNet50's forward and backward
