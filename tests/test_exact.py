@@ -16,6 +16,7 @@ from synthetic import make_profile
 import autosplit
 from autosplit.cost import in_flight, optimizer_factor, transfer_ms
 from autosplit.errors import ScheduleUnavailableError
+from autosplit.schedules import StageCosts, simulate_schedule
 from autosplit.simulator import simulate
 from autosplit.solve import exact
 from autosplit.solve.exact import TIE_RTOL, StepProblem, solve_step, step_times
@@ -91,6 +92,37 @@ def test_vectorised_simulation_equals_the_simulator(schedule: str) -> None:
                             [cf[e - 1] for e in bounds[1:-1]], [cb[e - 1] for e in bounds[1:-1]],
                             transfers_on_cores=cores)
             assert value == pytest.approx(want.step_ms, rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_vectorised_simulation_equals_the_replay_of_torchs_order(schedule: str) -> None:
+    """The vectorised step of every balance equals the reference, torch's own order replayed
+    (:func:`autosplit.schedules.simulate_schedule`), with the runtime's cost per action and
+    transfers on or off the cores."""
+    rng = random.Random(2)
+    for _ in range(30):
+        n, p = rng.randint(2, 7), rng.randint(1, 4)
+        p = min(p, n)
+        m = rng.randint(p, 7) if schedule == "1f1b" else rng.randint(1, 7)  # torch: m ≥ p
+        fwd = tuple(tuple(rng.random() for _ in range(n)) for _ in range(p))
+        bwd = tuple(tuple(rng.random() * 2 for _ in range(n)) for _ in range(p))
+        cf = tuple(rng.random() for _ in range(n - 1))
+        cb = tuple(rng.random() for _ in range(n - 1))
+        act = rng.choice([0.0, rng.random()])
+        cores = rng.random() < 0.5
+        problem = StepProblem(fwd, bwd, cf, cb, m, schedule, action_ms=act,
+                              transfers_on_cores=cores)
+        balances = list(compositions(n, p))
+        for bal, value in zip(balances, step_times(problem, balances)):
+            stages = list(stage_ranges(bal))
+            ends = [e for _, e in stages[:-1]]
+            costs = StageCosts([sum(fwd[s][a:e]) for s, (a, e) in enumerate(stages)],
+                               [sum(bwd[s][a:e]) for s, (a, e) in enumerate(stages)],
+                               comm_fwd_ms=[cf[e - 1] for e in ends],
+                               comm_bwd_ms=[cb[e - 1] for e in ends],
+                               action_ms=act, transfers_on_cores=cores)
+            want = simulate_schedule(schedule, p, 1, m, costs).step_ms
+            assert value == pytest.approx(want, rel=1e-9, abs=1e-9), (bal, m)
 
 
 def brute_force(prof: autosplit.Profile, p: int, kw: dict) -> tuple[float, int, tuple[int, ...]]:
