@@ -48,8 +48,9 @@ from autosplit.records import (
 if TYPE_CHECKING:
     from autosplit.capture.trace import trace
     from autosplit.codegen import emit
+    from autosplit.measure.options import ProfileOptions
     from autosplit.measure.profiler import profile
-    from autosplit.partitioning import partition
+    from autosplit.partitioning import PartitionOptions, partition
     from autosplit.planner import plan
 
 __version__ = "0.1.0"
@@ -60,6 +61,8 @@ _LAZY = {
     "plan": "autosplit.planner",
     "trace": "autosplit.capture.trace",
     "emit": "autosplit.codegen",
+    "ProfileOptions": "autosplit.measure.options",
+    "PartitionOptions": "autosplit.partitioning",
 }
 
 _MOVED = {
@@ -87,6 +90,8 @@ __all__ = [
     "profile",
     "plan",
     "emit",
+    "PartitionOptions",
+    "ProfileOptions",
     "Profile",
     "BlockProfile",
     "CutProfile",

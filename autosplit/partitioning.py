@@ -11,6 +11,7 @@ that does it on its first batch.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import warnings
@@ -29,6 +30,7 @@ from autosplit.devices import default_devices, measure_link_bandwidth, resolve_d
 from autosplit.errors import InvalidInputError, TraceError
 from autosplit.graph import BlockGraph, Granularity, leaf_module_list
 from autosplit.measure import timing_process
+from autosplit.measure.options import ProfileOptions
 from autosplit.measure.profiler import check_inputs, profile_graph
 from autosplit.pipeline import PipelinedModule, checkpoint_flags
 from autosplit.planner import memory_sizes
@@ -42,26 +44,51 @@ __all__ = ["partition", "PartitionOptions"]
 
 @dataclass(frozen=True, slots=True)
 class PartitionOptions:
-    """How :func:`partition` profiles and plans (see its arguments for the meaning of each).
+    """How :func:`partition` captures, profiles and plans, checked when made (a bad value
+    raises ``ArgumentTypeError`` or ``InvalidInputError`` naming it).
 
     Attributes:
-        schedule, optimizer: passed to the planner.
-        memory_per_gpu: per-device memory limit (bytes or a size string), or ``None``.
-        bandwidth_bytes_per_s: link bandwidth (bytes/s); ``None``: measured between GPUs.
-        microbatch_sizes: sizes to profile (``None``: chosen from the batch).
-        split_size: the fixed micro-batch size b, or ``None`` (the planner chooses).
-        profile_options: extra keyword arguments of the profiler, as ``(name, value)`` pairs.
-        verify: time the best candidates' stages and choose among them on that.
+        schedule, optimizer, memory_per_gpu: passed to :func:`autosplit.plan`. The
+            PipelinedModule runs its stages in GPipe's order whatever the plan's schedule
+            (a schedule changes the order and timing, not the result): ``"gpipe"`` (the
+            default) keeps the prediction that of what runs; a plan of another schedule runs
+            its cuts and checkpointed stages as planned.
+        bandwidth_bytes_per_s: link bandwidth between stages (bytes/s); ``None``: measured
+            between GPUs (peer-to-peer copies), else :data:`autosplit.cost.
+            DEFAULT_LINK_BYTES_PER_S`.
+        split_size: fix the micro-batch size b (``None``: the planner chooses); with a plan,
+            it overrides the plan's.
+        granularity, leaf_modules: passed to :func:`autosplit.capture.trace.trace`.
+        profile: how the model is profiled (:class:`autosplit.ProfileOptions`); its
+            ``stages`` is set to the number of devices.
+        verify: when profiling, time the stages of the best few candidates as they run and
+            choose among them on that (see :mod:`autosplit.verify.plans`); ``False`` plans
+            from block sums alone.
     """
 
     schedule: str = "gpipe"
     optimizer: str = "sgd"
     memory_per_gpu: int | float | str | None = None
     bandwidth_bytes_per_s: float | None = None
-    microbatch_sizes: tuple[int, ...] | None = None
     split_size: int | None = None
-    profile_options: tuple[tuple[str, Any], ...] = ()
+    granularity: Granularity = "block"
+    leaf_modules: tuple[type[nn.Module] | str, ...] = ()
+    profile: ProfileOptions = ProfileOptions()
     verify: bool = True
+
+    def __post_init__(self) -> None:
+        checks.one_of("schedule", self.schedule, ("auto", *SCHEDULES))
+        checks.one_of("optimizer", self.optimizer, OPTIMIZER_STATE)
+        if self.memory_per_gpu is not None:
+            memory_sizes(self.memory_per_gpu, 1)
+        checks.optional(checks.positive_finite, "bandwidth_bytes_per_s",
+                        self.bandwidth_bytes_per_s, "bytes/s")
+        checks.optional(checks.positive_int, "split_size", self.split_size)
+        checks.one_of("granularity", self.granularity, ("block", "layer"))
+        object.__setattr__(self, "leaf_modules", tuple(leaf_module_list(self.leaf_modules)))
+        checks.instance_of("profile", self.profile, ProfileOptions,
+                           "an autosplit.ProfileOptions")
+        checks.instance_of("verify", self.verify, bool, "True or False")
 
 
 def partition(
@@ -72,16 +99,7 @@ def partition(
     gpus: int | None = None,
     devices: Sequence[str | torch.device] | None = None,
     plan: Plan | None = None,
-    split_size: int | None = None,
-    schedule: str = "gpipe",
-    optimizer: str = "sgd",
-    memory_per_gpu: float | str | None = None,
-    bandwidth_bytes_per_s: float | None = None,
-    microbatch_sizes: Sequence[int] | None = None,
-    granularity: Granularity = "block",
-    leaf_modules: Sequence[type[nn.Module] | str] = (),
-    profile_options: dict[str, Any] | None = None,
-    verify: bool = True,
+    options: PartitionOptions = PartitionOptions(),
     checkpoint: bool | Sequence[bool] | None = None,
 ) -> PipelinedModule:
     """Split ``model`` into a pipeline over several devices.
@@ -101,20 +119,9 @@ def partition(
             else 2 (CPU stand-ins, with a warning).
         devices: one device per stage, e.g. ``["cuda:0", "cuda:1"]`` or ``["cpu", "cpu"]``.
         plan: a saved plan to use; its fingerprint must match the model.
-        split_size: fix the micro-batch size b (``None``: the planner chooses).
-        schedule, optimizer, memory_per_gpu: passed to :func:`autosplit.plan`. The
-            PipelinedModule runs its stages in GPipe's order whatever the plan's schedule
-            (a schedule changes the order and timing, not the result): ``"gpipe"`` (the
-            default) keeps the prediction that of what runs; a plan of another schedule runs
-            its cuts and checkpointed stages as planned.
-        bandwidth_bytes_per_s: link bandwidth between stages; default measured between GPUs
-            (peer-to-peer copies), else :data:`autosplit.cost.DEFAULT_LINK_BYTES_PER_S`.
-        microbatch_sizes: sizes to profile (default chosen from the batch).
-        granularity, leaf_modules: passed to :func:`autosplit.capture.trace.trace`.
-        profile_options: extra keyword arguments for :func:`autosplit.profile`.
-        verify: when profiling, time the stages of the best few candidates as they run and
-            choose among them on that (see :mod:`autosplit.verify.plans`); ``False`` plans from
-            block sums alone.
+        options: how the model is captured, profiled and planned (:class:`PartitionOptions`:
+            schedule, memory, link bandwidth, micro-batch size, granularity, profiling,
+            verification).
         checkpoint: run stages under activation checkpointing (``torch.utils.checkpoint``,
             non-reentrant, RNG state preserved; BatchNorm statistics updated once): ``None``
             as the plan says (``Stage.checkpoint``), ``True`` / ``False`` every stage or none,
@@ -131,33 +138,16 @@ def partition(
     """
     checks.instance_of("model", model, nn.Module, "a torch.nn.Module")
     checks.optional(checks.instance_of, "plan", plan, Plan, "an autosplit Plan (Plan.load(path))")
-    checks.optional(checks.positive_int, "split_size", split_size)
     checks.optional(checks.positive_int, "gpus", gpus)
-    checks.one_of("schedule", schedule, ("auto", *SCHEDULES))
-    checks.one_of("optimizer", optimizer, OPTIMIZER_STATE)
-    checks.optional(
-        checks.positive_finite, "bandwidth_bytes_per_s", bandwidth_bytes_per_s, "bytes/s"
-    )
-    checks.optional(checks.sequence_of, "microbatch_sizes", microbatch_sizes, checks.positive_int)
-    checks.one_of("granularity", granularity, ("block", "layer"))
-    leaf_modules = leaf_module_list(leaf_modules)
-    checks.optional(checks.instance_of, "profile_options", profile_options, dict, "a dict")
+    checks.instance_of("options", options, PartitionOptions, "an autosplit.PartitionOptions")
     checkpoint_flags(checkpoint)
     devs = _devices(gpus, devices, plan)
-    memory_sizes(memory_per_gpu, len(devs))
-    options = PartitionOptions(
-        schedule=schedule,
-        optimizer=optimizer,
-        memory_per_gpu=memory_per_gpu,
-        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-        microbatch_sizes=None if microbatch_sizes is None else tuple(microbatch_sizes),
-        split_size=split_size,
-        profile_options=tuple((profile_options or {}).items()),
-        verify=checks.instance_of("verify", verify, bool, "True or False"),
-    )
+    memory_sizes(options.memory_per_gpu, len(devs))
+    split_size = options.split_size
     given = example_inputs is not None or bool(example_kwargs)
     args, kwargs = call_arguments(example_inputs, example_kwargs)
-    capture = functools.partial(trace, model, granularity=granularity, leaf_modules=leaf_modules)
+    capture = functools.partial(trace, model, granularity=options.granularity,
+                                leaf_modules=options.leaf_modules)
     if plan is not None:
         require_pipeline_only(plan, "partition()")
         if not given:
@@ -203,7 +193,7 @@ def plan_for_batch(
     stages) unless ``options`` gives one; with ``options.verify`` the best candidates'
     stages are timed as they run and the fastest is chosen.
     """
-    sizes = options.microbatch_sizes
+    sizes = options.profile.microbatch_sizes
     split_size = None
     if options.split_size is not None:
         split_size = min(options.split_size, int(inputs[0].shape[0]))
@@ -215,9 +205,8 @@ def plan_for_batch(
 def _plan_for_batch(graph: BlockGraph, inputs: tuple[torch.Tensor, ...],
                     devices: Sequence[torch.device], options: PartitionOptions,
                     sizes: tuple[int, ...] | None, split_size: int | None) -> Plan:
-    profile_options = dict(options.profile_options)
-    prof = profile_graph(graph, inputs, device=devices[0], microbatch_sizes=sizes,
-                         stages=len(devices), **profile_options)
+    profiling = dataclasses.replace(options.profile, microbatch_sizes=sizes, stages=len(devices))
+    prof = profile_graph(graph, inputs, device=devices[0], options=profiling)
     bandwidth = options.bandwidth_bytes_per_s
     distinct_gpus = len({d for d in devices if d.type == "cuda"})
     if bandwidth is None and distinct_gpus == len(devices) > 1:
@@ -232,7 +221,7 @@ def _plan_for_batch(graph: BlockGraph, inputs: tuple[torch.Tensor, ...],
     def verify(candidates: Sequence[Plan], others: Mapping[str, Plan]
                ) -> tuple[Plan, dict[str, Plan]]:
         return verify_and_choose(graph, inputs, prof, candidates, others, device=devices[0],
-                                 threads=profile_options.get("threads", 1))
+                                 threads=profiling.threads)
 
     return choose_plan(prof, request, verify if options.verify else None).plan
 

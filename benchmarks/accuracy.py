@@ -75,6 +75,7 @@ from run_options import benchmark_parser, chosen_cases, write_and_show
 from torchgpipe_peer import INSTALL_TORCHGPIPE, TORCHGPIPE, balance_by_time, torchgpipe_balance
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.comparison import baseline_plans, manual_plan
 from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.measure.collectives import measure_link_bandwidth
@@ -123,8 +124,9 @@ def profile_case(case: Case, p: int, args: argparse.Namespace, device: torch.dev
     graph = autosplit.trace(model, example_inputs=inputs)
     start = time.perf_counter()
     include = [case.hand[1]] if case.hand is not None else []
-    profile = autosplit.profile(model, inputs, device=device, include=include,
-                                microbatch_sizes=args.sizes, budget_s=args.profile_budget)
+    profile = autosplit.profile(model, inputs, device=device,
+                                options=ProfileOptions(include=include, microbatch_sizes=args.sizes,
+                                                       budget_s=args.profile_budget))
     if not args.smoke:  # the runtime's cost per action and the link, as `autosplit plan` does
         forget_measurements()  # each profile its own, as each `autosplit plan` measures its own
         profile = dataclasses.replace(profile, **action_costs(schedules=("gpipe",)),

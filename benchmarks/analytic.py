@@ -27,6 +27,7 @@ from common import RESULTS, describe, machine, write_results
 from torch import nn
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.estimate.analytic import count_costs, profile_from_costs
 from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.specs import calibrate, get_spec
@@ -43,7 +44,9 @@ def run(model: nn.Module, x: torch.Tensor, sizes: list[int], repeats: int) -> di
     costs = count_costs(model, x, microbatch_sizes=sizes)
     count_s = time.perf_counter() - start
     runs = [
-        autosplit.profile(model, x, microbatch_sizes=sizes, warmup=1, repeats=repeats, budget_s=None)
+        autosplit.profile(model, x,
+                          options=ProfileOptions(microbatch_sizes=sizes, warmup=1, repeats=repeats,
+                                                 budget_s=None))
         for _ in range(2)
     ]
     nominal = get_spec("cpu-core")

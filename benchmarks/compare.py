@@ -73,6 +73,7 @@ from torchgpipe_peer import (
 )
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.comparison import baseline_plans, manual_plan
 from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.planner import plan_with_balance
@@ -136,7 +137,8 @@ def profile_case(case: Case, device: torch.device) -> tuple[Profile, nn.Module, 
     inputs = case.spec.make_inputs()
     sizes = sizes_for(case.spec.batch, case.max_m)
     start = time.perf_counter()
-    profile = autosplit.profile(model, inputs, device=device, microbatch_sizes=sizes, budget_s=None)
+    profile = autosplit.profile(model, inputs, device=device,
+                                options=ProfileOptions(microbatch_sizes=sizes, budget_s=None))
     return profile, model, inputs, time.perf_counter() - start
 
 

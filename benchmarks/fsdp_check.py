@@ -38,6 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command_line, describe, machine, timed_in_turn, write_results
 
+from autosplit import ProfileOptions
 from autosplit.measure.allocator import restart_keeping_freed_memory
 
 MODES = ("ddp", "fsdp2", "fsdp2-no-reshard")
@@ -99,8 +100,8 @@ def memory(layers: int, width: int, split: int, microbatches: int, stages: int,
 
     model = _stack(layers, width)
     batch = 2 * split * microbatches
-    prof = profile(model, torch.randn(batch, width), microbatch_sizes=[split], repeats=1,
-                   budget_s=None)
+    prof = profile(model, torch.randn(batch, width),
+                   options=ProfileOptions(microbatch_sizes=[split], repeats=1, budget_s=None))
     name = f"fsdp_check_profile_{layers}x{width}.json"
     out.mkdir(parents=True, exist_ok=True)
     prof.save(out / name)

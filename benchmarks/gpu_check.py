@@ -44,6 +44,7 @@ from common import RESULTS, block_errors, describe, machine, write_results
 from torch.utils import _pytree as pytree
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.capture.trace import trace
 from autosplit.estimate.analytic import count_costs, profile_from_costs
 from autosplit.measure.allocator import restart_keeping_freed_memory
@@ -198,8 +199,9 @@ def plan_and_measure(ctx: dict[str, Any], which: str, dtype: torch.dtype | None 
         inputs = tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
     sizes = sizes or s[which][-1]
     log(f"{which}: profiling {type(model).__name__} at micro-batch sizes {sizes} on {devs[0]}")
-    prof = autosplit.profile(model, inputs, device=devs[0], microbatch_sizes=sizes,
-                             warmup=s["warmup"], repeats=s["repeats"], budget_s=None)
+    prof = autosplit.profile(model, inputs, device=devs[0],
+                             options=ProfileOptions(microbatch_sizes=sizes, warmup=s["warmup"],
+                                                    repeats=s["repeats"], budget_s=None))
     plan = autosplit.plan(prof, 2, devices=[str(d) for d in devs])
     serial = plan.microbatches * math.fsum(st.compute_ms for st in plan.stages)
     shared = len(set(devs)) < len(devs)

@@ -78,6 +78,7 @@ from harness import Config, Group, ModelSpec, add_load_arguments, load_options, 
 from torch import nn
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.planner import plan_with_balance
 from autosplit.planner.layouts import plan_layouts, plan_replicated, stage_grad_bytes
 from autosplit.records import Plan, Profile
@@ -183,7 +184,8 @@ def prepare(spec: HFSpec, sizes: list[int], budget_s: float | None) -> dict[str,
 
     model, kwargs = spec.build(), spec.make_kwargs()
     start = time.perf_counter()
-    profile = autosplit.profile(model, (), kwargs, microbatch_sizes=sizes, budget_s=budget_s)
+    profile = autosplit.profile(model, (), kwargs,
+                                options=ProfileOptions(microbatch_sizes=sizes, budget_s=budget_s))
     profile_s = time.perf_counter() - start
     profile = _with_allreduce(profile, 2, _Console(), ["gpipe"])
     auto = autosplit.plan(profile, 2)

@@ -44,6 +44,7 @@ from report import lead_in_words, load_sentence
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.comparison import manual_plan
 from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.measure.collectives import AllReduceCost, measure_allreduce, measure_link_bandwidth
@@ -89,8 +90,9 @@ def plans_of(case: Case, args: argparse.Namespace, allreduce: AllReduceCost) -> 
     graph = autosplit.trace(model, example_inputs=inputs)
     start = time.perf_counter()
     include = [case.hand[1]] if case.hand is not None else []
-    profile = autosplit.profile(model, inputs, include=include, microbatch_sizes=args.sizes,
-                                budget_s=args.profile_budget)
+    profile = autosplit.profile(model, inputs,
+                                options=ProfileOptions(include=include, microbatch_sizes=args.sizes,
+                                                       budget_s=args.profile_budget))
     profile = dataclasses.replace(profile, allreduce_bytes_per_s=allreduce.bus_bytes_per_s,
                                   allreduce_latency_ms=allreduce.latency_ms)
     if not args.smoke:  # the runtime's cost per action and the link, as `autosplit plan` does

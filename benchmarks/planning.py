@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, describe, load_example, machine, write_results
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.capture.trace import trace
 from autosplit.measure.profiler import profile_graph
 
@@ -30,7 +31,7 @@ def measure(name: str, model, inputs, stages: list[int], budget_s: float) -> dic
     graph = trace(model)
     trace_s = time.perf_counter() - start
     start = time.perf_counter()
-    prof = profile_graph(graph, inputs, budget_s=budget_s)
+    prof = profile_graph(graph, inputs, options=ProfileOptions(budget_s=budget_s))
     profile_s = time.perf_counter() - start
     row = {
         "model": name,

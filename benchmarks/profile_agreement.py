@@ -20,6 +20,7 @@ import torch
 import torchvision
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.capture.trace import trace
 from autosplit.comparison import manual_plan
 from autosplit.measure.allocator import restart_keeping_freed_memory
@@ -40,7 +41,9 @@ def main() -> None:
     profiles = []
     for run in (1, 2):
         start = time.perf_counter()
-        profiles.append(autosplit.profile(model, x, microbatch_sizes=SIZES, budget_s=args.budget))
+        profiles.append(autosplit.profile(model, x,
+                                          options=ProfileOptions(microbatch_sizes=SIZES,
+                                                                 budget_s=args.budget)))
         print(f"profile {run}: {time.perf_counter() - start:.0f} s")
     print("size  profile 1 (ms)  profile 2 (ms)  difference  median IQR/median of blocks")
     for k, b in enumerate(SIZES):

@@ -46,6 +46,7 @@ from report import lead_in_words, load_sentence, plural
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.planner import plan_with_balance
 
@@ -107,7 +108,8 @@ def configs_of(case: Case, budget_s: float) -> tuple[Config, ...]:
     model, inputs = case.spec.build(), case.spec.make_inputs()
     pipelines = (case.plan, *case.others)
     sizes = sorted({p.split_size for p in pipelines})
-    profile = autosplit.profile(model, inputs, microbatch_sizes=sizes, budget_s=budget_s)
+    profile = autosplit.profile(model, inputs,
+                                options=ProfileOptions(microbatch_sizes=sizes, budget_s=budget_s))
     names = list(profile.block_names)
     configs = []
     for p in pipelines:

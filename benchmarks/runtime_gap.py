@@ -50,6 +50,7 @@ from harness import ModelSpec, page_faults, settled
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.errors import AutosplitError, InvalidInputError
 from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.measure.collectives import measure_link_bandwidth
@@ -507,8 +508,9 @@ def run(args: Any, cases: Sequence[Case]) -> dict[str, Any]:
         if args.balance is not None:  # before the profile: a wrong cut ends the run at once
             check_balance(args.balance, len(graph.blocks), graph.model_name)
         given = [args.split_size] if args.split_size is not None else []
-        profile = autosplit.profile(model, inputs, microbatch_sizes=args.sizes, include=given,
-                                    budget_s=args.profile_budget)
+        options = ProfileOptions(microbatch_sizes=args.sizes, include=given,
+                                 budget_s=args.profile_budget)
+        profile = autosplit.profile(model, inputs, options=options)
         if not args.smoke:  # the runtime's cost per action and the link, as `autosplit plan`
             profile = dataclasses.replace(profile, **action_costs(schedules=(args.schedule,)),
                                           link_bytes_per_s=measure_link_bandwidth())

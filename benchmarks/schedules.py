@@ -55,6 +55,7 @@ from report import lead_in_words, load_sentence
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.comparison import manual_plan
 from autosplit.errors import InfeasiblePlanError
 from autosplit.measure.allocator import restart_keeping_freed_memory
@@ -128,8 +129,9 @@ def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     graph = autosplit.trace(model, example_inputs=inputs)
     start = time.perf_counter()
     include = [case.hand[1]] if case.hand is not None else []
-    profile = autosplit.profile(model, inputs, include=include, microbatch_sizes=args.sizes,
-                                budget_s=args.profile_budget)
+    profile = autosplit.profile(model, inputs,
+                                options=ProfileOptions(include=include, microbatch_sizes=args.sizes,
+                                                       budget_s=args.profile_budget))
     if not args.smoke:  # the runtime's cost per action and the link, as `autosplit plan` does
         # (tests/test_runtime_cost.py measures them; a smoke run is about the benchmark's code)
         profile = dataclasses.replace(profile, **action_costs(),

@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 import autosplit
+from autosplit import PartitionOptions, ProfileOptions
 from autosplit.measure.contention import ALONE
 from autosplit.measure.timing_process import IN_PROCESS
 from autosplit.pipeline import PipelinedModule
@@ -141,9 +142,11 @@ def assert_equivalent(model: nn.Module, pm: nn.Module, ref: nn.Module, inputs: S
 def partition_and_check(model: nn.Module, inputs: Sequence[torch.Tensor], stages: int, split: int, **kw: Any) -> PipelinedModule:
     """Profile cheaply, plan for ``stages`` at ``split``, partition, and check equivalence."""
     ref = copy.deepcopy(model)
-    prof = autosplit.profile(model, tuple(inputs), microbatch_sizes=[split], warmup=0, repeats=1, **kw)
+    prof = autosplit.profile(model, tuple(inputs), **kw,
+                             options=ProfileOptions(microbatch_sizes=[split], warmup=0, repeats=1))
     plan = autosplit.plan(prof, gpus=stages, split_size=split)
-    pm = autosplit.partition(model, plan=plan, devices=["cpu"] * stages, **kw)
+    pm = autosplit.partition(model, plan=plan, devices=["cpu"] * stages,
+                             options=PartitionOptions(**kw))
     assert len(pm.stages) == stages
     assert_equivalent(model, pm, ref, inputs, split)
     return pm

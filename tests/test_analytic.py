@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.errors import InvalidInputError, ModelMismatchError, RecordFileError
 from autosplit.estimate.analytic import (
     analytic_profile,
@@ -107,7 +108,9 @@ def test_memory_figures_equal_the_measured_profile(model: nn.Module, inputs: tup
     # compared as the block's total (own + shared with the producer of its inputs): the
     # measured profiler recognises shared storages by address, which a freed storage's
     # successor can reuse, so its split between the two can vary from run to run.
-    measured = autosplit.profile(model, inputs, microbatch_sizes=[2, 4], warmup=0, repeats=1)
+    measured = autosplit.profile(model, inputs,
+                                 options=ProfileOptions(microbatch_sizes=[2, 4], warmup=0,
+                                                        repeats=1))
     costs = count_costs(model, inputs, microbatch_sizes=[2, 4])
     assert costs.fingerprint == measured.fingerprint
     assert costs.block_names == measured.block_names

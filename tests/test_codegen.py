@@ -21,6 +21,7 @@ from torch import nn
 
 import autosplit
 import autosplit.stages
+from autosplit import ProfileOptions
 from autosplit.codegen import emit
 from autosplit.errors import CodegenError, InvalidInputError, PlanMismatchError
 from autosplit.modelfile import ModelFileError, load_model_file
@@ -130,7 +131,8 @@ def build_model():
 
 
 def make_plan(model: nn.Module, inputs: tuple[torch.Tensor, ...], stages: int, split: int) -> Plan:
-    prof = autosplit.profile(model, inputs, microbatch_sizes=[split], warmup=0, repeats=1)
+    prof = autosplit.profile(model, inputs,
+                             options=ProfileOptions(microbatch_sizes=[split], warmup=0, repeats=1))
     return autosplit.plan(prof, gpus=stages, split_size=split)
 
 
@@ -227,7 +229,8 @@ def resnet() -> tuple[Any, nn.Module, tuple[torch.Tensor, ...], dict[int, Plan]]
     mf = load_model_file(str(EXAMPLES / "resnet50.py"))
     model = mf.build()
     inputs = (torch.randn(4, 3, 32, 32),)
-    prof = autosplit.profile(model, inputs, microbatch_sizes=[2], warmup=0, repeats=1)
+    prof = autosplit.profile(model, inputs,
+                             options=ProfileOptions(microbatch_sizes=[2], warmup=0, repeats=1))
     plans = {p: autosplit.plan(prof, gpus=p, split_size=2) for p in (2, 3)}
     return mf, model, inputs, plans
 
@@ -558,7 +561,8 @@ def test_leaf_granularity(tmp_path: Path) -> None:
     model = mf.build()
     inputs = (torch.randn(8, 10),)
     prof = autosplit.profile(
-        model, inputs, microbatch_sizes=[4], warmup=0, repeats=1, granularity="layer"
+        model, inputs, granularity="layer", options=ProfileOptions(microbatch_sizes=[4], warmup=0,
+                                                                   repeats=1)
     )
     plan = autosplit.plan(prof, gpus=3, split_size=4)
     source = emit(plan, mf.ref, model=model, granularity="layer")

@@ -12,6 +12,7 @@ from synthetic import make_profile
 from torch import nn
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.comparison import baseline_plans, compare, manual_plan
 from autosplit.cost import in_flight, optimizer_factor, step_ms
 from autosplit.devices import measure_link_bandwidth
@@ -97,7 +98,8 @@ def test_memory_model_counts_saved_tensors_of_the_whole_model() -> None:
     """Σ per-block saved bytes equals what autograd saves for the whole model in one pass."""
     model = torchvision.models.resnet18(num_classes=10)
     x = torch.randn(4, 3, 32, 32)
-    prof = autosplit.profile(model, x, microbatch_sizes=[4], warmup=0, repeats=1)
+    prof = autosplit.profile(model, x,
+                             options=ProfileOptions(microbatch_sizes=[4], warmup=0, repeats=1))
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     storages: dict[int, int] = {}
 
@@ -188,5 +190,6 @@ def test_measured_link_bandwidth_is_positive() -> None:
 def test_untouched_modules_are_not_needed() -> None:
     # a model where a stage has no parameters is still a valid plan
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
-    prof = autosplit.profile(model, torch.randn(4, 4), microbatch_sizes=[2], warmup=0, repeats=1)
+    prof = autosplit.profile(model, torch.randn(4, 4),
+                             options=ProfileOptions(microbatch_sizes=[2], warmup=0, repeats=1))
     assert autosplit.plan(prof, gpus=2).balance == (1, 1)

@@ -12,6 +12,7 @@ from models import LongSkip
 from torch import nn
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.errors import InvalidInputError, ModelMismatchError, RankFailedError
 from autosplit.measure import timing_process
 from autosplit.measure.profiler import profile_graph
@@ -47,11 +48,11 @@ def test_profile_in_a_fresh_process_equals_one_here(fresh: None, monkeypatch: py
     graph = autosplit.trace(LongSkip())
     x = torch.randn(8, 6)
     seen: list[tuple[int, int, str]] = []
-    there = profile_graph(graph, (x,), microbatch_sizes=[4, 8], repeats=2,
-                          progress=lambda *call: seen.append(call))
+    options = ProfileOptions(microbatch_sizes=[4, 8], repeats=2)
+    there = profile_graph(graph, (x,), options=options, progress=lambda *call: seen.append(call))
     monkeypatch.setenv(timing_process.IN_PROCESS, "1")
     here_seen: list[tuple[int, int, str]] = []
-    here = profile_graph(graph, (x,), microbatch_sizes=[4, 8], repeats=2,
+    here = profile_graph(graph, (x,), options=options,
                          progress=lambda *call: here_seen.append(call))
     assert there.microbatch_sizes == here.microbatch_sizes == (4, 8)
     assert _bytes(there) == _bytes(here)
@@ -71,7 +72,8 @@ def test_stage_times_in_a_fresh_process(fresh: None) -> None:
 def test_the_childs_error_comes_back_with_its_class(fresh: None) -> None:
     graph = autosplit.trace(nn.Sequential(nn.Linear(6, 6), nn.Unflatten(1, (5, 2))))
     with pytest.raises(InvalidInputError, match="fails on a micro-batch of 4"):
-        profile_graph(graph, (torch.randn(4, 6),), microbatch_sizes=[4])  # raised there
+        profile_graph(graph, (torch.randn(4, 6),),
+                      options=ProfileOptions(microbatch_sizes=[4]))  # raised there
 
 
 def _raise_rank_failed(message: str, progress: object = None) -> None:
@@ -90,7 +92,8 @@ def test_an_error_class_that_needs_more_than_its_message_is_named(
 def test_what_cannot_travel_is_timed_here_with_a_warning(fresh: None) -> None:
     graph = autosplit.trace(nn.Sequential(Unloadable(), nn.ReLU()), leaf_modules=[Unloadable])
     with pytest.warns(RuntimeWarning, match="timing in this process.*cannot load the model"):
-        prof = profile_graph(graph, (torch.randn(4, 6),), microbatch_sizes=[4], repeats=2)
+        prof = profile_graph(graph, (torch.randn(4, 6),),
+                             options=ProfileOptions(microbatch_sizes=[4], repeats=2))
     assert prof.microbatch_sizes == (4,)
     with pytest.warns(RuntimeWarning, match="do not pickle"):
         made = timing_process.run_fresh(dict, a=lambda: 7)  # a lambda does not pickle
@@ -109,9 +112,9 @@ def test_cheap_checks_come_before_any_process(fresh: None, monkeypatch: pytest.M
     monkeypatch.setattr(timing_process, "run_fresh", no_process)
     graph = autosplit.trace(LongSkip())
     with pytest.raises(InvalidInputError, match="loss"):
-        profile_graph(graph, (torch.randn(8, 6),), loss="hinge")
+        profile_graph(graph, (torch.randn(8, 6),), options=ProfileOptions(loss="hinge"))
     with pytest.raises(InvalidInputError, match="micro-batch size 9"):
-        profile_graph(graph, (torch.randn(8, 6),), microbatch_sizes=[9])
+        profile_graph(graph, (torch.randn(8, 6),), options=ProfileOptions(microbatch_sizes=[9]))
     with pytest.raises(InvalidInputError, match="micro-batch size 9"):
         time_stages(graph, (torch.randn(8, 6),), [(0, 1, 9)])
 
@@ -128,7 +131,9 @@ def test_the_fresh_process_times_in_itself(fresh: None, monkeypatch: pytest.Monk
 def test_both_verification_sessions_run_in_one_fresh_process(
         fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
     model, x = LongSkip(), torch.randn(8, 6)
-    prof = autosplit.profile(model, x, microbatch_sizes=[2, 4, 8], warmup=0, repeats=1)
+    prof = autosplit.profile(model, x,
+                             options=ProfileOptions(microbatch_sizes=[2, 4, 8], warmup=0,
+                                                    repeats=1))
     candidates = plan_candidates(prof, 2, top_k=3)
     assert len(candidates) > 1
     started: list[object] = []
@@ -151,7 +156,8 @@ def test_both_verification_sessions_run_in_one_fresh_process(
 def test_a_plan_of_another_model_is_refused_before_any_process(
         fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
     model, x = LongSkip(), torch.randn(8, 6)
-    prof = autosplit.profile(model, x, microbatch_sizes=[2, 4], warmup=0, repeats=1)
+    prof = autosplit.profile(model, x,
+                             options=ProfileOptions(microbatch_sizes=[2, 4], warmup=0, repeats=1))
     candidates = plan_candidates(prof, 2, top_k=2)
     other = nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 6))
 

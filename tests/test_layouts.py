@@ -13,6 +13,7 @@ import pytest
 from synthetic import make_profile
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.cli import main
 from autosplit.cost import OPTIMIZER_STATE, in_flight, replica_sync_ms
 from autosplit.errors import InfeasiblePlanError, InvalidInputError, ScheduleUnavailableError
@@ -325,7 +326,8 @@ def test_partition_refuses_a_plan_with_replicas() -> None:
 
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
     x = torch.randn(8, 4)
-    prof = autosplit.profile(model, (x,), microbatch_sizes=[2], repeats=1, budget_s=0)
+    prof = autosplit.profile(model, (x,),
+                             options=ProfileOptions(microbatch_sizes=[2], repeats=1, budget_s=0))
     plan = dataclasses.replace(plan_with_balance(prof, (1, 1), 2), replicas=2, microbatches=2)
     with pytest.raises(autosplit.InvalidInputError, match=r"partition\(\) runs one pipeline in one"):
         autosplit.partition(model, plan=plan)

@@ -17,6 +17,7 @@ from models import LongSkip
 from torch import nn
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.measure import contention
 from autosplit.measure.contention import Neighbour
 from autosplit.planner import plan_candidates, plan_with_balance
@@ -110,7 +111,8 @@ def test_a_plans_stages_are_timed_beside_the_next_stage_and_one_device_alone(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(contention.ALONE, "1")
     x = torch.randn(8, 6)
-    profile = autosplit.profile(LongSkip(), (x,), microbatch_sizes=[2, 4], repeats=2)
+    profile = autosplit.profile(LongSkip(), (x,),
+                                options=ProfileOptions(microbatch_sizes=[2, 4], repeats=2))
     two = next(iter(plan_candidates(profile, 2)))
     assert len(two.stages) == 2
     (s0, s1) = timed_runs.stage_runs(two)
@@ -125,7 +127,8 @@ def test_a_plans_stages_are_timed_beside_the_next_stage_and_one_device_alone(
 
 def test_a_v_shaped_plans_stages_are_timed_beside_a_stage_of_the_other_rank() -> None:
     graph, inputs = _wide()
-    profile = autosplit.profile(graph.module, inputs, microbatch_sizes=[8], repeats=2)
+    profile = autosplit.profile(graph.module, inputs,
+                                options=ProfileOptions(microbatch_sizes=[8], repeats=2))
     zbv = autosplit.plan(profile, gpus=2, split_size=8, schedule="zbv")
     assert timed_runs.stage_ranks(zbv) == [0, 1, 1, 0]  # rank 0 runs the first and the last
     s0, s1, s2, s3 = timed_runs.stage_runs(zbv)
@@ -138,7 +141,8 @@ def test_a_v_shaped_plans_stages_are_timed_beside_a_stage_of_the_other_rank() ->
 
 def test_a_verified_plan_says_its_stages_ran_beside_each_other(beside: None) -> None:
     graph, inputs = _wide()
-    profile = autosplit.profile(graph.module, inputs, microbatch_sizes=[8, 16], repeats=2)
+    profile = autosplit.profile(graph.module, inputs,
+                                options=ProfileOptions(microbatch_sizes=[8, 16], repeats=2))
     plan = next(iter(plan_candidates(profile, 2)))
     out = plans.verify_plans(graph, inputs, profile, {"p": plan}, rounds=2, max_rounds=2)
     assert "beside its neighbouring worker" in out["p"].verification
@@ -166,7 +170,8 @@ def _time(ms: float, beside: bool) -> StageTime:
 def test_a_pipeline_stage_is_its_time_alone_plus_the_overlapping_share_of_the_difference(
         ) -> None:
     x = torch.randn(8, 6)
-    profile = autosplit.profile(LongSkip(), (x,), microbatch_sizes=[2], repeats=2)
+    profile = autosplit.profile(LongSkip(), (x,),
+                                options=ProfileOptions(microbatch_sizes=[2], repeats=2))
     plan = next(iter(plan_candidates(profile, 2, schedule="gpipe")))
     alone = [_time(30.0, False), _time(30.0, False)]
     together = [_time(36.0, True), _time(33.0, True)]
@@ -185,7 +190,8 @@ def test_dualpipev_weighs_its_one_pass_backwards_with_the_same_shares() -> None:
     """DualPipeV's stages are timed split and in one pass, each alone and beside: both are
     weighed by the shares of a simulation that runs its B actions as the one pass."""
     x = torch.randn(8, 6)
-    profile = autosplit.profile(LongSkip(), (x,), microbatch_sizes=[2], repeats=2)
+    profile = autosplit.profile(LongSkip(), (x,),
+                                options=ProfileOptions(microbatch_sizes=[2], repeats=2))
     blocks = tuple(dataclasses.replace(b, input_grad_ms=tuple(0.7 * t for t in b.bwd_ms),
                                        weight_grad_ms=tuple(0.5 * t for t in b.bwd_ms))
                    for b in profile.blocks)
@@ -213,7 +219,8 @@ def test_dualpipev_weighs_its_one_pass_backwards_with_the_same_shares() -> None:
 
 def test_replicas_take_their_time_beside_each_other_and_one_device_alone() -> None:
     x = torch.randn(8, 6)
-    profile = autosplit.profile(LongSkip(), (x,), microbatch_sizes=[2], repeats=2)
+    profile = autosplit.profile(LongSkip(), (x,),
+                                options=ProfileOptions(microbatch_sizes=[2], repeats=2))
     one = plan_with_balance(profile, [len(profile.blocks)], 2)
     replicated = dataclasses.replace(one, replicas=2, microbatches=2)
     beside = _time(36.0, True)
@@ -238,7 +245,8 @@ def test_a_neighbour_that_dies_is_said_and_the_rest_is_timed_alone() -> None:
 def test_both_verification_sessions_share_one_neighbour(beside: None,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     graph, inputs = _wide()
-    profile = autosplit.profile(graph.module, inputs, microbatch_sizes=[8, 16], repeats=2)
+    profile = autosplit.profile(graph.module, inputs,
+                                options=ProfileOptions(microbatch_sizes=[8, 16], repeats=2))
     candidates = plan_candidates(profile, 2, top_k=2)
     assert len(candidates) == 2
     hand = plan_with_balance(profile, [1, 3], 8)

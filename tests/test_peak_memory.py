@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.cost import block_transient_bytes
 from autosplit.errors import InvalidInputError
 from autosplit.measure.peak_memory import change_during, rise_during, tensor_bytes
@@ -61,8 +62,9 @@ class _Mlp(nn.Module):
 
 def test_the_profile_measures_each_blocks_peak_and_what_a_split_backward_holds() -> None:
     torch.manual_seed(0)
-    profile = autosplit.profile(_Mlp(), torch.randn(16, 256), microbatch_sizes=[4, 8],
-                                warmup=1, repeats=3)
+    profile = autosplit.profile(_Mlp(), torch.randn(16, 256),
+                                options=ProfileOptions(microbatch_sizes=[4, 8], warmup=1,
+                                                       repeats=3))
     assert profile.backward_split
     for k, _ in enumerate(profile.microbatch_sizes):
         for block in profile.blocks:

@@ -13,6 +13,7 @@ from synthetic import plan_of
 from test_stages import TUPLE_MESSAGE, SizeAcross
 
 import autosplit
+from autosplit import PartitionOptions, ProfileOptions
 from autosplit.pipeline import PipelinedModule
 from autosplit.planner import plan_with_balance
 from autosplit.stages import CutValueError
@@ -57,8 +58,9 @@ def test_token_ids(stages: int) -> None:
 
 def test_reuses_the_models_own_parameters() -> None:
     model = LongSkip()
-    pm = autosplit.partition(model, (torch.randn(8, 6),), gpus=2, microbatch_sizes=[4],
-                             profile_options={"warmup": 0, "repeats": 1})
+    quick = ProfileOptions(microbatch_sizes=[4], warmup=0, repeats=1)
+    pm = autosplit.partition(model, (torch.randn(8, 6),), gpus=2,
+                             options=PartitionOptions(profile=quick))
     stage_params = {id(p) for stage in pm.stages for p in stage.parameters()}
     assert stage_params == {id(p) for p in model.parameters()}
     assert [id(p) for p in pm.parameters()] == [id(p) for p in model.parameters()]
@@ -68,7 +70,8 @@ def test_reuses_the_models_own_parameters() -> None:
 def test_uneven_and_small_batches(batch: int) -> None:
     model = ToyModel()
     ref = copy.deepcopy(model)
-    prof = autosplit.profile(model, torch.randn(8, 10), microbatch_sizes=[3], warmup=0, repeats=1)
+    prof = autosplit.profile(model, torch.randn(8, 10),
+                             options=ProfileOptions(microbatch_sizes=[3], warmup=0, repeats=1))
     pm = autosplit.partition(model, plan=autosplit.plan(prof, gpus=2, split_size=3))
     assert_equivalent(model, pm, ref, (torch.randn(batch, 10),), 3)
 
@@ -76,7 +79,8 @@ def test_uneven_and_small_batches(batch: int) -> None:
 def test_lazy_partition_plans_on_first_call() -> None:
     model = LongSkip()
     ref = copy.deepcopy(model)
-    pm = autosplit.partition(model, profile_options={"warmup": 0, "repeats": 1})
+    pm = autosplit.partition(model,
+                             options=PartitionOptions(profile=ProfileOptions(warmup=0, repeats=1)))
     assert pm.plan is None
     x = torch.randn(8, 6)
     out = pm(x)
@@ -88,8 +92,9 @@ def test_lazy_partition_plans_on_first_call() -> None:
 
 def test_one_call_partition_prints_a_plan() -> None:
     model = ToyModel()
-    pm = autosplit.partition(model, (torch.randn(16, 10),), gpus=2, microbatch_sizes=[4, 8],
-                             profile_options={"warmup": 0, "repeats": 1})
+    quick = ProfileOptions(microbatch_sizes=[4, 8], warmup=0, repeats=1)
+    pm = autosplit.partition(model, (torch.randn(16, 10),), gpus=2,
+                             options=PartitionOptions(profile=quick))
     text = str(pm.plan)
     assert "net1" in text and "net2" in text and "micro-batches of" in text
     assert pm.plan.split_points == ("net2",)
@@ -99,8 +104,10 @@ def test_one_call_partition_prints_a_plan() -> None:
 def test_split_size_override_with_plan() -> None:
     model = ToyModel()
     ref = copy.deepcopy(model)
-    prof = autosplit.profile(model, torch.randn(8, 10), microbatch_sizes=[4], warmup=0, repeats=1)
-    pm = autosplit.partition(model, plan=autosplit.plan(prof, gpus=2), split_size=2)
+    prof = autosplit.profile(model, torch.randn(8, 10),
+                             options=ProfileOptions(microbatch_sizes=[4], warmup=0, repeats=1))
+    pm = autosplit.partition(model, plan=autosplit.plan(prof, gpus=2),
+                             options=PartitionOptions(split_size=2))
     assert pm.split_size == 2
     assert_equivalent(model, pm, ref, (torch.randn(8, 10),), 2)
 
@@ -117,7 +124,8 @@ def test_non_tensor_crossing_a_cut_is_refused_naming_it() -> None:
     with pytest.raises(CutValueError, match=TUPLE_MESSAGE):
         pm(torch.randn(4, 4))
     sized = SizeAcross()
-    prof = autosplit.profile(sized, torch.randn(4, 4), microbatch_sizes=[2], warmup=0, repeats=1)
+    prof = autosplit.profile(sized, torch.randn(4, 4),
+                             options=ProfileOptions(microbatch_sizes=[2], warmup=0, repeats=1))
     pm = autosplit.partition(sized, plan=plan_with_balance(prof, (1, 2), split_size=2))
     x = torch.randn(4, 4)
     torch.testing.assert_close(pm(x), sized(x))
@@ -129,7 +137,8 @@ def test_pipelined_module_runs_what_it_is_given(monkeypatch: pytest.MonkeyPatch)
     model = ToyModel()
     ref = copy.deepcopy(model)
     graph = autosplit.trace(model)
-    prof = autosplit.profile(model, torch.randn(8, 10), microbatch_sizes=[4], warmup=0, repeats=1)
+    prof = autosplit.profile(model, torch.randn(8, 10),
+                             options=ProfileOptions(microbatch_sizes=[4], warmup=0, repeats=1))
     plan = autosplit.plan(prof, gpus=2, split_size=4)
 
     def forbidden(*args: object, **kwargs: object) -> None:
@@ -165,8 +174,9 @@ def test_cuda_equivalence(devices: list[str]) -> None:
     model = torchvision.models.resnet18(num_classes=10).double()
     ref = copy.deepcopy(model)
     x = torch.randn(6, 3, 32, 32, dtype=torch.float64)
-    pm = autosplit.partition(model, (x,), devices=devices, microbatch_sizes=[3],
-                             profile_options={"warmup": 1, "repeats": 1})
+    quick = ProfileOptions(microbatch_sizes=[3], warmup=1, repeats=1)
+    pm = autosplit.partition(model, (x,), devices=devices,
+                             options=PartitionOptions(profile=quick))
     assert [{str(p.device) for p in stage.parameters()} for stage in pm.stages] == [
         {d} for d in devices
     ]

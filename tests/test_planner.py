@@ -10,6 +10,7 @@ from models import LongSkip, ToyModel
 from synthetic import make_profile
 
 import autosplit
+from autosplit import PartitionOptions, ProfileOptions
 from autosplit.errors import (
     InfeasiblePlanError,
     InvalidInputError,
@@ -91,7 +92,8 @@ def test_bad_plan_arguments(kwargs, match) -> None:
 
 
 def test_plan_json_round_trip_is_exact(tmp_path) -> None:
-    prof = autosplit.profile(LongSkip(), torch.randn(8, 6), microbatch_sizes=[2, 4], warmup=0, repeats=1)
+    prof = autosplit.profile(LongSkip(), torch.randn(8, 6),
+                             options=ProfileOptions(microbatch_sizes=[2, 4], warmup=0, repeats=1))
     plan = autosplit.plan(prof, gpus=3)
     path = tmp_path / "plan.json"
     plan.save(path)
@@ -102,7 +104,8 @@ def test_plan_json_round_trip_is_exact(tmp_path) -> None:
 
 
 def test_a_plan_for_another_model_is_refused(tmp_path) -> None:
-    prof = autosplit.profile(LongSkip(), torch.randn(8, 6), microbatch_sizes=[4], warmup=0, repeats=1)
+    prof = autosplit.profile(LongSkip(), torch.randn(8, 6),
+                             options=ProfileOptions(microbatch_sizes=[4], warmup=0, repeats=1))
     autosplit.plan(prof, gpus=2).save(tmp_path / "plan.json")
     plan = autosplit.Plan.load(tmp_path / "plan.json")
     with pytest.raises(ModelMismatchError, match="made for another model \\(LongSkip"):
@@ -125,10 +128,13 @@ def test_corrupt_and_foreign_plan_files(tmp_path) -> None:
         (lambda: autosplit.partition(ToyModel(), torch.randn(4, 10), gpus=0), "gpus .* got 0"),
         (lambda: autosplit.partition(ToyModel(), torch.randn(4, 10), gpus=3), "model's 2 blocks"),
         (lambda: autosplit.partition(ToyModel(), ("x",), gpus=2), "not a tensor"),
-        (lambda: autosplit.partition(ToyModel(), torch.randn(4, 3), gpus=2,
-                                     microbatch_sizes=[2]), r"shape \(4, 3\)"),
+        (lambda: autosplit.partition(
+            ToyModel(), torch.randn(4, 3), gpus=2,
+            options=PartitionOptions(profile=ProfileOptions(microbatch_sizes=[2]))),
+         r"shape \(4, 3\)"),
         (lambda: autosplit.partition("model"), "torch.nn.Module"),
-        (lambda: autosplit.partition(ToyModel(), gpus=2, split_size=0), "split_size"),
+        (lambda: autosplit.partition(ToyModel(), gpus=2,
+                                     options=PartitionOptions(split_size=0)), "split_size"),
         (lambda: autosplit.partition(ToyModel(), devices=["tpu:0", "cpu"]), "tpu"),
         (lambda: autosplit.partition(torch.nn.Sequential(), torch.randn(2, 2)), "empty model"),
     ],
@@ -139,7 +145,8 @@ def test_bad_partition_arguments(call, match) -> None:
 
 
 def test_wrong_number_of_inputs_at_call_time() -> None:
-    pm = autosplit.partition(ToyModel(), torch.randn(4, 10), gpus=2, microbatch_sizes=[2],
-                             profile_options={"warmup": 0, "repeats": 1})
+    quick = ProfileOptions(microbatch_sizes=[2], warmup=0, repeats=1)
+    pm = autosplit.partition(ToyModel(), torch.randn(4, 10), gpus=2,
+                             options=PartitionOptions(profile=quick))
     with pytest.raises(InvalidInputError, match="takes 1 inputs \\(x\\), got 2"):
         pm(torch.randn(4, 10), torch.randn(4, 10))

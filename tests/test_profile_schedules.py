@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.errors import InvalidInputError, PlanFileError
 from autosplit.estimate.analytic import analytic_profile
 from autosplit.records import BlockProfile, Profile
@@ -31,8 +32,8 @@ def mlp() -> nn.Module:
 @pytest.fixture(scope="module")
 def measured() -> Profile:
     torch.manual_seed(0)
-    return autosplit.profile(mlp(), (torch.randn(8, 6),), microbatch_sizes=[4, 8], warmup=0,
-                             repeats=2)
+    return autosplit.profile(mlp(), (torch.randn(8, 6),),
+                             options=ProfileOptions(microbatch_sizes=[4, 8], warmup=0, repeats=2))
 
 
 def test_measured_profile_splits_the_backward(measured: Profile) -> None:

@@ -9,6 +9,7 @@ from models import LongSkip, TokenModel, ToyModel
 from torch import nn
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.errors import InvalidInputError, PlanFileError
 from autosplit.measure.budget import bracketing_count, default_microbatch_sizes
 
@@ -53,7 +54,8 @@ def test_profiling_leaves_the_model_bit_identical(training: bool) -> None:
     before = _snapshot(model)
     rng = torch.get_rng_state()
     threads = torch.get_num_threads()
-    autosplit.profile(model, x, microbatch_sizes=[2, 4], warmup=1, repeats=2)
+    autosplit.profile(model, x,
+                      options=ProfileOptions(microbatch_sizes=[2, 4], warmup=1, repeats=2))
     _assert_same(before, _snapshot(model))
     assert torch.equal(rng, torch.get_rng_state())
     assert torch.get_num_threads() == threads
@@ -62,13 +64,15 @@ def test_profiling_leaves_the_model_bit_identical(training: bool) -> None:
 def test_profiling_resnet_keeps_batchnorm_statistics() -> None:
     model = torchvision.models.resnet18(num_classes=10)
     before = _snapshot(model)
-    autosplit.profile(model, torch.randn(4, 3, 32, 32), microbatch_sizes=[2], warmup=0, repeats=1)
+    autosplit.profile(model, torch.randn(4, 3, 32, 32),
+                      options=ProfileOptions(microbatch_sizes=[2], warmup=0, repeats=1))
     _assert_same(before, _snapshot(model))
 
 
 def test_profile_fields() -> None:
     model = LongSkip()
-    prof = autosplit.profile(model, torch.randn(8, 6), microbatch_sizes=[4, 2], warmup=0, repeats=1)
+    prof = autosplit.profile(model, torch.randn(8, 6),
+                             options=ProfileOptions(microbatch_sizes=[4, 2], warmup=0, repeats=1))
     assert prof.microbatch_sizes == (2, 4)
     assert prof.batch_size == 8 and prof.input_shapes == ((8, 6),)
     assert prof.device.kind == "cpu" and prof.device.threads == 1
@@ -86,8 +90,8 @@ def test_profile_fields() -> None:
 
 
 def test_profile_json_round_trip_is_exact(tmp_path) -> None:
-    prof = autosplit.profile(TokenModel(), torch.randint(0, 17, (4, 5)), microbatch_sizes=[2],
-                             warmup=0, repeats=1)
+    prof = autosplit.profile(TokenModel(), torch.randint(0, 17, (4, 5)),
+                             options=ProfileOptions(microbatch_sizes=[2], warmup=0, repeats=1))
     path = tmp_path / "profile.json"
     prof.save(path)
     assert autosplit.Profile.load(path) == prof
@@ -114,7 +118,8 @@ def test_no_budget_keeps_the_sizes_nearest_3p_on_both_sides() -> None:
     fewer and of more are measured: the planner weighs the bubble from both sides."""
     assert default_microbatch_sizes(24, stages=2)[:4] == [4, 3, 6, 8]  # m = 6, 8, 4, 3
     assert bracketing_count([4, 3, 6, 8], 24, 2) == 3
-    prof = autosplit.profile(ToyModel(), torch.randn(24, 10), budget_s=0.0, warmup=0, repeats=1)
+    prof = autosplit.profile(ToyModel(), torch.randn(24, 10),
+                             options=ProfileOptions(budget_s=0.0, warmup=0, repeats=1))
     assert list(prof.microbatch_sizes) == [3, 4, 6]
     # m = 3·p comes first; without it, the two sides; with one side only, that side
     assert bracketing_count([20, 24, 15, 30], 120, 2) == 3
@@ -135,17 +140,20 @@ def test_no_budget_keeps_the_sizes_nearest_3p_on_both_sides() -> None:
 )
 def test_bad_example_inputs(inputs: tuple, match: str) -> None:
     with pytest.raises(InvalidInputError, match=match):
-        autosplit.profile(ToyModel(), inputs, microbatch_sizes=[2], warmup=0, repeats=1)
+        autosplit.profile(ToyModel(), inputs,
+                          options=ProfileOptions(microbatch_sizes=[2], warmup=0, repeats=1))
 
 
 def test_bad_microbatch_size() -> None:
     with pytest.raises(InvalidInputError, match="between 1 and the batch size 4"):
-        autosplit.profile(ToyModel(), torch.randn(4, 10), microbatch_sizes=[8])
+        autosplit.profile(ToyModel(), torch.randn(4, 10),
+                          options=ProfileOptions(microbatch_sizes=[8]))
 
 
 def test_repeated_microbatch_sizes_are_named() -> None:
     with pytest.raises(InvalidInputError, match=r"repeat: \[2, 2\]"):
-        autosplit.profile(ToyModel(), torch.randn(4, 10), microbatch_sizes=[2, 2])
+        autosplit.profile(ToyModel(), torch.randn(4, 10),
+                          options=ProfileOptions(microbatch_sizes=[2, 2]))
 
 
 @pytest.mark.cuda
@@ -155,7 +163,7 @@ def test_cuda_profile_uses_events_and_records_peak_memory() -> None:
     model = torchvision.models.resnet18(num_classes=10)
     before = _snapshot(model)
     prof = autosplit.profile(model, torch.randn(8, 3, 32, 32), device="cuda:0",
-                             microbatch_sizes=[4, 8], warmup=1, repeats=2)
+                             options=ProfileOptions(microbatch_sizes=[4, 8], warmup=1, repeats=2))
     _assert_same(_snapshot(model), before)
     assert {p.device.type for p in model.parameters()} == {"cpu"}
     assert prof.device.kind == "cuda" and prof.device.memory_bytes and prof.device.memory_bytes > 0
@@ -190,18 +198,20 @@ def test_the_last_block_is_timed_with_the_loss(monkeypatch) -> None:
         return real(seg, args, dev, hooks, loss)
 
     monkeypatch.setattr(block_timing, "timed_run", recording)
-    prof = autosplit.profile(model, torch.randn(8, 6), microbatch_sizes=[4], warmup=0, repeats=1)
+    prof = autosplit.profile(model, torch.randn(8, 6),
+                             options=ProfileOptions(microbatch_sizes=[4], warmup=0, repeats=1))
     assert prof.loss == "mse"
     assert {first for first, with_loss in calls if with_loss} == {n - 1}
     assert {first for first, _ in calls} == set(range(n))
     calls.clear()
-    prof = autosplit.profile(model, torch.randn(8, 6), microbatch_sizes=[4], warmup=0, repeats=1,
-                             loss="none")
+    prof = autosplit.profile(model, torch.randn(8, 6),
+                             options=ProfileOptions(microbatch_sizes=[4], warmup=0, repeats=1,
+                                                    loss="none"))
     assert prof.loss == "none" and not any(with_loss for _, with_loss in calls)
     with pytest.raises(InvalidInputError, match="loss must be one of 'mse', 'none', 'model', got 'l1'"):
-        autosplit.profile(model, torch.randn(8, 6), loss="l1")
+        autosplit.profile(model, torch.randn(8, 6), options=ProfileOptions(loss="l1"))
     with pytest.raises(InvalidInputError, match="loss='model', but .* returns no loss"):
-        autosplit.profile(model, torch.randn(8, 6), loss="model")
+        autosplit.profile(model, torch.randn(8, 6), options=ProfileOptions(loss="model"))
 
 
 def test_the_timed_loss_is_the_tutorial_loss_on_zero_targets() -> None:

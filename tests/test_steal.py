@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.capture.trace import trace
 from autosplit.measure import block_timing, steal_time
 from autosplit.verify.stage_timing import time_stages
@@ -89,14 +90,16 @@ def test_the_profiler_sets_aside_the_rounds_the_hypervisor_disturbed(burst) -> N
     blocks = len(trace(model).blocks)
     # one size: one window per round; block 0's rounds are windows 1 (warm-up), 2, 3, 4, …
     burst.hit = {2, 3}  # two of its three timed rounds: their median would be +1000 ms
-    prof = autosplit.profile(model, x, microbatch_sizes=[4], warmup=1, repeats=3,
-                             max_repeats=3)
+    prof = autosplit.profile(model, x,
+                             options=ProfileOptions(microbatch_sizes=[4], warmup=1, repeats=3,
+                                                    max_repeats=3))
     assert prof.set_aside == 2
     assert prof.blocks[0].fwd_ms[0] < 1000.0 and prof.blocks[0].bwd_ms[0] < 1000.0
     # every round of every block disturbed: their timings, rather than none
     _Burst.opened, burst.hit = 0, set(range(1, 1000))
-    prof = autosplit.profile(model, x, microbatch_sizes=[4], warmup=1, repeats=3,
-                             max_repeats=3)
+    prof = autosplit.profile(model, x,
+                             options=ProfileOptions(microbatch_sizes=[4], warmup=1, repeats=3,
+                                                    max_repeats=3))
     assert prof.set_aside == 3 * blocks
     assert all(b.fwd_ms[0] >= 1000.0 for b in prof.blocks)
 
@@ -124,8 +127,9 @@ def test_a_verified_plan_says_how_many_timings_were_set_aside(burst) -> None:
 
     model, x = _model(), torch.randn(8, 6)
     graph = trace(model)
-    prof = autosplit.profile(model, x, microbatch_sizes=[4], warmup=1, repeats=3,
-                             max_repeats=3)
+    prof = autosplit.profile(model, x,
+                             options=ProfileOptions(microbatch_sizes=[4], warmup=1, repeats=3,
+                                                    max_repeats=3))
     plan = autosplit.plan(prof, 2, schedule="gpipe")
     quiet = verify_plans(graph, x, prof, {"plan": plan}, one_device=False, rounds=2,
                          max_rounds=2)["plan"]

@@ -31,7 +31,7 @@ from test_distributed import (
 )
 
 import autosplit
-from autosplit import distributed
+from autosplit import ProfileOptions, distributed
 from autosplit.codegen import emit
 from autosplit.cost import optimizer_factor
 from autosplit.planner import plan_with_balance
@@ -46,7 +46,8 @@ def _ids(rows: int) -> tuple[torch.Tensor]:
 
 
 def _plan(model: torch.nn.Module, stages: int, split: int = 2) -> Plan:
-    prof = autosplit.profile(model, _ids(8), microbatch_sizes=[split], warmup=0, repeats=1)
+    prof = autosplit.profile(model, _ids(8),
+                             options=ProfileOptions(microbatch_sizes=[split], warmup=0, repeats=1))
     return autosplit.plan(prof, gpus=stages, split_size=split)
 
 
@@ -86,7 +87,8 @@ def test_plan_records_the_shared_weight_and_round_trips(tmp_path: Path) -> None:
 @pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
 def test_a_weight_shared_by_stages_of_one_rank_costs_no_all_reduce(schedule: str,
                                                                    tmp_path: Path) -> None:
-    prof = autosplit.profile(TiedLM(), _ids(8), microbatch_sizes=[2], warmup=0, repeats=1)
+    prof = autosplit.profile(TiedLM(), _ids(8),
+                             options=ProfileOptions(microbatch_sizes=[2], warmup=0, repeats=1))
     # V-shaped: 4 stages on 2 ranks, rank 0 holds the first and the last (embedding and head)
     v_shaped = autosplit.plan(prof, gpus=2, split_size=2, schedule=schedule)
     (weight,) = v_shaped.shared
@@ -119,7 +121,8 @@ def test_a_bad_mode_is_refused() -> None:
 
 def test_memory_counts_the_copy_on_every_stage_that_holds_it() -> None:
     model = TiedLM()
-    prof = autosplit.profile(model, _ids(8), microbatch_sizes=[2], warmup=0, repeats=1)
+    prof = autosplit.profile(model, _ids(8),
+                             options=ProfileOptions(microbatch_sizes=[2], warmup=0, repeats=1))
     split = plan_with_balance(prof, (6, 1), 2)  # head alone: it holds a copy
     alone = dataclasses.replace(prof, shared=())  # as if nothing were shared
     untied = plan_with_balance(alone, (6, 1), 2)

@@ -15,6 +15,7 @@ from synthetic import format_1, make_profile
 from test_layouts import _brute_force, _random_profile
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.cli import main
 from autosplit.cost import replica_sync_ms
 from autosplit.errors import (
@@ -207,8 +208,9 @@ def test_cli_plans_for_nodes_and_records_the_placement(
 
     source = load_model_file(str(ROOT / "examples" / "toy.py"))
     model = source.build()
-    prof = autosplit.profile(model, source.example_inputs(8), microbatch_sizes=[2, 4],
-                             repeats=1, budget_s=None)
+    prof = autosplit.profile(model, source.example_inputs(8),
+                             options=ProfileOptions(microbatch_sizes=[2, 4], repeats=1,
+                                                    budget_s=None))
     prof.save(tmp_path / "prof.json")
     monkeypatch.chdir(tmp_path)
     argv = ["plan", str(ROOT / "examples" / "toy.py"), "--profile", "prof.json", "--nodes", "2",

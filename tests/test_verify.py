@@ -15,6 +15,7 @@ from models import LongSkip, TiedLM
 from torch import nn
 
 import autosplit
+from autosplit import PartitionOptions, ProfileOptions
 from autosplit.capture.trace import trace
 from autosplit.cli import main
 from autosplit.comparison import manual_plan
@@ -162,8 +163,9 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_profile_sizes_take_turns_round_after_round(fake_clock: None) -> None:
     model = Recorded()
     graph = trace(model, leaf_modules=[Recorder])
-    prof = profiler.profile_graph(graph, torch.randn(6, 4), microbatch_sizes=[2, 3, 6],
-                                  warmup=1, repeats=3, budget_s=None)
+    prof = profiler.profile_graph(graph, torch.randn(6, 4),
+                                  options=ProfileOptions(microbatch_sizes=[2, 3, 6], warmup=1,
+                                                         repeats=3, budget_s=None))
     # the whole model once (untimed, at the first size), then the recorder's block: sizes take
     # turns, the order rotating each round (warm-up round, then three timed ones, whose spread
     # is 0: no more); right after each run of the first size, 2, its backward is timed again
@@ -188,16 +190,17 @@ def test_profile_repeats_until_the_spread_is_small_or_the_cap(monkeypatch) -> No
     monkeypatch.setattr(block_timing, "clock", clock)
     CALLS.clear()
     graph = trace(Recorded(), leaf_modules=[Recorder])
-    profiler.profile_graph(graph, torch.randn(4, 4), microbatch_sizes=[2, 4], warmup=0,
-                           repeats=3, max_repeats=5, budget_s=None)
+    profiler.profile_graph(graph, torch.randn(4, 4),
+                           options=ProfileOptions(microbatch_sizes=[2, 4], warmup=0, repeats=3,
+                                                  max_repeats=5, budget_s=None))
     # 5 rounds: the cap; the backward split is timed at size 2 in the first 3 (repeats) only;
     # then one untimed run per size for its peak memory
     assert CALLS[1:] == [2, 2, 4, 4, 2, 2, 2, 2, 4, 4, 2, 2, 4, 2, 4]
 
 
 def test_profiles_without_spreads_still_load(tmp_path) -> None:
-    prof = autosplit.profile(LongSkip(), torch.randn(4, 6), microbatch_sizes=[2, 4],
-                             warmup=0, repeats=1)
+    prof = autosplit.profile(LongSkip(), torch.randn(4, 6),
+                             options=ProfileOptions(microbatch_sizes=[2, 4], warmup=0, repeats=1))
     assert all(len(b.fwd_iqr_ms) == 2 and min(b.fwd_iqr_ms) >= 0 for b in prof.blocks)
     path = tmp_path / "p.json"
     prof.save(path)
@@ -219,7 +222,9 @@ def small() -> tuple:
     torch.manual_seed(0)
     model = LongSkip()
     x = torch.randn(8, 6)
-    prof = autosplit.profile(model, x, microbatch_sizes=[2, 4, 8], warmup=0, repeats=1)
+    prof = autosplit.profile(model, x,
+                             options=ProfileOptions(microbatch_sizes=[2, 4, 8], warmup=0,
+                                                    repeats=1))
     return model, x, prof
 
 
@@ -436,7 +441,8 @@ def test_candidates_within_noise_go_to_the_best_by_block_sums_whichever_was_fast
 def test_one_device_is_the_faster_of_the_whole_batch_and_accumulated_micro_batches(
         small, monkeypatch, whole_per_sample) -> None:
     model, x, _ = small
-    prof = autosplit.profile(model, x, microbatch_sizes=[2, 4], warmup=0, repeats=1)
+    prof = autosplit.profile(model, x,
+                             options=ProfileOptions(microbatch_sizes=[2, 4], warmup=0, repeats=1))
     plan = autosplit.plan(prof, 2)
     b_one = single_device_ms(prof, plan.batch_size)[1]
     assert b_one < plan.batch_size == x.shape[0]
@@ -468,7 +474,8 @@ def test_one_device_is_the_faster_of_the_whole_batch_and_accumulated_micro_batch
 def test_one_device_accumulates_where_the_examples_hold_less_than_the_batch(small,
                                                                             fake_clock) -> None:
     model, x, _ = small
-    prof = autosplit.profile(model, x, microbatch_sizes=[2, 4], warmup=0, repeats=1)
+    prof = autosplit.profile(model, x,
+                             options=ProfileOptions(microbatch_sizes=[2, 4], warmup=0, repeats=1))
     plan = autosplit.plan(prof, 2)
     few = x[:4]  # the example inputs hold 4 samples of the batch of 8
     verified = verify_plans(trace(model), few, prof, {"p": plan}, rounds=1, max_rounds=1)["p"]
@@ -661,11 +668,11 @@ def test_verification_leaves_the_model_as_it_was(small) -> None:
 def test_partition_verifies_unless_told_not_to() -> None:
     torch.manual_seed(0)
     x = torch.randn(8, 6)
-    options = {"warmup": 0, "repeats": 1}
-    pm = autosplit.partition(LongSkip(), x, devices=["cpu", "cpu"], profile_options=options)
+    options = PartitionOptions(profile=ProfileOptions(warmup=0, repeats=1))
+    pm = autosplit.partition(LongSkip(), x, devices=["cpu", "cpu"], options=options)
     assert pm.plan.verification and pm.plan.step_spread is not None
-    pm = autosplit.partition(LongSkip(), x, devices=["cpu", "cpu"], profile_options=options,
-                             verify=False)
+    pm = autosplit.partition(LongSkip(), x, devices=["cpu", "cpu"],
+                             options=dataclasses.replace(options, verify=False))
     assert pm.plan.verification == "" and pm.plan.step_spread is None
     assert all(s.block_sum_ms is None for s in pm.plan.stages)
 
@@ -707,7 +714,8 @@ def test_a_verified_plan_keeps_the_all_reduce_of_its_shared_weights(fake_clock) 
     torch.manual_seed(0)
     model = TiedLM()
     ids = (torch.randint(0, 11, (8, 5), generator=torch.Generator().manual_seed(3)),)
-    prof = autosplit.profile(model, ids, microbatch_sizes=[2, 4], warmup=0, repeats=1)
+    prof = autosplit.profile(model, ids,
+                             options=ProfileOptions(microbatch_sizes=[2, 4], warmup=0, repeats=1))
     plan = autosplit.plan(prof, gpus=2, split_size=4, bandwidth_bytes_per_s=1000.0)  # 1 kB/s
     (weight,) = plan.shared
     assert weight.stages == (0, 1) and plan.sync_after_ms == weight.sync_ms > 100.0
@@ -780,7 +788,9 @@ def test_a_replica_of_one_stage_carries_the_one_stage_runtime_cost(small, fake_c
 
 def _long_skip_candidates() -> tuple[Any, Any, Profile, tuple[Plan, ...]]:
     model, x = LongSkip(), torch.randn(8, 6)
-    prof = autosplit.profile(model, x, microbatch_sizes=[2, 4, 8], warmup=0, repeats=1)
+    prof = autosplit.profile(model, x,
+                             options=ProfileOptions(microbatch_sizes=[2, 4, 8], warmup=0,
+                                                    repeats=1))
     candidates = plan_candidates(prof, 2, top_k=3)
     assert len(candidates) > 1
     return autosplit.trace(model), x, prof, candidates

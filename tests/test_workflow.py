@@ -12,7 +12,7 @@ import torch
 from synthetic import make_profile
 
 import autosplit
-from autosplit import partitioning
+from autosplit import PartitionOptions, partitioning
 from autosplit.cli import main
 from autosplit.planner import plan_layouts
 from autosplit.records import Plan, Profile
@@ -71,7 +71,8 @@ def test_partition_plan_and_compare_choose_the_same_plan_on_one_profile(
 
     monkeypatch.setattr(partitioning, "profile_graph", lambda *a, **k: prof)
     with pytest.warns(UserWarning, match="CPU stand-ins"):
-        pm = autosplit.partition(model, torch.randn(8, 8), gpus=2, verify=False)
+        pm = autosplit.partition(model, torch.randn(8, 8), gpus=2,
+                                 options=PartitionOptions(verify=False))
     assert _shape(pm.plan) == _shape(expected)
 
     out = tmp_path / "plan.json"

@@ -13,6 +13,7 @@ from zoo import ZOO, build
 from zoo_checks import assert_trains_like, reference
 
 import autosplit
+from autosplit import ProfileOptions
 from autosplit.capture.exported import hf_defaults
 from autosplit.capture.trace import trace
 
@@ -72,10 +73,12 @@ def test_a_model_that_returns_its_loss_is_profiled_with_it() -> None:
     """Llama called with labels= returns its loss: the profile times that loss, not the MSE."""
     model, call = build("hf-llama")
     args, kwargs = call(ROWS)
-    prof = autosplit.profile(model, args, kwargs, microbatch_sizes=[2], warmup=0, repeats=1)
+    prof = autosplit.profile(model, args, kwargs,
+                             options=ProfileOptions(microbatch_sizes=[2], warmup=0, repeats=1))
     assert prof.loss == "model"
     unlabelled = {k: v for k, v in kwargs.items() if k != "labels"}
-    prof = autosplit.profile(model, args, unlabelled, microbatch_sizes=[2], warmup=0, repeats=1)
+    prof = autosplit.profile(model, args, unlabelled,
+                             options=ProfileOptions(microbatch_sizes=[2], warmup=0, repeats=1))
     assert prof.loss == "mse"
 
 

@@ -104,7 +104,7 @@ def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, cons
     too (when it fits the batch). The runtime's cost per action is measured for the schedules
     the command plans with (:func:`_schedules`)."""
     from autosplit.measure import steal_time
-    from autosplit.measure.profiler import profile_graph
+    from autosplit.measure.profiler import ProfileOptions, profile_graph
 
     graph, inputs = captured(args, model, inputs)
     with _progress("profiling", console, transient=False) as bar:
@@ -113,19 +113,17 @@ def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, cons
         def progress(done: int, total: int, what: str) -> None:
             bar.update(task, completed=done, total=total)
 
-        prof = profile_graph(
-            graph,
-            inputs,
-            device=args.device,
+        options = ProfileOptions(
             microbatch_sizes=args.microbatch_sizes,
-            include=[include] if include and include <= int(inputs[0].shape[0]) else [],
+            include=(include,) if include and include <= int(inputs[0].shape[0]) else (),
             stages=stages,
             repeats=args.repeats,
             threads=args.threads,
             budget_s=profile_budget_s(args),
-            progress=progress,
             loss=args.loss,
         )
+        prof = profile_graph(graph, inputs, device=args.device, options=options,
+                             progress=progress)
         bar.update(task, completed=1, total=1)
     aside = (f"; {prof.set_aside} timed round(s) set aside: the hypervisor took over "
              f"{steal_time.MAX_SHARE:.0%} of the CPUs during them" if prof.set_aside else "")

@@ -21,6 +21,7 @@ On CUDA the timings use CUDA events. On CPU a device is one worker with
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -51,7 +52,8 @@ from autosplit.measure.budget import (
     default_microbatch_sizes,
     within_budget,
 )
-from autosplit.measure.losses import check_loss, default_loss, timing_loss
+from autosplit.measure.losses import default_loss, timing_loss
+from autosplit.measure.options import ProfileOptions
 from autosplit.measure.update_timing import time_updates
 from autosplit.records import BlockProfile, CutProfile, Profile
 
@@ -62,6 +64,7 @@ __all__ = [
     "check_microbatch_sizes",
     "check_inputs",
     "Progress",
+    "ProfileOptions",
 ]
 
 
@@ -125,65 +128,28 @@ def check_microbatch_sizes(
     return sizes
 
 
-def _check_options(
-    stages: int, warmup: int, repeats: int, threads: int, budget_s: float | None,
-    progress: Progress | None,
-) -> None:
-    checks.positive_int("stages", stages)
-    checks.non_negative_int("warmup", warmup)
-    checks.positive_int("repeats", repeats)
-    checks.positive_int("threads", threads)
-    checks.optional(checks.non_negative_finite, "budget_s", budget_s, "s")
-    if progress is not None and not callable(progress):
-        raise ArgumentTypeError(f"progress must be a function or None, got {checks.show(progress)}")
-
-
 def profile(
     model: nn.Module,
     example_inputs: Any,
     example_kwargs: dict[str, Any] | None = None,
     *,
     device: str | torch.device | None = None,
-    microbatch_sizes: Sequence[int] | None = None,
-    stages: int = 2,
-    warmup: int = 1,
-    repeats: int = 3,
-    max_repeats: int | None = None,
-    threads: int = 1,
-    budget_s: float | None = 40.0,
-    include: Sequence[int] = (),
+    options: ProfileOptions = ProfileOptions(),
     granularity: Granularity = "block",
     leaf_modules: Sequence[type[nn.Module] | str] = (),
     progress: Progress | None = None,
-    loss: str | None = None,
 ) -> Profile:
     """Profile ``model`` block by block; the model itself is left untouched.
 
     Args:
         model: the model (its parameters, buffers, ``.grad`` and training flag are kept).
         example_inputs: a tensor or tuple of tensors; dimension 0 is the batch (B).
+        example_kwargs: keyword inputs of the example call (``{"labels": ids}``).
         device: where to measure; default the first CUDA device, else the CPU.
-        microbatch_sizes: sizes b to measure; default :func:`default_microbatch_sizes`.
-        stages: the number of stages planned for (only used to choose default sizes).
-        warmup: untimed runs per block and size (after one untimed run of the whole model).
-        repeats: the least number of timed runs per block and size; the median is kept.
-        max_repeats: the most (default ``3 * repeats``): rounds go on while a figure's
-            interquartile range is above 5 % of its median and the budget allows.
-        threads: intra-op threads of the CPU worker during measurement.
-        budget_s: time budget (s): default sizes are kept, in order, while their measurement
-            (estimated from the untimed run of the whole model) fits in it, and extra rounds
-            past ``repeats`` stop when it is spent. The first size is always measured, and so
-            are the first sizes of fewer and of more micro-batches than 3·p
-            (:func:`bracketing_count`); explicitly given sizes are all measured. ``None``: no
-            limit.
-        include: sizes to measure first, whatever the budget (e.g. a hand-written split's).
+        options: the sizes, rounds, threads, budget and loss (:class:`ProfileOptions`).
         granularity: see :func:`autosplit.capture.trace.trace`.
         leaf_modules: see :func:`autosplit.capture.trace.trace`.
         progress: ``progress(done, total, what)`` after each measurement.
-        loss: the training loss timed with the last block (:data:`autosplit.measure.losses.LOSSES`):
-            default the model's own (``"model"``) where it returns one, else the tutorial's
-            ``"mse"`` (the losses ``autosplit run`` trains with); ``"none"`` leaves it out.
-        example_kwargs: keyword inputs of the example call (``{"labels": ids}``).
 
     Raises:
         ArgumentTypeError: an argument of the wrong type (a model that is not an ``nn.Module``,
@@ -195,26 +161,15 @@ def profile(
     args, kwargs = call_arguments(example_inputs, example_kwargs)
     if not kwargs:
         args = check_inputs(args)
-    _check_options(stages, warmup, repeats, threads, budget_s, progress)
-    checks.optional(checks.positive_int, "max_repeats", max_repeats)
-    if loss is not None:
-        check_loss(loss)
+    _check_record(options, progress)
     graph = trace(model, granularity=granularity, leaf_modules=leaf_modules, example_inputs=args,
                   example_kwargs=kwargs)
     return profile_graph(
         graph,
         check_inputs(graph.signature.flatten(args, kwargs, graph.model_name)),
         device=device,
-        microbatch_sizes=microbatch_sizes,
-        stages=stages,
-        warmup=warmup,
-        repeats=repeats,
-        max_repeats=max_repeats,
-        threads=threads,
-        budget_s=budget_s,
-        include=include,
+        options=options,
         progress=progress,
-        loss=loss,
     )
 
 
@@ -223,16 +178,8 @@ def profile_graph(
     example_inputs: Sequence[torch.Tensor],
     *,
     device: str | torch.device | None = None,
-    microbatch_sizes: Sequence[int] | None = None,
-    stages: int = 2,
-    warmup: int = 1,
-    repeats: int = 3,
-    max_repeats: int | None = None,
-    threads: int = 1,
-    budget_s: float | None = 40.0,
-    include: Sequence[int] = (),
+    options: ProfileOptions = ProfileOptions(),
     progress: Progress | None = None,
-    loss: str | None = None,
 ) -> Profile:
     """Profile an already traced model (see :func:`profile` for the arguments).
 
@@ -240,52 +187,51 @@ def profile_graph(
     (:mod:`autosplit.measure.timing_process`)."""
     checks.instance_of("graph", graph, BlockGraph, "a BlockGraph (autosplit.trace(model))")
     inputs = check_inputs(example_inputs)
-    _check_options(stages, warmup, repeats, threads, budget_s, progress)
-    checks.optional(checks.positive_int, "max_repeats", max_repeats)
+    _check_record(options, progress)
     batch = int(inputs[0].shape[0])  # the cheap checks here, before a process starts
-    loss = check_loss(loss) if loss is not None else default_loss(graph.returns_loss)
+    loss = options.loss if options.loss is not None else default_loss(graph.returns_loss)
     if loss == "model" and not graph.returns_loss:
         raise InvalidInputError(
             f"loss='model', but {graph.model_name} returns no loss (a 0-dimensional floating "
             "tensor): give it its labels (a Hugging Face model computes its loss when called "
             "with labels=), or loss='mse'")
-    if microbatch_sizes is not None:
-        check_microbatch_sizes(microbatch_sizes, batch)
-    check_microbatch_sizes(include, batch, "include", allow_empty=True)
-    options = dict(device=device, microbatch_sizes=microbatch_sizes, stages=stages,
-                   warmup=warmup, repeats=repeats, max_repeats=max_repeats, threads=threads,
-                   budget_s=budget_s, include=include, loss=loss)
+    if options.microbatch_sizes is not None:
+        check_microbatch_sizes(options.microbatch_sizes, batch)
+    check_microbatch_sizes(options.include, batch, "include", allow_empty=True)
+    options = dataclasses.replace(options, loss=loss)
     if resolve_device(device).type == "cpu" and timing_process.enabled():
-        return timing_process.run_fresh(_profile_here, graph, inputs, progress=progress,
-                                       **options)
-    return _profile_here(graph, inputs, progress=progress, **options)
+        return timing_process.run_fresh(_profile_here, graph, inputs, device, options,
+                                       progress=progress)
+    return _profile_here(graph, inputs, device, options, progress=progress)
+
+
+def _check_record(options: ProfileOptions, progress: Progress | None) -> None:
+    checks.instance_of("options", options, ProfileOptions, "an autosplit.ProfileOptions")
+    if progress is not None and not callable(progress):
+        raise ArgumentTypeError(f"progress must be a function or None, got {checks.show(progress)}")
 
 
 def _profile_here(
     graph: BlockGraph,
     inputs: tuple[torch.Tensor, ...],
-    *,
     device: str | torch.device | None,
-    microbatch_sizes: Sequence[int] | None,
-    stages: int,
-    warmup: int,
-    repeats: int,
-    max_repeats: int | None,
-    threads: int,
-    budget_s: float | None,
-    include: Sequence[int],
+    options: ProfileOptions,
+    *,
     progress: Progress | None,
-    loss: str,
 ) -> Profile:
     """:func:`profile_graph` in this process, on checked arguments."""
     batch = int(inputs[0].shape[0])
+    loss = options.loss
+    assert loss is not None  # profile_graph chose it
+    warmup, repeats, threads, budget_s = (options.warmup, options.repeats, options.threads,
+                                          options.budget_s)
     loss_fn = timing_loss(loss)
-    explicit = microbatch_sizes is not None
-    if explicit:
-        sizes = check_microbatch_sizes(microbatch_sizes, batch)
+    explicit = options.microbatch_sizes is not None
+    if options.microbatch_sizes is not None:
+        sizes = check_microbatch_sizes(options.microbatch_sizes, batch)
     else:
-        sizes = default_microbatch_sizes(batch, stages)
-    first = check_microbatch_sizes(include, batch, "include", allow_empty=True)
+        sizes = default_microbatch_sizes(batch, options.stages)
+    first = check_microbatch_sizes(options.include, batch, "include", allow_empty=True)
     sizes = list(dict.fromkeys([*first, *sizes]))
 
     dev = resolve_device(device)
@@ -296,7 +242,7 @@ def _profile_here(
     updates: tuple[tuple[tuple[str, float], ...], ...] = ()
     failures: list[tuple[int, Exception]] = []
     set_aside: list[int] = []  # a block's index per timed round the hypervisor disturbed
-    cap = max(max_repeats if max_repeats is not None else 3 * repeats, repeats)
+    cap = options.most_repeats
     try:
         if dev.type == "cpu":
             torch.set_num_threads(threads)
@@ -321,7 +267,7 @@ def _profile_here(
                     [b for b in sizes if b not in dict(failures)], b0, estimate_ms,
                     warmup + repeats, time.perf_counter() - start,
                     None if explicit else budget_s,
-                    max(len(first), bracketing_count(sizes, batch, stages)),
+                    max(len(first), bracketing_count(sizes, batch, options.stages)),
                 )
                 states = {b: states.get(b) or SizeState(work, inputs, b, dev) for b in chosen}
                 counted = measure_interleaved(
