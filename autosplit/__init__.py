@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from autosplit.measure.options import ProfileOptions
     from autosplit.measure.profiler import profile
     from autosplit.partitioning import PartitionOptions, partition
-    from autosplit.planner import plan
+    from autosplit.planner import PlanOptions, plan
 
 __version__ = "0.1.0"
 
@@ -63,6 +63,7 @@ _LAZY = {
     "emit": "autosplit.codegen",
     "ProfileOptions": "autosplit.measure.options",
     "PartitionOptions": "autosplit.partitioning",
+    "PlanOptions": "autosplit.planner",
 }
 
 _MOVED = {
@@ -92,6 +93,7 @@ __all__ = [
     "emit",
     "PartitionOptions",
     "ProfileOptions",
+    "PlanOptions",
     "Profile",
     "BlockProfile",
     "CutProfile",

@@ -7,13 +7,14 @@ best measured one for its own cut points (the most favourable reading of it).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from autosplit import checks
 from autosplit.cost import block_time_ms
 from autosplit.errors import InvalidInputError, ModelMismatchError
-from autosplit.planner import PlanSettings, plan_with_balance
+from autosplit.planner import PlanOptions, PlanSettings, plan_with_balance
 from autosplit.records import Plan, Profile
 from autosplit.solve import block_partition, by_parameters, manual, uniform
 
@@ -29,10 +30,10 @@ def _best_over_sizes(
     balance_at: Callable[[int], Sequence[int]],
     label: str,
     batch: int,
-    kwargs: dict[str, object],
+    options: PlanOptions,
 ) -> Plan:
     plans = [
-        plan_with_balance(profile, balance_at(k), b, solver=label, **kwargs)
+        plan_with_balance(profile, balance_at(k), b, options, solver=label)
         for k, b in enumerate(profile.microbatch_sizes)
         if b <= batch
     ]
@@ -44,16 +45,25 @@ def _best_over_sizes(
     return min(plans, key=lambda p: p.predicted_step_ms)
 
 
+def _scored(options: PlanOptions) -> PlanOptions:
+    """``options`` as a given split is scored: ``"auto"`` is GPipe
+    (:func:`~autosplit.planner.plan_with_balance`)."""
+    checks.instance_of("options", options, PlanOptions, "an autosplit.PlanOptions")
+    return dataclasses.replace(options, schedule="gpipe") if options.schedule == "auto" \
+        else options
+
+
 def manual_plan(
     profile: Profile,
     split_points: Sequence[str],
     split_size: int | None = None,
-    **kwargs: object,
+    options: PlanOptions = PlanOptions(),
 ) -> Plan:
     """A hand-written split (e.g. the tutorial's ``["layer3"]`` at split size 20), scored.
 
-    ``split_size=None`` gives it the best measured size for those cut points; ``kwargs`` are
-    :func:`~autosplit.planner.plan_with_balance`'s device and memory arguments.
+    ``split_size=None`` gives it the best measured size for those cut points; of ``options``,
+    the batch, devices, memory, schedule, optimizer and link count
+    (:func:`~autosplit.planner.plan_with_balance`).
 
     Raises:
         ArgumentTypeError: an argument of the wrong type (``split_points="layer3"``, …).
@@ -63,26 +73,28 @@ def manual_plan(
     checks.instance_of("profile", profile, Profile, "an autosplit Profile")
     balance = manual(profile.block_names, split_points)
     if split_size is not None:
-        return plan_with_balance(profile, balance, split_size, solver="manual", **kwargs)
-    batch = PlanSettings.from_kwargs(profile, len(balance), kwargs).batch_size
-    return _best_over_sizes(profile, lambda k: balance, "manual", batch, dict(kwargs))
+        return plan_with_balance(profile, balance, split_size, options, solver="manual")
+    batch = PlanSettings.check(profile, len(balance), _scored(options)).batch_size
+    return _best_over_sizes(profile, lambda k: balance, "manual", batch, options)
 
 
-def baseline_plans(profile: Profile, gpus: int, **kwargs: object) -> dict[str, Plan]:
+def baseline_plans(profile: Profile, gpus: int, options: PlanOptions = PlanOptions()
+                   ) -> dict[str, Plan]:
     """The peers' plans for ``gpus`` stages, by name (see :data:`BASELINES`).
 
-    ``kwargs`` are :func:`~autosplit.planner.plan_with_balance`'s device and memory arguments.
+    Of ``options``, the batch, devices, memory, schedule, optimizer and link count
+    (:func:`~autosplit.planner.plan_with_balance`).
 
     Raises:
         ArgumentTypeError: an argument of the wrong type (``gpus="2"``, …).
         InvalidInputError: a bad value (``gpus`` < 1 or above the blocks, …).
     """
-    batch = PlanSettings.from_kwargs(profile, gpus, kwargs).batch_size
+    batch = PlanSettings.check(profile, gpus, _scored(options)).batch_size
     n = len(profile.blocks)
     params = [float(blk.param_bytes) for blk in profile.blocks]
     fixed = {"uniform": uniform(n, gpus), "parameters": by_parameters(params, gpus)}
     plans = {
-        name: _best_over_sizes(profile, lambda k, bal=bal: bal, name, batch, dict(kwargs))
+        name: _best_over_sizes(profile, lambda k, bal=bal: bal, name, batch, options)
         for name, bal in fixed.items()
     }
     plans["torchgpipe"] = _best_over_sizes(
@@ -90,7 +102,7 @@ def baseline_plans(profile: Profile, gpus: int, **kwargs: object) -> dict[str, P
         lambda k: block_partition([block_time_ms(blk, k) for blk in profile.blocks], gpus),
         "torchgpipe",
         batch,
-        dict(kwargs),
+        options,
     )
     return plans
 

@@ -33,10 +33,11 @@ from autosplit.measure import timing_process
 from autosplit.measure.options import ProfileOptions
 from autosplit.measure.profiler import check_inputs, profile_graph
 from autosplit.pipeline import PipelinedModule, checkpoint_flags
-from autosplit.planner import memory_sizes
+from autosplit.planner import PlanOptions, memory_sizes
 from autosplit.records import Plan
 from autosplit.runnable import require_pipeline_only
 from autosplit.verify.choice import verify_and_choose
+from autosplit.verify.options import TimingOptions
 from autosplit.workflow import PlanRequest, choose_plan
 
 __all__ = ["partition", "PartitionOptions"]
@@ -212,16 +213,16 @@ def _plan_for_batch(graph: BlockGraph, inputs: tuple[torch.Tensor, ...],
     if bandwidth is None and distinct_gpus == len(devices) > 1:
         # real GPUs: the slowest link between consecutive stages, measured
         bandwidth = min(measure_link_bandwidth(a, b) for a, b in itertools.pairwise(devices))
-    request = PlanRequest(
-        devices=len(devices), memory_per_gpu=options.memory_per_gpu,
-        schedule=options.schedule, optimizer=options.optimizer,
-        bandwidth_bytes_per_s=bandwidth, split_size=split_size, pipeline_only=True,
-        device_names=tuple(str(d) for d in devices))  # one process: a pipeline
+    request = PlanRequest(len(devices), PlanOptions(
+        memory_per_gpu=options.memory_per_gpu, schedule=options.schedule,
+        optimizer=options.optimizer, bandwidth_bytes_per_s=bandwidth, split_size=split_size,
+        devices=tuple(str(d) for d in devices)), pipeline_only=True)  # one process: a pipeline
 
     def verify(candidates: Sequence[Plan], others: Mapping[str, Plan]
                ) -> tuple[Plan, dict[str, Plan]]:
-        return verify_and_choose(graph, inputs, prof, candidates, others, device=devices[0],
-                                 threads=profiling.threads)
+        return verify_and_choose(graph, inputs, prof, candidates, others,
+                                 options=TimingOptions(device=devices[0],
+                                                       threads=profiling.threads))
 
     return choose_plan(prof, request, verify if options.verify else None).plan
 
@@ -230,7 +231,8 @@ def _check_stages(stages: int, graph: BlockGraph) -> None:
     if stages > len(graph.blocks):
         raise InvalidInputError(
             f"gpus={stages} is more than the model's {len(graph.blocks)} blocks: use at "
-            f"most {len(graph.blocks)} devices, or granularity='layer' for finer blocks"
+            f"most {len(graph.blocks)} devices, or PartitionOptions(granularity='layer') for "
+            "finer blocks"
         )
 
 

@@ -271,7 +271,7 @@ class Profile:
             raise InvalidInputError(
                 f"micro-batch size {b} was not profiled; measured sizes are "
                 f"{list(self.microbatch_sizes)}: pick one of them or profile with "
-                f"microbatch_sizes=[…, {b}]"
+                f"ProfileOptions(microbatch_sizes=(…, {b}))"
             ) from None
 
     def action_ms_of(self, schedule: str) -> float:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autosplit.errors import AutosplitError, InfeasiblePlanError, InvalidInputError
-from autosplit.planner import Layouts, plan, plan_candidates, plan_layouts
+from autosplit.planner import Layouts, PlanOptions, plan, plan_candidates, plan_layouts
 from autosplit.records import Plan, Profile
 from autosplit.schedules import SEARCHED
 from autosplit.topology import Topology
@@ -60,69 +60,56 @@ PIPELINE_AGAIN = "pipeline candidate "
 
 @dataclass(frozen=True, slots=True)
 class PlanRequest:
-    """What to plan for: the devices, the limits and what the search may choose.
+    """What to plan for: the devices, and what the search may choose.
 
     Attributes:
         devices: N, the devices (pipeline stages × replicas).
-        batch_size: B (``None``: the profile's).
-        memory_per_gpu: bytes (or a size string) per device, ``None`` for no limit.
-        schedule: a schedule name, or ``"auto"`` to search them all.
-        optimizer: the optimizer the memory model assumes.
-        bandwidth_bytes_per_s: the link between stages (``None``: the profile's or the default).
-        split_size: fix the micro-batch size b (``None``: chosen).
-        solver: ``"dp"`` or ``"milp"``.
-        allreduce_bandwidth_bytes_per_s: the replicas' all-reduce (``None``: measured).
+        options: the batch, memory, schedule (``"auto"``: search them all), optimizer, link,
+            micro-batch size, solver, all-reduce and replica mode
+            (:class:`~autosplit.planner.options.PlanOptions`); its ``devices`` names one
+            device per stage (``partition()``'s), for pipelines only.
         max_stages: bound on the pipeline's depth (``None``: the blocks).
         topology: nodes × devices per node, or ``None`` (one node).
         replicas: fix d, the data-parallel replicas (``None``: every layout is weighed).
         pipeline_only: weigh pipelines of N stages only (no replicas).
-        replica_mode: how replicas keep equal (:data:`autosplit.sharding.REPLICA_MODES`), or
-            ``"auto"``: each layout with the fastest that fits.
-        device_names: one device name per stage (``partition()``'s), or ``None``.
     """
 
     devices: int
-    batch_size: int | None = None
-    memory_per_gpu: float | str | None = None
-    schedule: str = "auto"
-    optimizer: str = "sgd"
-    bandwidth_bytes_per_s: float | None = None
-    split_size: int | None = None
-    solver: str = "dp"
-    allreduce_bandwidth_bytes_per_s: float | None = None
+    options: PlanOptions = PlanOptions(schedule="auto")
     max_stages: int | None = None
     topology: Topology | None = None
     replicas: int | None = None
     pipeline_only: bool = False
-    device_names: tuple[str, ...] | None = None
-    replica_mode: str = "auto"
 
     def __post_init__(self) -> None:
         if self.replicas is not None and self.replicas > 1 and self.pipeline_only:
             raise InvalidInputError(f"pipeline_only with replicas={self.replicas}: give one "
                                     "of them")
 
-    def planning(self, profile: Profile) -> dict[str, Any]:
-        """The keyword arguments of :func:`~autosplit.planner.plan` for a pipeline of N
-        stages."""
-        out: dict[str, Any] = dict(
-            batch_size=self.batch_size or profile.batch_size,
-            memory_per_gpu=self.memory_per_gpu, schedule=self.schedule,
-            optimizer=self.optimizer, bandwidth_bytes_per_s=self.bandwidth_bytes_per_s,
-            split_size=self.split_size, solver=self.solver)
-        if self.device_names is not None:
-            out["devices"] = list(self.device_names)
+    @property
+    def schedule(self) -> str:
+        """The schedule asked for (``"auto"``: every one searched)."""
+        return self.options.schedule
+
+    def planning(self, profile: Profile) -> PlanOptions:
+        """The options of :func:`~autosplit.planner.plan` for a pipeline of N stages."""
+        return dataclasses.replace(self.options,
+                                   batch_size=self.options.batch_size or profile.batch_size)
+
+    def searched(self, profile: Profile) -> PlanOptions:
+        """The options of :func:`~autosplit.planner.plan_layouts` (one kind of device; with a
+        topology, its links)."""
+        out = dataclasses.replace(self.planning(profile), devices=None)
+        if self.topology is not None:
+            out = dataclasses.replace(out, bandwidth_bytes_per_s=None)
         return out
 
-    def searched(self, profile: Profile) -> dict[str, Any]:
-        """The keyword arguments of :func:`~autosplit.planner.plan_layouts`."""
-        out = self.planning(profile)
-        out.pop("devices", None)
-        out.update(allreduce_bandwidth_bytes_per_s=self.allreduce_bandwidth_bytes_per_s,
-                   max_stages=self.max_stages, replica_mode=self.replica_mode)
-        if self.topology is not None:
-            out.update(topology=self.topology, bandwidth_bytes_per_s=None)
-        return out
+    def layouts(self, profile: Profile, replicas: int | None = None) -> Layouts:
+        """:func:`~autosplit.planner.plan_layouts` as this request asks (``replicas`` fixes
+        d)."""
+        return plan_layouts(profile, self.devices, self.searched(profile),
+                            topology=self.topology, replicas=replicas,
+                            max_stages=self.max_stages)
 
 
 @dataclass(frozen=True)
@@ -173,12 +160,11 @@ def choose_plan(profile: Profile, request: PlanRequest, verify: Verifier | None 
     planning = request.planning(profile)
     layouts = None
     if request.replicas is not None and request.replicas > 1:  # one layout, fixed
-        fixed = plan_layouts(profile, request.devices, replicas=request.replicas,
-                             **request.searched(profile))
+        fixed = request.layouts(profile, request.replicas)
         return _verified(fixed.best, [fixed.best], (), {}, None, verify)
     if not request.pipeline_only:
         try:
-            layouts = plan_layouts(profile, request.devices, **request.searched(profile))
+            layouts = request.layouts(profile)
         except InfeasiblePlanError:  # nothing fits: the pipeline's planner says why
             layouts = None
     replicated = [] if layouts is None else [
@@ -187,8 +173,8 @@ def choose_plan(profile: Profile, request: PlanRequest, verify: Verifier | None 
     pipelines: tuple[Plan, ...] = ()
     if request.devices <= deepest or not replicated:  # else no pipeline of N stages
         try:
-            pipelines = plan_candidates(profile, request.devices,
-                                        top_k=3 if verify else 1, **planning)
+            pipelines = plan_candidates(profile, request.devices, planning,
+                                        top_k=3 if verify else 1)
         except InfeasiblePlanError:
             if not replicated:
                 raise
@@ -248,15 +234,16 @@ def schedules_worth_measuring(profile: Profile, request: PlanRequest,
             continue
         free = dataclasses.replace(profile, action_ms=((name, 0.0),), action_spread=())
         with contextlib.suppress(AutosplitError):  # not runnable here, or nothing fits
-            bounds.append((plan(free, request.devices, **{**planning, "schedule": name})
+            bounds.append((plan(free, request.devices,
+                                dataclasses.replace(planning, schedule=name))
                            .predicted_step_ms, name))
     best = math.inf
     if not request.pipeline_only:
         with contextlib.suppress(AutosplitError):  # the batch does not divide, nothing fits
-            best = plan_layouts(profile, request.devices, replicas=request.devices,
-                                **request.searched(profile)).best.predicted_step_ms
+            best = request.layouts(profile, request.devices).best.predicted_step_ms
     for name in known:
         with contextlib.suppress(AutosplitError):
             best = min(best, plan(profile, request.devices,
-                                  **{**planning, "schedule": name}).predicted_step_ms)
+                                  dataclasses.replace(planning, schedule=name)
+                                  ).predicted_step_ms)
     return tuple(name for bound, name in sorted(bounds) if bound < best)

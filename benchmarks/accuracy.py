@@ -85,6 +85,7 @@ from autosplit.planner import plan_candidates, plan_with_balance
 from autosplit.records import Plan, Profile
 from autosplit.simulator import simulate_plan
 from autosplit.verify.choice import verify_and_choose
+from autosplit.verify.options import TimingOptions
 
 TORCHGPIPE_ROW = "torchgpipe"
 
@@ -135,8 +136,9 @@ def profile_case(case: Case, p: int, args: argparse.Namespace, device: torch.dev
     candidates, others, notes = plans_of(case, profile, model, inputs, device)
     sums = {**{plan_key(c): c.predicted_step_ms for c in candidates},
             **{plan_key(o): o.predicted_step_ms for o in others.values()}}
-    auto, checked = verify_and_choose(graph, inputs, profile, candidates, others, device=device,
-                                      budget_s=args.verify_budget)
+    auto, checked = verify_and_choose(graph, inputs, profile, candidates, others,
+                                      options=TimingOptions(device=device,
+                                                            budget_s=args.verify_budget))
     plans = {AUTO: auto, **checked}
     rows = {name: plan_row(plan, sums[plan_key(plan)], profile.block_names)
             for name, plan in plans.items()}

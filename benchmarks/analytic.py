@@ -27,8 +27,9 @@ from common import RESULTS, describe, machine, write_results
 from torch import nn
 
 import autosplit
-from autosplit import ProfileOptions
+from autosplit import PlanOptions, ProfileOptions
 from autosplit.estimate.analytic import count_costs, profile_from_costs
+from autosplit.estimate.options import EstimateOptions
 from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.specs import calibrate, get_spec
 
@@ -41,7 +42,7 @@ def stage_times(profile: autosplit.Profile, b: int, cut: int) -> list[float]:
 
 def run(model: nn.Module, x: torch.Tensor, sizes: list[int], repeats: int) -> dict:
     start = time.perf_counter()
-    costs = count_costs(model, x, microbatch_sizes=sizes)
+    costs = count_costs(model, x, options=EstimateOptions(microbatch_sizes=sizes))
     count_s = time.perf_counter() - start
     runs = [
         autosplit.profile(model, x,
@@ -53,7 +54,7 @@ def run(model: nn.Module, x: torch.Tensor, sizes: list[int], repeats: int) -> di
     rows = []
     for b in sizes:
         spec = calibrate(nominal, runs[0], costs, sizes=[b])
-        plan = autosplit.plan(profile_from_costs(costs, spec), 2, split_size=b)
+        plan = autosplit.plan(profile_from_costs(costs, spec), 2, options=PlanOptions(split_size=b))
         cut = len(plan.stages[0].blocks)
         predicted = [s.compute_ms for s in plan.stages]
         row = {
@@ -62,7 +63,8 @@ def run(model: nn.Module, x: torch.Tensor, sizes: list[int], repeats: int) -> di
             "bandwidth_efficiency": spec.bandwidth_efficiency,
             "cut_before": plan.stages[1].blocks[0],
             "predicted_stage_ms": predicted,
-            "measured_plan_cut_before": autosplit.plan(runs[0], 2, split_size=b).stages[1].blocks[0],
+            "measured_plan_cut_before": autosplit.plan(
+                runs[0], 2, PlanOptions(split_size=b)).stages[1].blocks[0],
         }
         for name, measured in zip("AB", runs):
             times = stage_times(measured, b, cut)

@@ -29,6 +29,7 @@ from common import RESULTS, command_line, describe, machine, write_results
 from synthetic import make_profile
 
 import autosplit
+from autosplit import PlanOptions
 
 GOALS_S = {"resnet50": 1.0, "1000 blocks": 2.0}
 SCHEDULES_FIXTURE = "resnet50_schedules_profile.json"
@@ -50,7 +51,7 @@ def timed(prof: autosplit.Profile, gpus: int, repeats: int, **kw: object) -> dic
     seconds = []
     for _ in range(repeats):
         start = time.perf_counter()
-        plan = autosplit.plan(prof, gpus=gpus, **kw)
+        plan = autosplit.plan(prof, gpus=gpus, options=PlanOptions(**kw))
         seconds.append(time.perf_counter() - start)
     return {"gpus": gpus, "schedule": kw["schedule"], "seconds": seconds,
             "median_s": statistics.median(seconds), "split_size": plan.split_size,
@@ -69,7 +70,7 @@ def joint_rows(prof: autosplit.Profile, ranks: list[int], repeats: int) -> list[
         rows.append({"model": "resnet50 (auto)", **free})
         print(rows[-1])
         need = max(s.memory_bytes for s in autosplit.plan(prof, gpus=gpus,
-                                                           schedule="auto").stages)
+                                                          options=PlanOptions(schedule="auto")).stages)
         rows.append({"model": "resnet50 (auto)", **timed(
             prof, gpus, repeats, schedule="auto", memory_per_gpu=int(0.7 * need))})
         print(rows[-1])
@@ -99,7 +100,8 @@ def main() -> None:
                                             bandwidth_bytes_per_s=1e9)})
         print(rows[-1])
     joint = autosplit.Profile.load(fixture.parent / SCHEDULES_FIXTURE)
-    autosplit.plan(joint, gpus=2, schedule="auto")  # imports torch's schedules (their orders)
+    autosplit.plan(joint, gpus=2,
+                   options=PlanOptions(schedule="auto"))  # imports torch's schedules (their orders)
     rows += joint_rows(joint, [2] if args.smoke else [2, 4, 8], repeats)
     info = machine()
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())

@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command_line, describe, machine, timed_in_turn, write_results
 
-from autosplit import ProfileOptions
+from autosplit import PlanOptions, ProfileOptions
 from autosplit.measure.allocator import restart_keeping_freed_memory
 
 MODES = ("ddp", "fsdp2", "fsdp2-no-reshard")
@@ -107,8 +107,9 @@ def memory(layers: int, width: int, split: int, microbatches: int, stages: int,
     prof.save(out / name)
     rows = []
     for mode in MODES:
-        plan = plan_replicated(prof, stages, 2, optimizer="adam", split_size=split,
-                               replica_mode=mode, schedule="gpipe")
+        plan = plan_replicated(prof, stages, 2,
+                               options=PlanOptions(optimizer="adam", split_size=split,
+                                                   replica_mode=mode, schedule="gpipe"))
         ranks = distributed.launch(_memory_rank, 2 * stages, plan, layers, width,
                                    timeout_s=120.0)[0]
         predicted = [s.memory_bytes for s in plan.stages]

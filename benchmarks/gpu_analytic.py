@@ -28,6 +28,7 @@ from common import EXAMPLES, RESULTS, block_errors, write_results
 
 import autosplit
 from autosplit.estimate.analytic import count_costs, profile_from_costs
+from autosplit.estimate.options import EstimateOptions
 from autosplit.specs import calibrate, get_spec
 
 SPEC = "h200"
@@ -55,7 +56,8 @@ def evaluate(path: Path) -> dict[str, Any]:
     """Every spec variant's errors on one kept profile."""
     measured = autosplit.Profile.load(path)
     model, inputs = model_for(measured)
-    costs = count_costs(model, inputs, microbatch_sizes=list(measured.microbatch_sizes))
+    costs = count_costs(model, inputs,
+                        options=EstimateOptions(microbatch_sizes=list(measured.microbatch_sizes)))
     nominal = get_spec(SPEC)
     largest = [max(measured.microbatch_sizes)]
     specs = {

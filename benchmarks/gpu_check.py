@@ -44,11 +44,13 @@ from common import RESULTS, block_errors, describe, machine, write_results
 from torch.utils import _pytree as pytree
 
 import autosplit
-from autosplit import ProfileOptions
+from autosplit import PlanOptions, ProfileOptions
 from autosplit.capture.trace import trace
 from autosplit.estimate.analytic import count_costs, profile_from_costs
+from autosplit.estimate.options import EstimateOptions
 from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.specs import KNOWN_DEVICES, calibrate, get_spec
+from autosplit.verify.options import TimingOptions
 from autosplit.verify.plans import verify_plans
 
 STEPS = [("tests", 150), ("resnet50", 75), ("memory", 20), ("analytic", 40), ("gpt", 50),
@@ -202,7 +204,7 @@ def plan_and_measure(ctx: dict[str, Any], which: str, dtype: torch.dtype | None 
     prof = autosplit.profile(model, inputs, device=devs[0],
                              options=ProfileOptions(microbatch_sizes=sizes, warmup=s["warmup"],
                                                     repeats=s["repeats"], budget_s=None))
-    plan = autosplit.plan(prof, 2, devices=[str(d) for d in devs])
+    plan = autosplit.plan(prof, 2, options=PlanOptions(devices=[str(d) for d in devs]))
     serial = plan.microbatches * math.fsum(st.compute_ms for st in plan.stages)
     shared = len(set(devs)) < len(devs)
     log(f"{which}: plan {plan.balance} blocks, {plan.microbatches} × {plan.split_size}; "
@@ -279,7 +281,8 @@ def verify(model: torch.nn.Module, inputs: tuple[Any, ...], prof: autosplit.Prof
     verified prediction on 2 devices; a failure is recorded, not raised."""
     try:
         graph = trace(model, example_inputs=inputs)
-        checked = verify_plans(graph, inputs, prof, {"plan": plan}, device=device)["plan"]
+        checked = verify_plans(graph, inputs, prof, {"plan": plan},
+                               options=TimingOptions(device=device))["plan"]
     except Exception as exc:  # noqa: BLE001 - the block-sum figures still stand
         return {"verified_error_text": f"{type(exc).__name__}: {exc}"[:500]}
     return {"verified_expected_ms": checked.microbatches
@@ -337,7 +340,8 @@ def analytic(ctx: dict[str, Any]) -> dict[str, Any]:
     name = spec_for(torch.cuda.get_device_name(dev)) if dev.type == "cuda" else "cpu-core"
     spec, measured = get_spec(name), run["profile"]
     log(f"analytic: counting FLOPs and bytes on meta; spec {name}")
-    costs = count_costs(run["model"], run["inputs"], microbatch_sizes=measured.microbatch_sizes)
+    costs = count_costs(run["model"], run["inputs"],
+                        options=EstimateOptions(microbatch_sizes=measured.microbatch_sizes))
     floorless = calibrate(spec, measured, costs, fit_overhead=False)
     fitted = calibrate(spec, measured, costs)
     held = calibrate(spec, measured, costs, sizes=[run["plan"].split_size])

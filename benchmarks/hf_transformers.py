@@ -78,7 +78,7 @@ from harness import Config, Group, ModelSpec, add_load_arguments, load_options, 
 from torch import nn
 
 import autosplit
-from autosplit import ProfileOptions
+from autosplit import PlanOptions, ProfileOptions
 from autosplit.planner import plan_with_balance
 from autosplit.planner.layouts import plan_layouts, plan_replicated, stage_grad_bytes
 from autosplit.records import Plan, Profile
@@ -200,7 +200,7 @@ def prepare(spec: HFSpec, sizes: list[int], budget_s: float | None) -> dict[str,
         DDP: plan_replicated(profile, 1, 2),
         # what `autosplit plan --gpus 2` chooses: the best of every layout (2 stages, or
         # 1 stage × 2 replicas), GPipe
-        LAYOUT: plan_layouts(profile, 2, schedule="gpipe").best,
+        LAYOUT: plan_layouts(profile, 2, options=PlanOptions(schedule="gpipe")).best,
     }
     print(f"  profiled in {profile_s:.0f} s; loss {profile.loss!r}; blocks {names}", flush=True)
     for name, plan in plans.items():

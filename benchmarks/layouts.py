@@ -44,7 +44,7 @@ from report import lead_in_words, load_sentence
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
 import autosplit
-from autosplit import ProfileOptions
+from autosplit import PlanOptions, ProfileOptions
 from autosplit.comparison import manual_plan
 from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.measure.collectives import AllReduceCost, measure_allreduce, measure_link_bandwidth
@@ -52,6 +52,7 @@ from autosplit.measure.runtime_cost import action_costs, measure_one_stage_actio
 from autosplit.planner import plan_candidates, plan_layouts
 from autosplit.records import Plan
 from autosplit.verify.choice import verify_and_choose
+from autosplit.verify.options import TimingOptions
 
 AUTO, DP, PIPE, HAND = "autosplit", "data parallel", "best pipeline", "hand split"
 GOALS = {"choice": 0.98, "dp_error": 0.10}
@@ -101,17 +102,18 @@ def plans_of(case: Case, args: argparse.Namespace, allreduce: AllReduceCost) -> 
                                       link_bytes_per_s=measure_link_bandwidth(),
                                       one_stage_action_ms=one, one_stage_action_spread=one_spread)
     profile_s = time.perf_counter() - start
-    layouts = plan_layouts(profile, 2, schedule="auto")  # the profile's all-reduce, α included
+    layouts = plan_layouts(profile, 2,
+                           options=PlanOptions(schedule="auto"))  # the profile's all-reduce, α included
     dp = layouts.option(1, 2)
     if dp is None or dp.plan is None:
         raise SystemExit(f"{case.label}: no data-parallel plan ({layouts.note})")
-    pipelines = plan_candidates(profile, 2, top_k=3, schedule="auto")
+    pipelines = plan_candidates(profile, 2, top_k=3, options=PlanOptions(schedule="auto"))
     named = {f"pipeline {i}": p for i, p in enumerate(pipelines)}
     others: dict[str, Plan] = {DP: dp.plan, **named}
     if case.hand is not None:
         others[HAND] = manual_plan(profile, list(case.hand[0]), case.hand[1])
     auto, checked = verify_and_choose(graph, inputs, profile, [*pipelines, dp.plan], others,
-                                      budget_s=args.verify_budget)
+                                      options=TimingOptions(budget_s=args.verify_budget))
     best_pipe = min((checked[n] for n in named), key=lambda p: p.predicted_step_ms)
     plans = {AUTO: auto, DP: checked[DP], PIPE: best_pipe}
     if case.hand is not None:

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, describe, load_example, machine, write_results
 
 import autosplit
-from autosplit import ProfileOptions
+from autosplit import PlanOptions, ProfileOptions
 from autosplit.capture.trace import trace
 from autosplit.measure.profiler import profile_graph
 
@@ -48,7 +48,7 @@ def measure(name: str, model, inputs, stages: list[int], budget_s: float) -> dic
         entry = {"gpus": p}
         for solver in ("dp", "milp"):
             start = time.perf_counter()
-            plan = autosplit.plan(prof, p, solver=solver)
+            plan = autosplit.plan(prof, p, options=PlanOptions(solver=solver))
             entry[f"{solver}_seconds"] = time.perf_counter() - start
             entry[f"{solver}_step_ms"] = plan.predicted_step_ms
         row["plans"].append(entry)

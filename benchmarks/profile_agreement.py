@@ -26,6 +26,7 @@ from autosplit.comparison import manual_plan
 from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.planner import plan_candidates
 from autosplit.verify.choice import verify_and_choose
+from autosplit.verify.options import TimingOptions
 
 SIZES = [8, 12, 16, 24]
 
@@ -65,7 +66,7 @@ def main() -> None:
     shown = {f"candidate b={c.split_size} {c.balance}": c for c in candidates}
     shown["hand split (layer3)"] = hand
     best, others = verify_and_choose(trace(model, example_inputs=(x,)), (x,), prof, candidates,
-                                     shown, budget_s=args.budget)
+                                     shown, options=TimingOptions(budget_s=args.budget))
     print(f"\nchosen: b={best.split_size}, balance {best.balance}")
     print("plan                           b   block sums (ms)  verified (ms)")
     for label, before in shown.items():

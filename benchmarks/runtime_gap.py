@@ -50,7 +50,7 @@ from harness import ModelSpec, page_faults, settled
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
 import autosplit
-from autosplit import ProfileOptions
+from autosplit import PlanOptions, ProfileOptions
 from autosplit.errors import AutosplitError, InvalidInputError
 from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.measure.collectives import measure_link_bandwidth
@@ -59,6 +59,7 @@ from autosplit.records import Plan
 from autosplit.schedules import SPLIT_BACKWARD, torch_order
 from autosplit.simulator import simulate_plan
 from autosplit.validation import KNOWN_SCHEDULES
+from autosplit.verify.options import TimingOptions
 from autosplit.verify.plans import verify_plans
 
 GIVEN = " (the cut given by --balance, not autosplit's plan)"
@@ -128,7 +129,8 @@ def given_plan(profile: Any, balance: Sequence[int], split_size: int, schedule: 
     if split_size not in profile.microbatch_sizes:
         raise InvalidInputError(f"--split-size {split_size} was not profiled "
                                 f"(sizes {', '.join(map(str, profile.microbatch_sizes))})")
-    return plan_with_balance(profile, list(balance), split_size, schedule=schedule)
+    return plan_with_balance(profile, list(balance), split_size,
+                             options=PlanOptions(schedule=schedule))
 
 
 def _recording(events: list[tuple[str, int, int, float, float]]) -> None:
@@ -242,9 +244,10 @@ def _in_rank(model: Any, inputs: Any, plan: Plan, loss: str, repeats: int
     out: dict[str, dict[str, list[float]]] = {"alone": {}, "together": {}}
 
     def time_mine(way: str) -> None:
-        got = time_stages(graph, inputs, list(runs.values()), loss=loss, warmup=1, rounds=2,
-                          max_rounds=2, budget_s=None,
-                          depths={r: depths[s] for s, r in runs.items()})
+        got = time_stages(graph, inputs, list(runs.values()),
+                          depths={r: depths[s] for s,
+                                  r in runs.items()}, options=TimingOptions(loss=loss, warmup=1,
+                                                                            rounds=2, max_rounds=2, budget_s=None))
         for s, r in runs.items():
             out[way].setdefault(f"F{s}", []).append(got[r].forward_ms)
             out[way].setdefault(f"B{s}", []).append(got[r].per_step(plan.microbatches).backward_ms)
@@ -515,11 +518,12 @@ def run(args: Any, cases: Sequence[Case]) -> dict[str, Any]:
             profile = dataclasses.replace(profile, **action_costs(schedules=(args.schedule,)),
                                           link_bytes_per_s=measure_link_bandwidth())
         if args.balance is None:
-            planned = autosplit.plan(profile, 2, schedule=args.schedule)
+            planned = autosplit.plan(profile, 2, options=PlanOptions(schedule=args.schedule))
         else:  # a given cut, scored as the planner scores it
             planned = given_plan(profile, args.balance, args.split_size, args.schedule)
         timing = (graph, inputs, profile, {"plan": planned})
-        plan = verify_plans(*timing, one_device=False, budget_s=args.verify_budget)["plan"]
+        plan = verify_plans(*timing, one_device=False,
+                            options=TimingOptions(budget_s=args.verify_budget))["plan"]
         print(f"  training {args.steps} steps with the runtime's actions timed …", flush=True)
         got = launch(_rank, 2, case.spec, plan, args.steps, WARMUP, profile.loss, args.in_rank,
                      timeout_s=args.timeout)[0]
@@ -528,8 +532,8 @@ def run(args: Any, cases: Sequence[Case]) -> dict[str, Any]:
                          for name, values in timed[way].items()}
                    for way in ("alone", "together", "by hand, alone", "by hand, together")}
         print("  timing the stages again …", flush=True)
-        again = verify_plans(*timing, one_device=False,  # the machine's drift, apart
-                             budget_s=args.verify_budget)["plan"]
+        again = verify_plans(*timing, one_device=False,
+                             options=TimingOptions(budget_s=args.verify_budget))["plan"]
         found = analyse(plan, ranks)
         found["in_rank"] = in_rank
         found["warmup_steps"] = got[0][2]

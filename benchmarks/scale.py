@@ -35,6 +35,7 @@ on a GPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -51,8 +52,10 @@ from common import (
     write_results,
 )
 
+from autosplit import PlanOptions
 from autosplit.errors import InfeasiblePlanError
 from autosplit.estimate.analytic import analytic_profile, build_on_meta
+from autosplit.estimate.options import EstimateOptions
 from autosplit.planner import plan_layouts
 from autosplit.records import Plan
 from autosplit.sharding import mode_label
@@ -85,9 +88,9 @@ def plan_for(prof: Any, devices: int, per_node: int, batch: int, max_stages: int
     topology = Topology(devices // per_node, per_node, spec.link_bandwidth_bytes_per_s,
                         inter_node_link(spec)[1])
     start = time.perf_counter()
-    layouts = plan_layouts(prof, topology=topology, batch_size=batch, schedule="1f1b",
-                           optimizer="adam-mixed", memory_per_gpu=MEMORY_BYTES,
-                           max_stages=max_stages)
+    options = PlanOptions(batch_size=batch, schedule="1f1b", optimizer="adam-mixed",
+                          memory_per_gpu=MEMORY_BYTES)
+    layouts = plan_layouts(prof, options=options, topology=topology, max_stages=max_stages)
     seconds = time.perf_counter() - start
     options = [_row(o.label, o.plan, o.need_bytes, per_node, o.modes) for o in layouts.options]
     best = layouts.best
@@ -118,15 +121,16 @@ def torchtitan_layout(prof: Any, spec: Any, per_node: int) -> dict[str, Any]:
     published = dict(TORCHTITAN_8B_8_GPUS)
     published["step_ms"] = (published["local_batch"] * published["sequence"]
                             / published["tokens_per_s_per_gpu"] * 1000)
-    common = dict(topology=topology, batch_size=16, schedule="1f1b", optimizer="adam-mixed",
-                  memory_per_gpu=MEMORY_BYTES)
+    common = PlanOptions(batch_size=16, schedule="1f1b", optimizer="adam-mixed",
+                         memory_per_gpu=MEMORY_BYTES)
     found = {}
-    for key, extra, label in (
-            ("same_layout", dict(replicas=8, replica_mode="fsdp2", split_size=2),
+    for key, options, replicas, label in (
+            ("same_layout", dataclasses.replace(common, replica_mode="fsdp2", split_size=2), 8,
              "data parallel ×8"),
-            ("choice", {}, "autosplit's choice")):
+            ("choice", common, None, "autosplit's choice")):
         try:
-            best = plan_layouts(prof, **common, **extra).best  # type: ignore[arg-type]
+            best = plan_layouts(prof, options=options, topology=topology,
+                                replicas=replicas).best
             found[key] = _row(label, best, None, per_node)
         except InfeasiblePlanError as exc:
             found[key] = _row(label, None, exc.min_capacity_bytes, per_node)
@@ -239,7 +243,7 @@ def _gpt(size: str, batch: int, sizes: list[int], spec: Any) -> tuple[str, Any]:
     gpt = load_example("gpt")
     model = build_on_meta(lambda: gpt.build_model(size))
     prof = analytic_profile(model, gpt.example_inputs(batch, size), spec,
-                            microbatch_sizes=sizes, dtype=torch.bfloat16)
+                            options=EstimateOptions(microbatch_sizes=sizes, dtype=torch.bfloat16))
     params = sum(p.numel() for p in model.parameters())
     return f"GPT {size} ({params / 1e9:.2f}·10⁹ parameters, {len(prof.blocks)} blocks)", prof
 
@@ -252,7 +256,8 @@ def _llama(sequence: int, batch: int, sizes: list[int], spec: Any) -> tuple[str,
     args = dataclasses.replace(llama3_args["8B"], max_seq_len=sequence)
     model = build_on_meta(lambda: Transformer(args))
     ids = torch.randint(0, args.vocab_size, (batch, sequence))
-    prof = analytic_profile(model, ids, spec, microbatch_sizes=sizes, dtype=torch.bfloat16)
+    prof = analytic_profile(model, ids, spec,
+                            options=EstimateOptions(microbatch_sizes=sizes, dtype=torch.bfloat16))
     params = sum(p.numel() for p in model.parameters())
     return (f"Llama 3 8B, torchtitan's ({sequence:,} tokens per sample; {params / 1e9:.2f}·10⁹ "
             f"parameters, {len(prof.blocks)} blocks)", prof)

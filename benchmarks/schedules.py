@@ -55,7 +55,7 @@ from report import lead_in_words, load_sentence
 from run_options import benchmark_parser, chosen_cases, write_and_show
 
 import autosplit
-from autosplit import ProfileOptions
+from autosplit import PlanOptions, ProfileOptions
 from autosplit.comparison import manual_plan
 from autosplit.errors import InfeasiblePlanError
 from autosplit.measure.allocator import restart_keeping_freed_memory
@@ -68,6 +68,7 @@ from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile
 from autosplit.schedules.placement import V_SCHEDULES, stage_ranks
 from autosplit.verify.choice import verify_and_choose
+from autosplit.verify.options import TimingOptions
 from autosplit.verify.plans import predict_verified, time_plans, verify_plans
 
 AUTO, HAND, LIMITED = "autosplit", "hand split (GPipe)", "autosplit, memory-limited"
@@ -101,7 +102,7 @@ def key(plan: Plan) -> tuple[Any, ...]:
 
 def schedule_plans(profile: Profile) -> tuple[dict[str, Plan], dict[str, str]]:
     """The best plan of every schedule (by name), and why the others have none."""
-    settings = PlanSettings.check(profile, 2, schedule="auto")
+    settings = PlanSettings.check(profile, 2, options=PlanOptions(schedule="auto"))
     sizes = candidate_sizes(profile, None, settings.batch_size, "the batch")
     choice = plan_schedules(settings, profile, sizes)
     plans = {f"{o.schedule}" + (f" v={o.v}" if o.v > 1 else ""): o.plan
@@ -117,8 +118,10 @@ def command_choice(graph: Any, inputs: Any, profile: Profile, memory: int | None
     they run and the fastest verified one kept (among those within noise or 3 %, the best by block sums:
     ``autosplit.verify.choice``); returned as planned (block sums), to be timed again with
     every other plan, with how it was chosen (the first session's figures, in words)."""
-    candidates = plan_candidates(profile, 2, top_k=3, schedule="auto", memory_per_gpu=memory)
-    chosen, _ = verify_and_choose(graph, inputs, profile, candidates, {}, budget_s=budget_s)
+    candidates = plan_candidates(profile, 2, top_k=3,
+                                 options=PlanOptions(schedule="auto", memory_per_gpu=memory))
+    chosen, _ = verify_and_choose(graph, inputs, profile, candidates, {},
+                                  options=TimingOptions(budget_s=budget_s))
     _, found, how = chosen.verification.partition("; chosen among ")
     return (next(c for c in candidates if key(c) == key(chosen)),
             f"chosen among {how}" if found else "the only candidate")
@@ -152,7 +155,8 @@ def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         except InfeasiblePlanError as exc:
             limited = {"memory_bytes": int(need * 0.8), "hand_needs_bytes": need,
                        "none": str(exc)}
-    timed = time_plans(graph, inputs, profile, others, budget_s=args.verify_budget)
+    timed = time_plans(graph, inputs, profile, others,
+                       options=TimingOptions(budget_s=args.verify_budget))
     verified = predict_verified(profile, others, timed)
     # the same timings, each pipeline stage taken as timed alone, and as timed beside its
     # neighbour (autosplit weighs the two by the share of a rank's work that overlaps)
@@ -161,7 +165,8 @@ def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
               for share in (0.0, 1.0)} if timed.beside else {}
 
     def again() -> dict[str, Plan]:  # the same stages timed again, after the measurement
-        return verify_plans(graph, inputs, profile, others, budget_s=args.verify_budget)
+        return verify_plans(graph, inputs, profile, others,
+                            options=TimingOptions(budget_s=args.verify_budget))
 
     return {"plans": verified, "block_sums": others, "why": why, "limited": limited,
             "choice": chose,

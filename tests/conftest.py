@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 import autosplit
-from autosplit import PartitionOptions, ProfileOptions
+from autosplit import PartitionOptions, PlanOptions, ProfileOptions
 from autosplit.measure.contention import ALONE
 from autosplit.measure.timing_process import IN_PROCESS
 from autosplit.pipeline import PipelinedModule
@@ -144,7 +144,7 @@ def partition_and_check(model: nn.Module, inputs: Sequence[torch.Tensor], stages
     ref = copy.deepcopy(model)
     prof = autosplit.profile(model, tuple(inputs), **kw,
                              options=ProfileOptions(microbatch_sizes=[split], warmup=0, repeats=1))
-    plan = autosplit.plan(prof, gpus=stages, split_size=split)
+    plan = autosplit.plan(prof, gpus=stages, options=PlanOptions(split_size=split))
     pm = autosplit.partition(model, plan=plan, devices=["cpu"] * stages,
                              options=PartitionOptions(**kw))
     assert len(pm.stages) == stages

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import autosplit
-from autosplit import ProfileOptions
+from autosplit import PlanOptions, ProfileOptions
 from autosplit.errors import InvalidInputError, ModelMismatchError, RecordFileError
 from autosplit.estimate.analytic import (
     analytic_profile,
@@ -30,6 +30,7 @@ from autosplit.estimate.analytic import (
     profile_from_costs,
     to_meta,
 )
+from autosplit.estimate.options import EstimateOptions
 from autosplit.records import Profile
 from autosplit.specs import (
     KNOWN_DEVICES,
@@ -77,14 +78,16 @@ def test_block_flops_sum_to_the_whole_model_count() -> None:
     with FlopCounterMode(display=False) as whole:
         meta(ids.to("meta"))
     for attention in ("math", "flash"):
-        costs = count_costs(model, (ids,), microbatch_sizes=[4], attention=attention)
+        costs = count_costs(model, (ids,),
+                            options=EstimateOptions(microbatch_sizes=[4], attention=attention))
         assert sum(f for f, _ in costs.flops(4)) == whole.get_total_flops()
     # the model itself is untouched: still on the CPU, still real values
     assert all(p.device.type == "cpu" for p in model.parameters())
 
 
 def test_flops_and_bytes_scale_with_the_microbatch() -> None:
-    costs = count_costs(LongSkip(), torch.randn(8, 6), microbatch_sizes=[2, 8])
+    costs = count_costs(LongSkip(), torch.randn(8, 6),
+                        options=EstimateOptions(microbatch_sizes=[2, 8]))
     for (f2, b2), (f8, b8) in zip(costs.flops(2), costs.flops(8)):
         assert f8 == 4 * f2 and b8 == 4 * b2
     for c2, c8 in zip(costs.at(2), costs.at(8)):
@@ -111,7 +114,7 @@ def test_memory_figures_equal_the_measured_profile(model: nn.Module, inputs: tup
     measured = autosplit.profile(model, inputs,
                                  options=ProfileOptions(microbatch_sizes=[2, 4], warmup=0,
                                                         repeats=1))
-    costs = count_costs(model, inputs, microbatch_sizes=[2, 4])
+    costs = count_costs(model, inputs, options=EstimateOptions(microbatch_sizes=[2, 4]))
     assert costs.fingerprint == measured.fingerprint
     assert costs.block_names == measured.block_names
     assert list(costs.param_bytes) == [b.param_bytes for b in measured.blocks]
@@ -129,8 +132,10 @@ def test_fused_attention_keeps_no_attention_matrix() -> None:
     gpt = _gpt_module()
     model = gpt.GPT(1, 32, 8, 100, 512)
     ids = torch.zeros(2, 512, dtype=torch.long)
-    flash = count_costs(model, (ids,), microbatch_sizes=[2], attention="flash")
-    math_ = count_costs(model, (ids,), microbatch_sizes=[2], attention="math")
+    flash = count_costs(model, (ids,),
+                        options=EstimateOptions(microbatch_sizes=[2], attention="flash"))
+    math_ = count_costs(model, (ids,),
+                        options=EstimateOptions(microbatch_sizes=[2], attention="math"))
     i = flash.block_names.index("blocks.0")
     matrix = 2 * 8 * 512 * 512 * 4  # b · h · t² float32
     assert math_.at(2)[i].saved_bytes - flash.at(2)[i].saved_bytes >= 0.9 * matrix
@@ -181,7 +186,7 @@ def test_data_dependent_block_names_itself() -> None:
             return self.out(h[h > 0].reshape(-1, 4))
 
     with pytest.raises(InvalidInputError, match="cannot run on the meta device"):
-        count_costs(Masked(), torch.randn(4, 4), microbatch_sizes=[4])
+        count_costs(Masked(), torch.randn(4, 4), options=EstimateOptions(microbatch_sizes=[4]))
 
 
 # ------------------------------------------------------------------------ analytic profile
@@ -189,7 +194,8 @@ def test_data_dependent_block_names_itself() -> None:
 
 def test_analytic_profile_is_an_ordinary_profile(tmp_path: Path) -> None:
     spec = get_spec("h100-80gb")
-    prof = analytic_profile(LongSkip(), torch.randn(8, 6), spec, microbatch_sizes=[2, 4, 8])
+    prof = analytic_profile(LongSkip(), torch.randn(8, 6), spec,
+                            options=EstimateOptions(microbatch_sizes=[2, 4, 8]))
     assert prof.source == "analytic"
     assert prof.describe().startswith("analytic on h100-80gb (efficiency 0.50")
     assert prof.device.kind == "cuda" and prof.device.memory_bytes == spec.memory_bytes
@@ -211,8 +217,9 @@ def test_roofline_and_dtype() -> None:
     assert op_time_s(19.5e12, 1, spec, "torch.float32") == pytest.approx(1 / spec.efficiency)
     model = TokenModel(vocab=50, width=256, depth=2)
     ids = torch.randint(0, 50, (64, 32))
-    fp32 = count_costs(model, ids, microbatch_sizes=[64])
-    bf16 = count_costs(model, ids, microbatch_sizes=[64], dtype=torch.bfloat16)
+    fp32 = count_costs(model, ids, options=EstimateOptions(microbatch_sizes=[64]))
+    bf16 = count_costs(model, ids,
+                       options=EstimateOptions(microbatch_sizes=[64], dtype=torch.bfloat16))
     assert fp32.dtype == "torch.float32" and bf16.dtype == "torch.bfloat16"
     assert [2 * b for b in bf16.param_bytes] == list(fp32.param_bytes)
     assert fp32.flops(64) == bf16.flops(64)
@@ -223,10 +230,11 @@ def test_roofline_and_dtype() -> None:
 
 _SEVEN_B = textwrap.dedent(
     """
-    import importlib.util, json, resource, sys, time
+    import dataclasses, importlib.util, json, resource, sys, time
     import torch
     import autosplit
     from autosplit.estimate.analytic import analytic_profile, build_on_meta
+    from autosplit.estimate.options import EstimateOptions
     from autosplit.specs import get_spec
     spec_ = importlib.util.spec_from_file_location("gpt", sys.argv[1])
     gpt = importlib.util.module_from_spec(spec_); spec_.loader.exec_module(gpt)
@@ -239,12 +247,13 @@ _SEVEN_B = textwrap.dedent(
     params = sum(p.numel() for p in model.parameters())
     spec = get_spec("h100-80gb")
     ids = torch.zeros(8, 2048, dtype=torch.long)
-    prof = analytic_profile(model, ids, spec, stages=8)
-    plan = autosplit.plan(prof, 8, memory_per_gpu=spec.memory_bytes, optimizer="adam",
-                          devices=[f"h100-80gb:{s}" for s in range(8)],
-                          bandwidth_bytes_per_s=spec.link_bandwidth_bytes_per_s)
+    prof = analytic_profile(model, ids, spec, options=EstimateOptions(stages=8))
+    options = autosplit.PlanOptions(memory_per_gpu=spec.memory_bytes, optimizer="adam")
+    plan = autosplit.plan(prof, 8, dataclasses.replace(
+        options, devices=[f"h100-80gb:{s}" for s in range(8)],
+        bandwidth_bytes_per_s=spec.link_bandwidth_bytes_per_s))
     try:
-        autosplit.plan(prof, 1, memory_per_gpu=spec.memory_bytes, optimizer="adam")
+        autosplit.plan(prof, 1, options)
         one = None
     except autosplit.InfeasiblePlanError as exc:
         one = exc.min_capacity_bytes
@@ -345,7 +354,8 @@ def _scaled(profile: Profile, times: list[list[float]]) -> Profile:
 
 def test_calibrate_recovers_known_efficiencies() -> None:
     model = torchvision.models.resnet18()
-    costs = count_costs(model, torch.randn(8, 3, 32, 32), microbatch_sizes=[4, 8])
+    costs = count_costs(model, torch.randn(8, 3, 32, 32),
+                        options=EstimateOptions(microbatch_sizes=[4, 8]))
     nominal = get_spec("h100-80gb")
     truth = dataclasses.replace(nominal, efficiency=0.3, bandwidth_efficiency=0.55)
     true_prof = profile_from_costs(costs, truth)
@@ -372,7 +382,8 @@ def test_calibrate_recovers_a_floor_per_operator() -> None:
     """A device that small operators leave idle: every operator takes at least 20 µs. The
     efficiencies alone cannot follow it; fitted with the floor, the blocks come back."""
     model = torchvision.models.resnet18()
-    costs = count_costs(model, torch.randn(16, 3, 32, 32), microbatch_sizes=[2, 8, 16])
+    costs = count_costs(model, torch.randn(16, 3, 32, 32),
+                        options=EstimateOptions(microbatch_sizes=[2, 8, 16]))
     nominal = get_spec("h200")
     truth = dataclasses.replace(nominal, efficiency=0.3, bandwidth_efficiency=0.4,
                                 op_overhead_s=20e-6)
@@ -414,11 +425,14 @@ def test_the_floor_per_operator_is_a_minimum_and_views_cost_nothing() -> None:
 
 def test_calibrate_rejects_mismatches() -> None:
     spec = get_spec("cpu-core")
-    a = analytic_profile(LongSkip(), torch.randn(8, 6), spec, microbatch_sizes=[4])
-    b = analytic_profile(ToyModel(), torch.randn(8, 10), spec, microbatch_sizes=[4])
+    a = analytic_profile(LongSkip(), torch.randn(8, 6), spec,
+                         options=EstimateOptions(microbatch_sizes=[4]))
+    b = analytic_profile(ToyModel(), torch.randn(8, 10), spec,
+                         options=EstimateOptions(microbatch_sizes=[4]))
     with pytest.raises(ModelMismatchError, match="not of the same model"):
         calibrate(spec, b, a)
-    c = analytic_profile(LongSkip(), torch.randn(8, 6), spec, microbatch_sizes=[8])
+    c = analytic_profile(LongSkip(), torch.randn(8, 6), spec,
+                         options=EstimateOptions(microbatch_sizes=[8]))
     with pytest.raises(InvalidInputError, match="micro-batch sizes"):
         calibrate(spec, c, a)
     with pytest.raises(InvalidInputError, match="not on the spec being calibrated"):
@@ -449,7 +463,7 @@ def test_calibrated_cpu_core_predicts_measured_stage_times() -> None:
     # CPU worker of one thread, 7 repeats), so the outcome does not depend on this machine.
     model, x = Tower(), torch.randn(512, 512)
     measured = autosplit.Profile.load(Path(__file__).parent / "fixtures" / "tower_profile.json")
-    costs = count_costs(model, x, microbatch_sizes=[256, 512])
+    costs = count_costs(model, x, options=EstimateOptions(microbatch_sizes=[256, 512]))
     nominal = get_spec("cpu-core")
     for k, b in enumerate(measured.microbatch_sizes):
         spec = calibrate(nominal, measured, costs, sizes=[b])
@@ -460,7 +474,7 @@ def test_calibrated_cpu_core_predicts_measured_stage_times() -> None:
         pred = [blk.fwd_ms[k] + blk.bwd_ms[k] for blk in analytic.blocks]
         # each stage of the 2-stage plan made from the calibrated analytic profile, within 35 %
         # of the committed measurement (observed: within 15 %)
-        plan = autosplit.plan(analytic, 2, split_size=b)
+        plan = autosplit.plan(analytic, 2, options=PlanOptions(split_size=b))
         cut = len(plan.stages[0].blocks)
         for s, (lo, hi) in enumerate(((0, cut), (cut, len(meas)))):
             assert plan.stages[s].compute_ms == pytest.approx(math.fsum(pred[lo:hi]))

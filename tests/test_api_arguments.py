@@ -14,9 +14,19 @@ from models import ToyModel
 from synthetic import make_profile
 
 import autosplit
-from autosplit import PartitionOptions, ProfileOptions, comparison, planner, simulator, solve, specs
+from autosplit import (
+    PartitionOptions,
+    PlanOptions,
+    ProfileOptions,
+    comparison,
+    planner,
+    simulator,
+    solve,
+    specs,
+)
 from autosplit.errors import ArgumentTypeError, InvalidInputError
 from autosplit.estimate import analytic
+from autosplit.estimate.options import EstimateOptions
 from autosplit.specs import get_spec
 from autosplit.units import parse_bytes
 
@@ -29,6 +39,11 @@ NAN, INF, HUGE = math.nan, math.inf, 10**30
 TYPE, VALUE = "type", "value"
 
 # (label, call, kind, the argument's name as the message must show it)
+def plan_with(**options: Any) -> autosplit.Plan:
+    """``autosplit.plan`` of ``PROF`` on 2 devices with these options."""
+    return autosplit.plan(PROF, 2, PlanOptions(**options))
+
+
 CASES: list[tuple[str, Callable[[], Any], str, str]] = [
     # -- plan ------------------------------------------------------------------------------------
     ("plan gpus str", lambda: autosplit.plan(PROF, gpus="2"), TYPE, "gpus"),
@@ -39,43 +54,43 @@ CASES: list[tuple[str, Callable[[], Any], str, str]] = [
     ("plan gpus -1", lambda: autosplit.plan(PROF, gpus=-1), VALUE, "gpus"),
     ("plan gpus huge", lambda: autosplit.plan(PROF, gpus=HUGE), VALUE, "gpus"),
     ("plan profile", lambda: autosplit.plan({"blocks": []}, gpus=2), TYPE, "profile"),
-    ("plan batch str", lambda: autosplit.plan(PROF, batch_size="4"), TYPE, "batch_size"),
-    ("plan batch 0", lambda: autosplit.plan(PROF, batch_size=0), VALUE, "batch_size"),
+    ("plan batch str", lambda: plan_with(batch_size="4"), TYPE, "batch_size"),
+    ("plan batch 0", lambda: plan_with(batch_size=0), VALUE, "batch_size"),
     *[
-        (f"plan bandwidth {v!r}", lambda v=v: autosplit.plan(PROF, bandwidth_bytes_per_s=v),
+        (f"plan bandwidth {v!r}", lambda v=v: plan_with(bandwidth_bytes_per_s=v),
          VALUE, "bandwidth_bytes_per_s")
         for v in (0, -1.0, NAN, INF)
     ],
-    ("plan bandwidth str", lambda: autosplit.plan(PROF, bandwidth_bytes_per_s="fast"), TYPE,
+    ("plan bandwidth str", lambda: plan_with(bandwidth_bytes_per_s="fast"), TYPE,
      "bandwidth_bytes_per_s"),
     *[
-        (f"plan memory {v!r}", lambda v=v: autosplit.plan(PROF, memory_per_gpu=v), VALUE,
+        (f"plan memory {v!r}", lambda v=v: plan_with(memory_per_gpu=v), VALUE,
          "memory_per_gpu")
         for v in (0, -1, NAN, INF, "inf", "0.5")
     ],
-    ("plan memory bool", lambda: autosplit.plan(PROF, memory_per_gpu=True), TYPE,
+    ("plan memory bool", lambda: plan_with(memory_per_gpu=True), TYPE,
      "memory_per_gpu"),
-    ("plan memory list of None", lambda: autosplit.plan(PROF, memory_per_gpu=[None, 1]), TYPE,
+    ("plan memory list of None", lambda: plan_with(memory_per_gpu=[None, 1]), TYPE,
      "memory_per_gpu[0]"),
-    ("plan memory lengths", lambda: autosplit.plan(PROF, memory_per_gpu=[1e9]), VALUE,
+    ("plan memory lengths", lambda: plan_with(memory_per_gpu=[1e9]), VALUE,
      "memory_per_gpu"),
-    ("plan devices str", lambda: autosplit.plan(PROF, devices="cpu"), TYPE, "devices"),
-    ("plan devices ints", lambda: autosplit.plan(PROF, devices=[0, 1]), TYPE, "devices[0]"),
-    ("plan devices lengths", lambda: autosplit.plan(PROF, devices=["cpu"]), VALUE, "devices"),
-    ("plan devices empty", lambda: autosplit.plan(PROF, devices=[]), VALUE, "devices"),
-    ("plan schedule int", lambda: autosplit.plan(PROF, schedule=1), TYPE, "schedule"),
-    ("plan schedule name", lambda: autosplit.plan(PROF, schedule="zigzag"), VALUE, "schedule"),
-    ("plan optimizer None", lambda: autosplit.plan(PROF, optimizer=None), TYPE, "optimizer"),
-    ("plan solver name", lambda: autosplit.plan(PROF, solver="gurobi"), VALUE, "solver"),
-    ("plan split_size str", lambda: autosplit.plan(PROF, split_size="2"), TYPE, "split_size"),
-    ("plan split_size 0", lambda: autosplit.plan(PROF, split_size=0), VALUE, "split_size"),
-    ("plan time limit nan", lambda: autosplit.plan(PROF, time_limit_s=NAN), VALUE,
+    ("plan devices str", lambda: plan_with(devices="cpu"), TYPE, "devices"),
+    ("plan devices ints", lambda: plan_with(devices=[0, 1]), TYPE, "devices[0]"),
+    ("plan devices lengths", lambda: plan_with(devices=["cpu"]), VALUE, "devices"),
+    ("plan devices empty", lambda: plan_with(devices=[]), VALUE, "devices"),
+    ("plan schedule int", lambda: plan_with(schedule=1), TYPE, "schedule"),
+    ("plan schedule name", lambda: plan_with(schedule="zigzag"), VALUE, "schedule"),
+    ("plan optimizer None", lambda: plan_with(optimizer=None), TYPE, "optimizer"),
+    ("plan solver name", lambda: plan_with(solver="gurobi"), VALUE, "solver"),
+    ("plan split_size str", lambda: plan_with(split_size="2"), TYPE, "split_size"),
+    ("plan split_size 0", lambda: plan_with(split_size=0), VALUE, "split_size"),
+    ("plan time limit nan", lambda: plan_with(time_limit_s=NAN), VALUE,
      "time_limit_s"),
-    ("plan speeds nan", lambda: autosplit.plan(PROF, speeds=[1.0, NAN]), VALUE, "speeds[1]"),
-    ("plan speeds 0", lambda: autosplit.plan(PROF, speeds=[0, 1]), VALUE, "speeds[0]"),
-    ("plan speeds str", lambda: autosplit.plan(PROF, speeds="fast"), TYPE, "speeds"),
-    ("plan speeds lengths", lambda: autosplit.plan(PROF, speeds=[1.0]), VALUE, "speeds"),
-    ("plan device_profiles", lambda: autosplit.plan(PROF, device_profiles=[PROF, "x"]), TYPE,
+    ("plan speeds nan", lambda: plan_with(speeds=[1.0, NAN]), VALUE, "speeds[1]"),
+    ("plan speeds 0", lambda: plan_with(speeds=[0, 1]), VALUE, "speeds[0]"),
+    ("plan speeds str", lambda: plan_with(speeds="fast"), TYPE, "speeds"),
+    ("plan speeds lengths", lambda: plan_with(speeds=[1.0]), VALUE, "speeds"),
+    ("plan device_profiles", lambda: plan_with(device_profiles=[PROF, "x"]), TYPE,
      "device_profiles[1]"),
     # -- plan_with_balance -----------------------------------------------------------------------
     ("balance floats", lambda: planner.plan_with_balance(PROF, [1.5, 0.5], 2), TYPE,
@@ -92,21 +107,26 @@ CASES: list[tuple[str, Callable[[], Any], str, str]] = [
     ("balance str", lambda: planner.plan_with_balance(PROF, "22", 2), TYPE, "balance"),
     ("balance split None", lambda: planner.plan_with_balance(PROF, [2, 2], None), TYPE,
      "split_size"),
-    ("balance unknown kwarg", lambda: planner.plan_with_balance(PROF, [2, 2], 2, gpu=2), TYPE,
-     "gpu"),
+    ("balance options dict", lambda: planner.plan_with_balance(PROF, [2, 2], 2, {"gpu": 2}),
+     TYPE, "options"),
+    ("plan options dict", lambda: autosplit.plan(PROF, 2, {"schedule": "1f1b"}), TYPE,
+     "options"),
     ("balance bandwidth 0",
-     lambda: planner.plan_with_balance(PROF, [2, 2], 2, bandwidth_bytes_per_s=0), VALUE,
+     lambda: planner.plan_with_balance(PROF, [2, 2], 2, PlanOptions(bandwidth_bytes_per_s=0)),
+     VALUE,
      "bandwidth_bytes_per_s"),
     # -- comparison ------------------------------------------------------------------------------
     ("baselines gpus str", lambda: comparison.baseline_plans(PROF, "2"), TYPE, "gpus"),
     ("baselines gpus 0", lambda: comparison.baseline_plans(PROF, 0), VALUE, "gpus"),
-    ("baselines batch 0", lambda: comparison.baseline_plans(PROF, 2, batch_size=0), VALUE,
+    ("baselines batch 0", lambda: comparison.baseline_plans(PROF, 2, PlanOptions(batch_size=0)),
+     VALUE,
      "batch_size"),
     ("manual split str", lambda: comparison.manual_plan(PROF, "block2"), TYPE, "split_points"),
     ("manual split ints", lambda: comparison.manual_plan(PROF, [2]), TYPE, "split_points[0]"),
     ("manual split_size float", lambda: comparison.manual_plan(PROF, ["block2"], 2.0), TYPE,
      "split_size"),
-    ("manual batch str", lambda: comparison.manual_plan(PROF, ["block2"], batch_size="x"), TYPE,
+    ("manual batch str", lambda: comparison.manual_plan(PROF, ["block2"], None,
+                                                        PlanOptions(batch_size="x")), TYPE,
      "batch_size"),
     ("compare plans list", lambda: comparison.compare(PROF, [PLAN]), TYPE, "plans"),
     ("compare plans entry", lambda: comparison.compare(PROF, {"a": "plan"}), TYPE, "plans['a']"),
@@ -219,16 +239,15 @@ CASES: list[tuple[str, Callable[[], Any], str, str]] = [
     # -- analytic and device specs --------------------------------------------------------------
     ("analytic spec", lambda: analytic.analytic_profile(ToyModel(), X, "h100-80gb"), TYPE,
      "spec"),
-    ("analytic stages", lambda: analytic.analytic_profile(ToyModel(), X, SPEC, stages=0),
-     VALUE, "stages"),
-    ("analytic attention",
-     lambda: analytic.analytic_profile(ToyModel(), X, SPEC, attention="fast"), VALUE,
-     "attention"),
-    ("analytic dtype", lambda: analytic.analytic_profile(ToyModel(), X, SPEC, dtype="bf16"),
-     TYPE, "dtype"),
-    ("analytic sizes", lambda: analytic.analytic_profile(ToyModel(), X, SPEC,
-                                                          microbatch_sizes=[5]), VALUE,
+    ("analytic stages", lambda: EstimateOptions(stages=0), VALUE, "stages"),
+    ("analytic attention", lambda: EstimateOptions(attention="fast"), VALUE, "attention"),
+    ("analytic dtype", lambda: EstimateOptions(dtype="bf16"), TYPE, "dtype"),
+    ("analytic sizes", lambda: analytic.analytic_profile(
+        ToyModel(), X, SPEC, options=EstimateOptions(microbatch_sizes=[5])), VALUE,
      "microbatch_sizes"),
+    ("analytic options dict", lambda: analytic.analytic_profile(ToyModel(), X, SPEC,
+                                                                options={"stages": 2}), TYPE,
+     "options"),
     ("build_on_meta factory", lambda: analytic.build_on_meta("ToyModel"), TYPE, "factory"),
     ("get_spec int", lambda: specs.get_spec(100), TYPE, "name"),
     ("get_spec unknown", lambda: specs.get_spec("tpu"), VALUE, "device"),
@@ -267,7 +286,7 @@ def test_bad_argument_is_named(call: Callable[[], Any], kind: str, name: str) ->
 
 def test_messages_quote_the_value_and_the_rule() -> None:
     with pytest.raises(InvalidInputError) as info:
-        autosplit.plan(PROF, bandwidth_bytes_per_s=0)
+        plan_with(bandwidth_bytes_per_s=0)
     assert str(info.value) == "bandwidth_bytes_per_s must be a finite number > 0 (bytes/s), got 0"
     with pytest.raises(ArgumentTypeError) as info:
         autosplit.plan(PROF, gpus="2")
@@ -281,8 +300,9 @@ def test_documented_defaults_still_work() -> None:
     import numpy as np
 
     plan = autosplit.plan(
-        PROF, gpus=np.int64(2), batch_size=None, memory_per_gpu=None,
-        bandwidth_bytes_per_s=None, speeds=None, devices=("cpu", torch.device("cpu")),
+        PROF, gpus=np.int64(2), options=PlanOptions(
+            batch_size=None, memory_per_gpu=None, bandwidth_bytes_per_s=None, speeds=None,
+            devices=("cpu", torch.device("cpu"))),
     )
     assert plan.balance == autosplit.plan(PROF, gpus=2).balance
     scored = planner.plan_with_balance(PROF, (np.int64(2), 2), 2)

@@ -17,6 +17,7 @@ import torch
 import torchvision
 
 import autosplit
+from autosplit import PlanOptions
 from autosplit.errors import InvalidInputError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -745,7 +746,7 @@ def test_runtime_gap_runs_a_given_cut_scored_as_the_planner_scores_it() -> None:
     prof = make_profile([2, 4], [[1.0, 0.9], [2.0, 1.8], [0.5, 0.5]], batch_size=8)
     plan = given_plan(prof, (2, 1), 4, "gpipe")
     assert plan.balance == (2, 1) and plan.split_size == 4
-    assert plan == plan_with_balance(prof, [2, 1], 4, schedule="gpipe")
+    assert plan == plan_with_balance(prof, [2, 1], 4, options=PlanOptions(schedule="gpipe"))
     with pytest.raises(InvalidInputError, match="has 2 blocks; .* has 3"):
         given_plan(prof, (1, 1), 4, "gpipe")
     with pytest.raises(InvalidInputError, match="--split-size 3 was not profiled"):

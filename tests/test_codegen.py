@@ -21,7 +21,7 @@ from torch import nn
 
 import autosplit
 import autosplit.stages
-from autosplit import ProfileOptions
+from autosplit import PlanOptions, ProfileOptions
 from autosplit.codegen import emit
 from autosplit.errors import CodegenError, InvalidInputError, PlanMismatchError
 from autosplit.modelfile import ModelFileError, load_model_file
@@ -133,7 +133,7 @@ def build_model():
 def make_plan(model: nn.Module, inputs: tuple[torch.Tensor, ...], stages: int, split: int) -> Plan:
     prof = autosplit.profile(model, inputs,
                              options=ProfileOptions(microbatch_sizes=[split], warmup=0, repeats=1))
-    return autosplit.plan(prof, gpus=stages, split_size=split)
+    return autosplit.plan(prof, gpus=stages, options=PlanOptions(split_size=split))
 
 
 def cut_at(plan: Plan, first_blocks: list[str]) -> Plan:
@@ -231,7 +231,7 @@ def resnet() -> tuple[Any, nn.Module, tuple[torch.Tensor, ...], dict[int, Plan]]
     inputs = (torch.randn(4, 3, 32, 32),)
     prof = autosplit.profile(model, inputs,
                              options=ProfileOptions(microbatch_sizes=[2], warmup=0, repeats=1))
-    plans = {p: autosplit.plan(prof, gpus=p, split_size=2) for p in (2, 3)}
+    plans = {p: autosplit.plan(prof, gpus=p, options=PlanOptions(split_size=2)) for p in (2, 3)}
     return mf, model, inputs, plans
 
 
@@ -564,7 +564,7 @@ def test_leaf_granularity(tmp_path: Path) -> None:
         model, inputs, granularity="layer", options=ProfileOptions(microbatch_sizes=[4], warmup=0,
                                                                    repeats=1)
     )
-    plan = autosplit.plan(prof, gpus=3, split_size=4)
+    plan = autosplit.plan(prof, gpus=3, options=PlanOptions(split_size=4))
     source = emit(plan, mf.ref, model=model, granularity="layer")
     module = load(source, tmp_path / "layers.py")
     ref = copy.deepcopy(model)

@@ -12,7 +12,7 @@ from synthetic import make_profile
 from torch import nn
 
 import autosplit
-from autosplit import ProfileOptions
+from autosplit import PlanOptions, ProfileOptions
 from autosplit.comparison import baseline_plans, compare, manual_plan
 from autosplit.cost import in_flight, optimizer_factor, step_ms
 from autosplit.devices import measure_link_bandwidth
@@ -63,7 +63,7 @@ def test_a_size_just_below_a_cliff_is_avoided() -> None:
     prof = make_profile(sizes, [[2.0, 1.0, 1.0]] * 4, batch_size=48)
     plan = autosplit.plan(prof, gpus=2)
     assert plan.split_size == 16
-    at_12 = autosplit.plan(prof, gpus=2, split_size=12)
+    at_12 = autosplit.plan(prof, gpus=2, options=PlanOptions(split_size=12))
     assert at_12.predicted_step_ms > 1.5 * plan.predicted_step_ms
 
 
@@ -74,12 +74,13 @@ def test_memory_below_the_minimum_names_what_is_needed() -> None:
     prof = make_profile([4], [[1.0]] * 4, batch_size=16, param_bytes=[2**20] * 4,
                         saved_bytes_per_sample=[2**16] * 4)
     with pytest.raises(InfeasiblePlanError) as info:
-        autosplit.plan(prof, gpus=2, memory_per_gpu="1MiB")
+        autosplit.plan(prof, gpus=2, options=PlanOptions(memory_per_gpu="1MiB"))
     err = info.value
     assert err.min_capacity_bytes is not None and err.min_capacity_bytes > 2**20
     assert err.stage in (0, 1) and "needs" in str(err) and "on stage" in str(err)
     # with exactly that much, a plan exists
-    ok = autosplit.plan(prof, gpus=2, memory_per_gpu=int(err.min_capacity_bytes))
+    ok = autosplit.plan(prof, gpus=2,
+                        options=PlanOptions(memory_per_gpu=int(err.min_capacity_bytes)))
     assert max(s.memory_bytes for s in ok.stages) <= err.min_capacity_bytes
 
 
@@ -88,8 +89,10 @@ def test_1f1b_fits_where_gpipe_does_not() -> None:
     prof = make_profile([2], [[1.0]] * 4, batch_size=16, saved_bytes_per_sample=[2**20] * 4)
     gpipe_need = 2 * 8 * 2 * 2**20  # two blocks × 8 in flight × 2 samples × 1 MiB
     with pytest.raises(InfeasiblePlanError):
-        autosplit.plan(prof, gpus=2, memory_per_gpu=gpipe_need // 2, schedule="gpipe")
-    plan = autosplit.plan(prof, gpus=2, memory_per_gpu=gpipe_need // 2, schedule="1f1b")
+        autosplit.plan(prof, gpus=2,
+                       options=PlanOptions(memory_per_gpu=gpipe_need // 2, schedule="gpipe"))
+    plan = autosplit.plan(prof, gpus=2,
+                          options=PlanOptions(memory_per_gpu=gpipe_need // 2, schedule="1f1b"))
     assert plan.schedule == "1f1b"
     assert plan.stages[0].memory_bytes == 2 * 2 * 2 * 2**20  # two in flight on stage 0
 
@@ -126,7 +129,7 @@ def test_memory_model_counts_saved_tensors_of_the_whole_model() -> None:
 def test_faster_device_gets_more_blocks() -> None:
     prof = make_profile([2], [[1.0]] * 6, batch_size=8)
     even = autosplit.plan(prof, gpus=2)
-    fast_first = autosplit.plan(prof, gpus=2, speeds=[2.0, 1.0])
+    fast_first = autosplit.plan(prof, gpus=2, options=PlanOptions(speeds=[2.0, 1.0]))
     assert even.balance == (3, 3)
     assert fast_first.balance == (4, 2)
     assert fast_first.stages[0].compute_ms == pytest.approx(4 * 2 / 2.0)
@@ -134,7 +137,7 @@ def test_faster_device_gets_more_blocks() -> None:
 
 def test_per_device_memory_limits() -> None:
     prof = make_profile([2], [[1.0]] * 4, batch_size=4, param_bytes=[2**20] * 4)
-    plan = autosplit.plan(prof, gpus=2, memory_per_gpu=["3MiB", "64MiB"])
+    plan = autosplit.plan(prof, gpus=2, options=PlanOptions(memory_per_gpu=["3MiB", "64MiB"]))
     assert plan.balance == (1, 3)
 
 
@@ -144,8 +147,8 @@ def test_milp_and_dp_agree_with_heterogeneous_devices_and_memory() -> None:
                         cut_bytes_per_sample=[10**6, 10**5, 10**7, 10**4])
     kw = dict(speeds=[1.0, 2.0, 0.5], memory_per_gpu=["8MiB", "6MiB", "8MiB"],
               bandwidth_bytes_per_s=1e9)
-    dp = autosplit.plan(prof, gpus=3, solver="dp", **kw)
-    milp = autosplit.plan(prof, gpus=3, solver="milp", **kw)
+    dp = autosplit.plan(prof, gpus=3, options=PlanOptions(**kw, solver="dp"))
+    milp = autosplit.plan(prof, gpus=3, options=PlanOptions(**kw, solver="milp"))
     assert milp.bound_step_ms == pytest.approx(dp.bound_step_ms, rel=1e-9)
     assert milp.solver == "milp"
 
@@ -159,7 +162,8 @@ def test_dp_equals_milp_on_resnet50(resnet_profile: autosplit.Profile, gpus: int
         problem = partition_problem(settings, resnet_profile, k, math.ceil(8 / b))
         dp = solve_dp(problem).bottleneck
         assert solve_milp(problem).partition.bottleneck == pytest.approx(dp, rel=1e-9)
-    plans = [autosplit.plan(resnet_profile, gpus=gpus, solver=s) for s in ("dp", "milp")]
+    plans = [autosplit.plan(resnet_profile, gpus=gpus,
+                            options=PlanOptions(solver=s)) for s in ("dp", "milp")]
     assert plans[0].balance == plans[1].balance and plans[0].split_size == plans[1].split_size
 
 

@@ -14,6 +14,7 @@ import pytest
 from synthetic import make_profile
 
 import autosplit
+from autosplit import PlanOptions
 from autosplit.cost import in_flight, optimizer_factor, transfer_ms
 from autosplit.errors import ScheduleUnavailableError
 from autosplit.schedules import StageCosts, simulate_schedule
@@ -205,7 +206,7 @@ def test_planner_equals_brute_force_on_random_profiles(method: str) -> None:
     while checked < 500:
         prof, p, kw = random_case(rng)
         try:
-            plan = autosplit.plan(prof, gpus=p, **kw)
+            plan = autosplit.plan(prof, gpus=p, options=PlanOptions(**kw))
         except autosplit.InfeasiblePlanError:
             continue  # brute force agrees nothing fits: checked below on the feasible ones
         except ScheduleUnavailableError:  # 1F1B: every size leaves fewer micro-batches than p
@@ -267,10 +268,10 @@ def test_the_plan_says_when_the_search_stopped_early(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(search, "SEARCH_LIMIT_S", 0.0)
     prof = make_profile([4], [[1.0 + (i % 7) / 3] for i in range(120)], batch_size=64)
-    plan = autosplit.plan(prof, 8, schedule="1f1b")
+    plan = autosplit.plan(prof, 8, options=PlanOptions(schedule="1f1b"))
     assert "not proven optimal" in plan.solver
     monkeypatch.setattr(search, "SEARCH_LIMIT_S", 60.0)
-    assert "not proven" not in autosplit.plan(prof, 2, schedule="1f1b").solver
+    assert "not proven" not in autosplit.plan(prof, 2, options=PlanOptions(schedule="1f1b")).solver
 
 
 def test_1f1b_step_is_at_least_the_sum_plus_the_slowest_steady_stage() -> None:

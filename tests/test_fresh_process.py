@@ -18,6 +18,7 @@ from autosplit.measure import timing_process
 from autosplit.measure.profiler import profile_graph
 from autosplit.planner import plan_candidates
 from autosplit.verify.choice import verify_and_choose
+from autosplit.verify.options import TimingOptions
 from autosplit.verify.plans import time_stages
 
 
@@ -64,7 +65,8 @@ def test_profile_in_a_fresh_process_equals_one_here(fresh: None, monkeypatch: py
 def test_stage_times_in_a_fresh_process(fresh: None) -> None:
     graph = autosplit.trace(LongSkip())
     runs = [(0, 2, 4), (2, len(graph.blocks), 4), (0, len(graph.blocks), 8)]
-    times = time_stages(graph, (torch.randn(8, 6),), runs, rounds=2, max_rounds=2)
+    times = time_stages(graph, (torch.randn(8, 6),), runs,
+                        options=TimingOptions(rounds=2, max_rounds=2))
     assert set(times) == set(runs)
     assert all(t.forward_ms > 0 and t.backward_ms > 0 and t.rounds == 2 for t in times.values())
 
@@ -146,8 +148,9 @@ def test_both_verification_sessions_run_in_one_fresh_process(
     monkeypatch.setattr(timing_process, "run_fresh", counted)
     seen: list[tuple[int, int, str]] = []
     best, others = verify_and_choose(autosplit.trace(model), x, prof, candidates,
-                                     {"hand": candidates[-1]}, rounds=2, max_rounds=2,
-                                     progress=lambda *call: seen.append(call))
+                                     {"hand": candidates[-1]},
+                                     progress=lambda *call: seen.append(call),
+                                     options=TimingOptions(rounds=2, max_rounds=2))
     assert len(started) == 1  # one process for both sessions (the child times in itself)
     assert "first verification" in best.verification and others["hand"].verification
     assert seen and seen[-1][0] == seen[-1][1]  # the second session ends the progress

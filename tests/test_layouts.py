@@ -13,7 +13,7 @@ import pytest
 from synthetic import make_profile
 
 import autosplit
-from autosplit import ProfileOptions
+from autosplit import PlanOptions, ProfileOptions
 from autosplit.cli import main
 from autosplit.cost import OPTIMIZER_STATE, in_flight, replica_sync_ms
 from autosplit.errors import InfeasiblePlanError, InvalidInputError, ScheduleUnavailableError
@@ -139,9 +139,9 @@ def test_plan_layouts_equals_brute_force(seed: int) -> None:
                       allreduce_bandwidth_bytes_per_s=allreduce, optimizer=optimizer)
         if math.isinf(expected):  # nothing fits, or torch runs none (1F1B with m < p)
             with pytest.raises((InfeasiblePlanError, ScheduleUnavailableError)):
-                plan_layouts(prof, devices, **kwargs)
+                plan_layouts(prof, devices, PlanOptions(**kwargs))
             continue
-        got = plan_layouts(prof, devices, **kwargs).best
+        got = plan_layouts(prof, devices, PlanOptions(**kwargs)).best
         assert got.predicted_step_ms == pytest.approx(expected, rel=1e-9, abs=1e-9), (
             seed, n, devices, batch, schedule, capacity)
 
@@ -155,7 +155,8 @@ def _dp_wins_profile(**extra):
 
 
 def test_pure_data_parallel_is_chosen_when_fastest() -> None:
-    layouts = plan_layouts(_dp_wins_profile(), 2, bandwidth_bytes_per_s=BANDWIDTH)
+    layouts = plan_layouts(_dp_wins_profile(), 2,
+                           options=PlanOptions(bandwidth_bytes_per_s=BANDWIDTH))
     assert [(o.stages, o.replicas) for o in layouts.options] == [(1, 2), (2, 1)]
     dp = layouts.option(1, 2).plan
     pipe = layouts.option(2, 1).plan
@@ -166,51 +167,56 @@ def test_pure_data_parallel_is_chosen_when_fastest() -> None:
     assert dp.replica_sync_ms == pytest.approx(0.4)
     assert dp.predicted_step_ms == pytest.approx(16.0 + 0.4)
     assert dp.batch_size == 8 and dp.microbatches * dp.split_size == 4
-    assert pipe == plan(_dp_wins_profile(), 2, bandwidth_bytes_per_s=BANDWIDTH)
+    assert pipe == plan(_dp_wins_profile(), 2, options=PlanOptions(bandwidth_bytes_per_s=BANDWIDTH))
 
 
 def test_the_all_reduce_can_make_the_pipeline_win() -> None:
     heavy = make_profile([1, 2, 4], [[1.0, 1.0, 1.0]] * 4, batch_size=8,
                          param_bytes=[10**9] * 4)
-    layouts = plan_layouts(heavy, 2, bandwidth_bytes_per_s=BANDWIDTH)
+    layouts = plan_layouts(heavy, 2, options=PlanOptions(bandwidth_bytes_per_s=BANDWIDTH))
     assert layouts.best.replicas == 1
     # the same all-reduce, fully overlapped, no longer costs anything
-    hidden = plan_layouts(heavy, 2, bandwidth_bytes_per_s=BANDWIDTH, allreduce_overlap=1.0)
+    hidden = plan_layouts(heavy, 2,
+                          options=PlanOptions(bandwidth_bytes_per_s=BANDWIDTH,
+                                              allreduce_overlap=1.0))
     assert hidden.best.replicas == 2 and hidden.best.replica_sync_ms == 0.0
 
 
 def test_does_not_fit_when_one_device_cannot_hold_the_model() -> None:
     # 4 blocks of 4 MB weights (16 MB held with SGD): a stage of two fits 20 MB, all four do not
     prof = make_profile([1, 2], [[1.0, 1.0]] * 4, batch_size=4, param_bytes=[4 * 10**6] * 4)
-    layouts = plan_layouts(prof, 2, memory_per_gpu=20e6, bandwidth_bytes_per_s=BANDWIDTH)
+    layouts = plan_layouts(prof, 2,
+                           options=PlanOptions(memory_per_gpu=20e6,
+                                               bandwidth_bytes_per_s=BANDWIDTH))
     dp = layouts.option(1, 2)
     assert dp.plan is None and dp.need_bytes == pytest.approx(32e6)
     assert layouts.best.replicas == 1 and len(layouts.best.stages) == 2
     with pytest.raises(InfeasiblePlanError, match="does not fit"):
-        plan_replicated(prof, 1, 2, memory_per_gpu=20e6)
+        plan_replicated(prof, 1, 2, options=PlanOptions(memory_per_gpu=20e6))
 
 
 def test_fewer_devices_when_no_layout_uses_all() -> None:
     prof = make_profile([1], [[1.0]] * 2, batch_size=4)  # 2 blocks, batch 4: not 3, 5 devices
-    layouts = plan_layouts(prof, 3, bandwidth_bytes_per_s=BANDWIDTH)
+    layouts = plan_layouts(prof, 3, options=PlanOptions(bandwidth_bytes_per_s=BANDWIDTH))
     assert layouts.devices == 2 and "no layout uses all 3 devices" in layouts.note
     assert plan_layouts(prof, 4).devices == 4  # 1 × 4 replicas: 4 divides the batch
 
 
 def test_fixed_replicas_and_bad_values() -> None:
     prof = _dp_wins_profile()
-    only = plan_layouts(prof, 4, replicas=2, bandwidth_bytes_per_s=BANDWIDTH)
+    only = plan_layouts(prof, 4, replicas=2, options=PlanOptions(bandwidth_bytes_per_s=BANDWIDTH))
     assert [(o.stages, o.replicas) for o in only.options] == [(2, 2)]
     assert only.best.replicas == 2 and len(only.best.stages) == 2
     assert plan_layouts(prof, 2, pipeline_only=True).best.replicas == 1
     with pytest.raises(InvalidInputError, match="replicas=3"):
         plan_layouts(prof, 6, replicas=3)  # 3 does not divide the batch 8
     with pytest.raises(InvalidInputError, match="allreduce_overlap"):
-        plan_replicated(prof, 1, 2, allreduce_overlap=1.5)
+        plan_replicated(prof, 1, 2, options=PlanOptions(allreduce_overlap=1.5))
 
 
 def test_plan_replicas_round_trips_and_old_files_load(tmp_path) -> None:
-    dp = plan_replicated(_dp_wins_profile(), 1, 2, bandwidth_bytes_per_s=BANDWIDTH)
+    dp = plan_replicated(_dp_wins_profile(), 1, 2,
+                         options=PlanOptions(bandwidth_bytes_per_s=BANDWIDTH))
     path = tmp_path / "plan.json"
     dp.save(path)
     assert Plan.load(path) == dp
@@ -339,42 +345,47 @@ def test_no_layout_fits_names_the_smallest_need() -> None:
     # 4 blocks of 4 MB weights: neither 2 stages (16 MB on a stage) nor 2 replicas fit 1 MB
     prof = make_profile([1, 2], [[1.0, 1.0]] * 4, batch_size=4, param_bytes=[4 * 10**6] * 4)
     with pytest.raises(InfeasiblePlanError) as info:
-        plan_layouts(prof, 2, memory_per_gpu=1e6, bandwidth_bytes_per_s=BANDWIDTH)
+        plan_layouts(prof, 2,
+                     options=PlanOptions(memory_per_gpu=1e6, bandwidth_bytes_per_s=BANDWIDTH))
     need = info.value.min_capacity_bytes
     assert need == pytest.approx(16e6, rel=0.05)  # two blocks' weights and gradients
     assert info.value.finding.startswith("no layout of 2 devices fits: the smallest needs ")
     assert str(info.value).startswith(info.value.finding + "; try more devices")
-    plan_layouts(prof, 2, memory_per_gpu=need, bandwidth_bytes_per_s=BANDWIDTH)  # it fits
+    plan_layouts(prof, 2,
+                 options=PlanOptions(memory_per_gpu=need,
+                                     bandwidth_bytes_per_s=BANDWIDTH))  # it fits
 
 
 def test_the_measured_latency_and_the_one_stage_runtime_enter_data_parallel() -> None:
     measured = dataclasses.replace(_dp_wins_profile(), allreduce_bytes_per_s=BANDWIDTH,
                                    allreduce_latency_ms=2.0, one_stage_action_ms=0.25,
                                    one_stage_action_spread=0.05)
-    dp = plan_replicated(measured, 1, 2, bandwidth_bytes_per_s=BANDWIDTH)
+    dp = plan_replicated(measured, 1, 2, options=PlanOptions(bandwidth_bytes_per_s=BANDWIDTH))
     # the all-reduce of 4e5 bytes at 1 GB/s (0.4 ms) after its 2 ms latency; the one stage's
     # forwards and backwards each cost the runtime 0.25 ms more, one after the other
     assert dp.replica_sync_ms == pytest.approx(0.4 + 2.0)
     assert dp.action_ms == 0.25
     assert dp.predicted_step_ms == pytest.approx(16.0 + 2 * dp.microbatches * 0.25 + 2.4)
     # a bandwidth given by hand comes without the measured latency
-    given = plan_replicated(measured, 1, 2, bandwidth_bytes_per_s=BANDWIDTH,
-                            allreduce_bandwidth_bytes_per_s=BANDWIDTH)
+    given = plan_replicated(measured, 1, 2, options=PlanOptions(bandwidth_bytes_per_s=BANDWIDTH,
+                                                                allreduce_bandwidth_bytes_per_s=BANDWIDTH))
     assert given.replica_sync_ms == pytest.approx(0.4)
     # a profile that measured the pipelines' runtime but not one stage's: GPipe's cost
     older = dataclasses.replace(measured, one_stage_action_ms=None, one_stage_action_spread=None,
                                 action_ms=(("gpipe", 0.7), ("1f1b", 0.2)))
     assert older.one_stage_action() == (0.7, 0.0)
-    assert plan_replicated(older, 1, 2, bandwidth_bytes_per_s=BANDWIDTH).action_ms == 0.7
+    assert plan_replicated(older, 1, 2,
+                           options=PlanOptions(bandwidth_bytes_per_s=BANDWIDTH)).action_ms == 0.7
     # nothing measured: nothing added, as before
     assert _dp_wins_profile().one_stage_action() == (0.0, 0.0)
     # a synchronisation slow enough whatever its bytes makes the pipeline win
-    layouts = plan_layouts(measured, 2, bandwidth_bytes_per_s=BANDWIDTH)
+    layouts = plan_layouts(measured, 2, options=PlanOptions(bandwidth_bytes_per_s=BANDWIDTH))
     pipeline = layouts.option(2, 1).plan
     assert layouts.best.replicas == 2 and pipeline is not None
     slow = dataclasses.replace(
         measured, allreduce_latency_ms=pipeline.predicted_step_ms - dp.predicted_step_ms + 2.5)
-    assert plan_layouts(slow, 2, bandwidth_bytes_per_s=BANDWIDTH).best.replicas == 1
+    assert plan_layouts(slow, 2,
+                        options=PlanOptions(bandwidth_bytes_per_s=BANDWIDTH)).best.replicas == 1
 
 
 def test_replica_sync_adds_the_latency_once_per_step() -> None:
@@ -397,8 +408,8 @@ def test_1f1b_is_planned_only_with_as_many_micro_batches_as_stages() -> None:
 
     # b = 10 is half the cost per sample of b = 5: one micro-batch would be predicted fastest
     prof = make_profile([5, 10], [[2.0, 1.0], [2.0, 1.0]], batch_size=20)
-    for found in (plan_replicated(prof, 2, 2, schedule="1f1b"),
-                  plan(prof, 2, batch_size=10, schedule="1f1b")):
+    for found in (plan_replicated(prof, 2, 2, options=PlanOptions(schedule="1f1b")),
+                  plan(prof, 2, options=PlanOptions(batch_size=10, schedule="1f1b"))):
         assert found.schedule == "1f1b" and found.split_size == 5 and found.microbatches == 2
         check_schedule(found, 2, replicas=found.replicas)  # autosplit run takes it
     best = plan_replicated(prof, 2, 2)  # auto: GPipe's one micro-batch or 1F1B's two
@@ -406,10 +417,10 @@ def test_1f1b_is_planned_only_with_as_many_micro_batches_as_stages() -> None:
     check_schedule(best, 2, replicas=2)
     only_large = make_profile([10], [[1.0], [1.0]], batch_size=20)
     with pytest.raises(ScheduleUnavailableError, match="at least as many micro-batches as stages"):
-        plan_replicated(only_large, 2, 2, schedule="1f1b")
+        plan_replicated(only_large, 2, 2, options=PlanOptions(schedule="1f1b"))
     with pytest.raises(ScheduleUnavailableError,
                        match=r"stages \(2\), and the batch 10 in micro-batches of 10 makes at most 1"):
-        plan(only_large, 2, batch_size=10, schedule="1f1b")
+        plan(only_large, 2, options=PlanOptions(batch_size=10, schedule="1f1b"))
     assert plan_replicated(only_large, 2, 2).schedule == "gpipe"
 
 
@@ -424,7 +435,8 @@ def test_a_layout_that_torch_cannot_run_says_why() -> None:
     from autosplit.report import layout_table
 
     prof = make_profile([4], [[1.0]] * 4, batch_size=12)
-    layouts = plan_layouts(prof, 4, schedule="1f1b", bandwidth_bytes_per_s=BANDWIDTH)
+    layouts = plan_layouts(prof, 4,
+                           options=PlanOptions(schedule="1f1b", bandwidth_bytes_per_s=BANDWIDTH))
     options = {(o.stages, o.replicas): o for o in layouts.options}
     assert options[(4, 1)].plan is None and options[(4, 1)].need_bytes is None
     assert options[(4, 1)].why == "1f1b: fewer micro-batches than stages"
@@ -443,6 +455,8 @@ def test_what_does_not_fit_is_said_before_what_torch_refuses() -> None:
 
     prof = make_profile([10], [[1.0], [1.0]], batch_size=20, saved_bytes_per_sample=[10**6] * 2)
     with pytest.raises(Infeasible):
-        plan_replicated(prof, 2, 2, memory_per_gpu=1000)
+        plan_replicated(prof, 2, 2, options=PlanOptions(memory_per_gpu=1000))
     with pytest.raises(Infeasible):
-        plan(prof, 2, batch_size=10, schedule="auto", speeds=[1.0, 2.0], memory_per_gpu=1000)
+        plan(prof, 2,
+             options=PlanOptions(batch_size=10, schedule="auto", speeds=[1.0, 2.0],
+                                 memory_per_gpu=1000))

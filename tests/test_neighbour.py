@@ -17,12 +17,13 @@ from models import LongSkip
 from torch import nn
 
 import autosplit
-from autosplit import ProfileOptions
+from autosplit import PlanOptions, ProfileOptions
 from autosplit.measure import contention
 from autosplit.measure.contention import Neighbour
 from autosplit.planner import plan_candidates, plan_with_balance
 from autosplit.simulator import overlap_fractions, simulate, simulate_plan
 from autosplit.verify import choice, plans, timed_runs
+from autosplit.verify.options import TimingOptions
 from autosplit.verify.stage_timing import StageTime, time_stages
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
@@ -73,7 +74,7 @@ def test_a_neighbour_works_while_told_to_and_rests_when_told_to() -> None:
 def test_stages_timed_beside_a_neighbour_say_so(beside: None) -> None:
     graph, inputs = _wide()
     runs = [(0, 2, 16), ((0, 2, 16), (2, 4, 16)), ((2, 4, 16), (0, 2, 16)), ((2, 4, 8), None)]
-    times = time_stages(graph, inputs, runs, rounds=2, max_rounds=2)
+    times = time_stages(graph, inputs, runs, options=TimingOptions(rounds=2, max_rounds=2))
     assert list(times) == runs
     assert [t.beside for t in times.values()] == [False, True, True, False]
     assert all(t.forward_ms > 0 and t.backward_ms > 0 for t in times.values())
@@ -82,7 +83,8 @@ def test_stages_timed_beside_a_neighbour_say_so(beside: None) -> None:
 def test_with_the_switch_off_every_stage_is_timed_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(contention.ALONE, "1")
     graph, inputs = _wide()
-    times = time_stages(graph, inputs, [((0, 2, 16), (2, 4, 16))], rounds=2, max_rounds=2)
+    times = time_stages(graph, inputs, [((0, 2, 16), (2, 4, 16))],
+                        options=TimingOptions(rounds=2, max_rounds=2))
     assert not times[(0, 2, 16), (2, 4, 16)].beside
 
 
@@ -103,7 +105,8 @@ def test_a_neighbour_that_cannot_load_the_model_leaves_the_stages_timed_alone(
     x = torch.randn(8, 6)
     graph = autosplit.trace(model, example_inputs=(x,), leaf_modules=[Unloadable])
     with pytest.warns(RuntimeWarning, match="other cores idle.*cannot load the model"):
-        times = time_stages(graph, (x,), [((0, 1, 4), (1, 2, 4))], rounds=2, max_rounds=2)
+        times = time_stages(graph, (x,), [((0, 1, 4), (1, 2, 4))],
+                            options=TimingOptions(rounds=2, max_rounds=2))
     assert not times[(0, 1, 4), (1, 2, 4)].beside
 
 
@@ -129,11 +132,12 @@ def test_a_v_shaped_plans_stages_are_timed_beside_a_stage_of_the_other_rank() ->
     graph, inputs = _wide()
     profile = autosplit.profile(graph.module, inputs,
                                 options=ProfileOptions(microbatch_sizes=[8], repeats=2))
-    zbv = autosplit.plan(profile, gpus=2, split_size=8, schedule="zbv")
+    zbv = autosplit.plan(profile, gpus=2, options=PlanOptions(split_size=8, schedule="zbv"))
     assert timed_runs.stage_ranks(zbv) == [0, 1, 1, 0]  # rank 0 runs the first and the last
     s0, s1, s2, s3 = timed_runs.stage_runs(zbv)
     assert timed_runs.timed_runs(zbv, beside=False) == [(s0, s1), (s1, s3), (s2, s3), (s3, s1)]
-    looped = autosplit.plan(profile, gpus=2, split_size=8, schedule="interleaved-1f1b")
+    looped = autosplit.plan(profile, gpus=2,
+                            options=PlanOptions(split_size=8, schedule="interleaved-1f1b"))
     assert timed_runs.stage_ranks(looped) == [0, 1, 0, 1]
     s0, s1, s2, s3 = timed_runs.stage_runs(looped)
     assert timed_runs.timed_runs(looped, beside=False) == [(s0, s1), (s1, s2), (s2, s3), (s3, s0)]
@@ -144,12 +148,14 @@ def test_a_verified_plan_says_its_stages_ran_beside_each_other(beside: None) -> 
     profile = autosplit.profile(graph.module, inputs,
                                 options=ProfileOptions(microbatch_sizes=[8, 16], repeats=2))
     plan = next(iter(plan_candidates(profile, 2)))
-    out = plans.verify_plans(graph, inputs, profile, {"p": plan}, rounds=2, max_rounds=2)
+    out = plans.verify_plans(graph, inputs, profile, {"p": plan},
+                             options=TimingOptions(rounds=2, max_rounds=2))
     assert "beside its neighbouring worker" in out["p"].verification
     monkeypatch = pytest.MonkeyPatch()
     try:
         monkeypatch.setenv(contention.ALONE, "1")
-        alone = plans.verify_plans(graph, inputs, profile, {"p": plan}, rounds=2, max_rounds=2)
+        alone = plans.verify_plans(graph, inputs, profile, {"p": plan},
+                                   options=TimingOptions(rounds=2, max_rounds=2))
     finally:
         monkeypatch.undo()
     assert "beside" not in alone["p"].verification
@@ -172,7 +178,7 @@ def test_a_pipeline_stage_is_its_time_alone_plus_the_overlapping_share_of_the_di
     x = torch.randn(8, 6)
     profile = autosplit.profile(LongSkip(), (x,),
                                 options=ProfileOptions(microbatch_sizes=[2], repeats=2))
-    plan = next(iter(plan_candidates(profile, 2, schedule="gpipe")))
+    plan = next(iter(plan_candidates(profile, 2, options=PlanOptions(schedule="gpipe"))))
     alone = [_time(30.0, False), _time(30.0, False)]
     together = [_time(36.0, True), _time(33.0, True)]
     times, words, whole = plans._stage_times(plan, together + alone)
@@ -195,8 +201,8 @@ def test_dualpipev_weighs_its_one_pass_backwards_with_the_same_shares() -> None:
     blocks = tuple(dataclasses.replace(b, input_grad_ms=tuple(0.7 * t for t in b.bwd_ms),
                                        weight_grad_ms=tuple(0.5 * t for t in b.bwd_ms))
                    for b in profile.blocks)
-    plan = autosplit.plan(dataclasses.replace(profile, blocks=blocks), 2, schedule="dualpipev",
-                          split_size=2)
+    plan = autosplit.plan(dataclasses.replace(profile, blocks=blocks), 2,
+                          options=PlanOptions(schedule="dualpipev", split_size=2))
     n = len(plan.stages)
 
     def split(ms: float, beside: bool) -> StageTime:
@@ -259,7 +265,7 @@ def test_both_verification_sessions_share_one_neighbour(beside: None,
 
     monkeypatch.setattr(Neighbour, "__init__", counted)
     best, others = choice.verify_and_choose(graph, inputs, profile, candidates, {"hand": hand},
-                                            rounds=2, max_rounds=2)
+                                            options=TimingOptions(rounds=2, max_rounds=2))
     assert len(started) == 1  # one process for the choosing and the predicting sessions
     (shared,) = started
     assert {o for p in [*candidates, hand] for _, o in timed_runs.timed_runs(p) if o} \
@@ -274,7 +280,7 @@ def test_a_shared_neighbour_must_be_started_for_every_run_beside_it(beside: None
     with Neighbour(graph, inputs, [(2, 4, 16)]) as n:
         with pytest.raises(autosplit.InvalidInputError, match=r"neighbour.*\(0, 2, 16\)"):
             time_stages(graph, inputs, [((2, 4, 16), (0, 2, 16))], neighbour=n)
-        times = time_stages(graph, inputs, [((0, 2, 16), (2, 4, 16))], rounds=2, max_rounds=2,
-                            neighbour=n)
+        times = time_stages(graph, inputs, [((0, 2, 16), (2, 4, 16))],
+                            neighbour=n, options=TimingOptions(rounds=2, max_rounds=2))
         assert times[(0, 2, 16), (2, 4, 16)].beside
         assert n.running and n._current is None  # left idle for the next session

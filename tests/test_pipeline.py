@@ -13,7 +13,7 @@ from synthetic import plan_of
 from test_stages import TUPLE_MESSAGE, SizeAcross
 
 import autosplit
-from autosplit import PartitionOptions, ProfileOptions
+from autosplit import PartitionOptions, PlanOptions, ProfileOptions
 from autosplit.pipeline import PipelinedModule
 from autosplit.planner import plan_with_balance
 from autosplit.stages import CutValueError
@@ -72,7 +72,8 @@ def test_uneven_and_small_batches(batch: int) -> None:
     ref = copy.deepcopy(model)
     prof = autosplit.profile(model, torch.randn(8, 10),
                              options=ProfileOptions(microbatch_sizes=[3], warmup=0, repeats=1))
-    pm = autosplit.partition(model, plan=autosplit.plan(prof, gpus=2, split_size=3))
+    pm = autosplit.partition(model, plan=autosplit.plan(prof, gpus=2,
+                                                        options=PlanOptions(split_size=3)))
     assert_equivalent(model, pm, ref, (torch.randn(batch, 10),), 3)
 
 
@@ -139,7 +140,7 @@ def test_pipelined_module_runs_what_it_is_given(monkeypatch: pytest.MonkeyPatch)
     graph = autosplit.trace(model)
     prof = autosplit.profile(model, torch.randn(8, 10),
                              options=ProfileOptions(microbatch_sizes=[4], warmup=0, repeats=1))
-    plan = autosplit.plan(prof, gpus=2, split_size=4)
+    plan = autosplit.plan(prof, gpus=2, options=PlanOptions(split_size=4))
 
     def forbidden(*args: object, **kwargs: object) -> None:
         raise AssertionError("PipelinedModule called a policy function")

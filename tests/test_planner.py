@@ -10,7 +10,7 @@ from models import LongSkip, ToyModel
 from synthetic import make_profile
 
 import autosplit
-from autosplit import PartitionOptions, ProfileOptions
+from autosplit import PartitionOptions, PlanOptions, ProfileOptions
 from autosplit.errors import (
     InfeasiblePlanError,
     InvalidInputError,
@@ -47,12 +47,12 @@ def test_chosen_size_is_always_a_measured_one() -> None:
     prof = make_profile([3, 5], [[1.0, 1.0]] * 3, batch_size=15)
     assert autosplit.plan(prof, gpus=2).split_size in (3, 5)
     with pytest.raises(InvalidInputError, match=r"not profiled; measured sizes are \[3, 5\]"):
-        autosplit.plan(prof, gpus=2, split_size=4)
+        autosplit.plan(prof, gpus=2, options=PlanOptions(split_size=4))
 
 
 def test_comm_moves_the_cut() -> None:
     prof = make_profile([2], [[1.0]] * 4, batch_size=4, cut_bytes_per_sample=[0, 10**9, 0])
-    plan = autosplit.plan(prof, gpus=2, bandwidth_bytes_per_s=1e9)
+    plan = autosplit.plan(prof, gpus=2, options=PlanOptions(bandwidth_bytes_per_s=1e9))
     assert plan.balance in ((1, 3), (3, 1))
     assert plan.stages[0].send_bytes == 0
 
@@ -60,11 +60,11 @@ def test_comm_moves_the_cut() -> None:
 def test_memory_limit_and_infeasibility_message() -> None:
     prof = make_profile([2], [[1.0]] * 4, batch_size=4, param_bytes=[10 * 2**20, 0, 0, 0])
     # SGD: weights + gradients = 20 MiB for block 0
-    plan = autosplit.plan(prof, gpus=2, memory_per_gpu="25MiB")
+    plan = autosplit.plan(prof, gpus=2, options=PlanOptions(memory_per_gpu="25MiB"))
     assert plan.memory_limit_bytes == 25 * 2**20
     assert all(s.memory_bytes <= 25 * 2**20 for s in plan.stages)
     with pytest.raises(InfeasiblePlanError, match=r"needs 40\.0 MiB on stage 0 \(block0 … block0\)") as info:
-        autosplit.plan(prof, gpus=2, memory_per_gpu="25MiB", optimizer="adam")
+        autosplit.plan(prof, gpus=2, options=PlanOptions(memory_per_gpu="25MiB", optimizer="adam"))
     assert info.value.min_capacity_bytes == 40 * 2**20
     # what does not fit, without the advice (the command line words that its own way)
     assert info.value.finding == "the model does not fit on 2 devices of 25.0 MiB: the " \
@@ -88,7 +88,8 @@ def test_memory_limit_and_infeasibility_message() -> None:
 def test_bad_plan_arguments(kwargs, match) -> None:
     prof = make_profile([2], [[1.0]] * 4, batch_size=4)
     with pytest.raises(InvalidInputError, match=match):
-        autosplit.plan(prof, **kwargs)
+        options = {k: v for k, v in kwargs.items() if k != "gpus"}
+        autosplit.plan(prof, kwargs["gpus"], PlanOptions(**options))
 
 
 def test_plan_json_round_trip_is_exact(tmp_path) -> None:

@@ -17,6 +17,7 @@ import autosplit
 from autosplit import ProfileOptions
 from autosplit.errors import InvalidInputError, PlanFileError
 from autosplit.estimate.analytic import analytic_profile
+from autosplit.estimate.options import EstimateOptions
 from autosplit.records import BlockProfile, Profile
 from autosplit.specs import get_spec
 
@@ -62,7 +63,7 @@ def test_measured_recomputation_and_checkpointed_bytes(measured: Profile) -> Non
 
 def test_analytic_profile_estimates_the_split() -> None:
     prof = analytic_profile(mlp(), (torch.randn(8, 6),), get_spec("h100-80gb"),
-                            microbatch_sizes=[4, 8])
+                            options=EstimateOptions(microbatch_sizes=[4, 8]))
     assert prof.backward_split == "estimated"
     first, *rest = prof.blocks
     assert first.input_grad_ms == (0.0, 0.0) and first.weight_grad_ms == first.bwd_ms

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from synthetic import make_profile
 
 import autosplit
-from autosplit import cost, simulator
+from autosplit import PlanOptions, cost, simulator
 from autosplit.capture.trace import trace
 from autosplit.cli import main
 from autosplit.errors import AutosplitError, InvalidInputError, PlanFileError, PlanMismatchError
@@ -40,7 +40,7 @@ def _profile() -> Profile:
 
 
 PROFILE = _profile()
-PLAN = autosplit.plan(PROFILE, gpus=3, schedule="1f1b")
+PLAN = autosplit.plan(PROFILE, gpus=3, options=PlanOptions(schedule="1f1b"))
 
 
 def _json(record: Profile | Plan) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import pytest
 from synthetic import make_profile
 
 import autosplit
-from autosplit import simulator
+from autosplit import PlanOptions, simulator
 from autosplit.errors import ArgumentTypeError, InvalidInputError
 from autosplit.measure.runtime_cost import (
     MEASURED,
@@ -130,10 +130,11 @@ def test_the_search_with_a_cost_per_action_equals_brute_force() -> None:
 def test_plans_carry_the_cost_and_predict_with_it() -> None:
     prof = make_profile([2, 4], [[1.0, 1.0]] * 6, batch_size=8)
     costly = dataclasses.replace(prof, action_ms=(("gpipe", 3.0), ("1f1b", 2.0)))
-    settings = PlanSettings.check(costly, 2, schedule="auto")
+    settings = PlanSettings.check(costly, 2, options=PlanOptions(schedule="auto"))
     sizes = candidate_sizes(costly, None, settings.batch_size, "the batch")
     choice = plan_schedules(settings, costly, sizes, (("gpipe", 1), ("1f1b", 1)))
-    free = plan_schedules(PlanSettings.check(prof, 2, schedule="auto"), prof, sizes,
+    free = plan_schedules(PlanSettings.check(prof, 2,
+                                             options=PlanOptions(schedule="auto")), prof, sizes,
                           (("gpipe", 1), ("1f1b", 1)))
     for option, plain in zip(choice.options, free.options):
         assert option.plan is not None and plain.plan is not None
@@ -149,9 +150,10 @@ def test_the_fixed_schedules_search_and_a_given_split_carry_the_cost(schedule: s
     prof = make_profile([2, 4], [[1.0, 1.5], [2.0, 3.0], [0.5, 1.0], [1.0, 2.0]], batch_size=8)
     costly = dataclasses.replace(prof, action_ms=(("gpipe", 3.0), ("1f1b", 2.0)))
     a = costly.action_ms_of(schedule)
-    chosen = autosplit.plan(costly, 2, schedule=schedule)  # the exact search, cost included
+    chosen = autosplit.plan(costly, 2,
+                            options=PlanOptions(schedule=schedule))  # the exact search, cost included
     given = plan_with_balance(costly, chosen.balance, chosen.split_size,
-                              schedule=schedule)
+                              options=PlanOptions(schedule=schedule))
     for plan in (chosen, given):
         assert plan.action_ms == a
         f = [s.forward_ms + a for s in plan.stages]
@@ -162,7 +164,7 @@ def test_the_fixed_schedules_search_and_a_given_split_carry_the_cost(schedule: s
         assert plan.predicted_step_ms == pytest.approx(want, rel=1e-12)
     # one stage alone trains without the pipeline runtime: no cost per action (a replica of
     # one stage runs on it: tests/test_layouts.py)
-    assert autosplit.plan(costly, 1, schedule=schedule).action_ms == 0.0
+    assert autosplit.plan(costly, 1, options=PlanOptions(schedule=schedule)).action_ms == 0.0
 
 
 def test_measured_on_two_ranks(monkeypatch) -> None:

@@ -12,6 +12,7 @@ import pytest
 from synthetic import format_1, make_profile
 
 import autosplit
+from autosplit import PlanOptions
 from autosplit.cli import main
 from autosplit.errors import InvalidInputError, ScheduleUnavailableError
 from autosplit.planner.schedules import plan_schedules
@@ -176,7 +177,7 @@ def _split(profile: Profile, weight_share: float = 0.5) -> Profile:
 
 
 def _choose(profile: Profile, **kwargs: object):
-    settings = PlanSettings.check(profile, 2, **kwargs)  # type: ignore[arg-type]
+    settings = PlanSettings.check(profile, 2, PlanOptions(**kwargs))  # type: ignore[arg-type]
     return plan_schedules(settings, profile, candidate_sizes(profile, None,
                                                              settings.batch_size, "the batch"))
 
@@ -236,9 +237,9 @@ def test_zero_bubble_is_not_offered_without_the_backward_split() -> None:
 def test_library_plan_auto_and_fixed_schedules(tmp_path: Path) -> None:
     profile = _split(make_profile([1, 2, 4], EVEN, batch_size=8,
                                   saved_bytes_per_sample=[100] * 8))
-    best = autosplit.plan(profile, 2, schedule="auto")
+    best = autosplit.plan(profile, 2, options=PlanOptions(schedule="auto"))
     assert best.schedule in ("interleaved-zb", "zbv")
-    fixed = autosplit.plan(profile, 2, schedule="interleaved-1f1b")
+    fixed = autosplit.plan(profile, 2, options=PlanOptions(schedule="interleaved-1f1b"))
     assert fixed.schedule == "interleaved-1f1b" and fixed.stages_per_rank == 2
     assert fixed.predicted_step_ms >= best.predicted_step_ms
     best.save(tmp_path / "plan.json")
@@ -248,7 +249,7 @@ def test_library_plan_auto_and_fixed_schedules(tmp_path: Path) -> None:
 
 def test_old_plan_files_load(tmp_path: Path) -> None:
     profile = make_profile([1, 2], [[1.0, 1.0]] * 4, batch_size=4)
-    plan = autosplit.plan(profile, 2, schedule="gpipe")
+    plan = autosplit.plan(profile, 2, options=PlanOptions(schedule="gpipe"))
     path = tmp_path / "plan.json"
     plan.save(path)
     data = format_1(json.loads(path.read_text()))
@@ -449,21 +450,23 @@ def test_too_many_cuts_are_not_enumerated_and_gpipe_falls_back_on_its_exact_sear
     why = {o.schedule: o.why for o in two.options if o.plan is None}
     assert "35 ways to cut 8 blocks into 4 stages" in why["interleaved-1f1b"]
     assert two.best.schedule in ("gpipe", "1f1b") and two.best.stages_per_rank == 1
-    settings = PlanSettings.check(profile, 4, schedule="auto")  # 4 ranks: C(7, 3) at v = 1
+    settings = PlanSettings.check(profile, 4,
+                                  options=PlanOptions(schedule="auto"))  # 4 ranks: C(7, 3) at v = 1
     sizes = candidate_sizes(profile, None, 8, "the batch")
     four = plan_schedules(settings, profile, sizes, (("gpipe", 1), ("1f1b", 1)),
                           fixed=fixed_planner(settings, profile, sizes))
     for option in four.options:
-        alone = autosplit.plan(profile, 4, schedule=option.schedule)
+        alone = autosplit.plan(profile, 4, options=PlanOptions(schedule=option.schedule))
         assert option.plan is not None and option.why == ""  # no recomputation to search
         assert (option.plan.balance, option.plan.split_size) == (alone.balance, alone.split_size)
         assert option.plan.predicted_step_ms == pytest.approx(alone.predicted_step_ms)
-    auto = autosplit.plan(profile, 4, schedule="auto")  # v = 2: 8 stages, one way to cut
+    auto = autosplit.plan(profile, 4,
+                          options=PlanOptions(schedule="auto"))  # v = 2: 8 stages, one way to cut
     assert auto.predicted_step_ms <= four.best.predicted_step_ms * (1 + 1e-9)
     with pytest.raises(autosplit.InvalidInputError, match="35 ways to cut"):
         plan_schedules(settings, profile, sizes, (("gpipe", 1),))  # no fallback given
     with pytest.raises(autosplit.InvalidInputError, match=r"interleaved-1f1b \(v = 2\): 35 ways"):
-        autosplit.plan(profile, 2, schedule="interleaved-1f1b")
+        autosplit.plan(profile, 2, options=PlanOptions(schedule="interleaved-1f1b"))
 
 
 def test_the_tables_mark_the_chosen_plan_and_what_verification_chose_instead() -> None:
@@ -478,7 +481,7 @@ def test_the_tables_mark_the_chosen_plan_and_what_verification_chose_instead() -
     from autosplit.report import _chosen_note, layout_table
 
     profile = make_profile([2, 4], [[1.0, 0.8]] * 6, batch_size=8)
-    row = autosplit.plan(profile, 2, schedule="interleaved-1f1b")
+    row = autosplit.plan(profile, 2, options=PlanOptions(schedule="interleaved-1f1b"))
     assert len(row.stages) == 4 and row.stages_per_rank == 2
     assert _chosen_note(row, row) == "chosen"
     verified = dataclasses.replace(row, verification="stages timed together")
@@ -486,7 +489,8 @@ def test_the_tables_mark_the_chosen_plan_and_what_verification_chose_instead() -
     size = 2 if row.split_size == 4 else 4
     other = dataclasses.replace(verified, split_size=size, microbatches=8 // size)
     assert _chosen_note(row, other) == f"chosen: {8 // size}×{size}, verified above"
-    recut = autosplit.plan(profile, 2, schedule="gpipe")  # 2 stages: other cuts
+    recut = autosplit.plan(profile, 2,
+                           options=PlanOptions(schedule="gpipe"))  # 2 stages: other cuts
     moved = dataclasses.replace(recut, verification="stages timed together")
     assert "on other cuts" in _chosen_note(row, moved)
 

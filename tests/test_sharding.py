@@ -13,6 +13,7 @@ import pytest
 from synthetic import format_1, make_profile
 from test_layouts import _model_and_profile
 
+from autosplit import PlanOptions
 from autosplit.cli import main
 from autosplit.cost import replica_sync_ms
 from autosplit.errors import InfeasiblePlanError, InvalidInputError
@@ -74,11 +75,11 @@ def _heavy_profile():
 
 def test_fsdp2_is_chosen_where_ddp_does_not_fit() -> None:
     prof = _heavy_profile()
-    kwargs = dict(bandwidth_bytes_per_s=BANDWIDTH, allreduce_bandwidth_bytes_per_s=BANDWIDTH,
-                  optimizer="adam-mixed")
-    free = plan_layouts(prof, 4, **kwargs)
+    base = PlanOptions(bandwidth_bytes_per_s=BANDWIDTH,
+                       allreduce_bandwidth_bytes_per_s=BANDWIDTH, optimizer="adam-mixed")
+    free = plan_layouts(prof, 4, base)
     assert free.option(1, 4).plan.replica_mode == "ddp"  # no limit: DDP is as fast or faster
-    layouts = plan_layouts(prof, 4, memory_per_gpu=80 * MB, **kwargs)
+    layouts = plan_layouts(prof, 4, dataclasses.replace(base, memory_per_gpu=80 * MB))
     dp = layouts.option(1, 4)
     assert dp.plan is not None and dp.plan.replica_mode == "fsdp2-no-reshard"
     modes = {m.mode: m for m in dp.modes}
@@ -91,28 +92,31 @@ def test_fsdp2_is_chosen_where_ddp_does_not_fit() -> None:
     # the resharding mode holds the same at its peak and gathers m + 1 times: slower
     assert modes["fsdp2"].plan.predicted_step_ms > dp.plan.predicted_step_ms
     with pytest.raises(InfeasiblePlanError):
-        plan_replicated(prof, 1, 4, memory_per_gpu=80 * MB, replica_mode="ddp", **kwargs)
+        plan_replicated(prof, 1, 4, dataclasses.replace(base, memory_per_gpu=80 * MB,
+                                                        replica_mode="ddp"))
     with pytest.raises(InvalidInputError, match="replica_mode 'zero3'"):
-        plan_replicated(prof, 1, 4, replica_mode="zero3")
+        plan_replicated(prof, 1, 4, options=PlanOptions(replica_mode="zero3"))
     with pytest.raises(InvalidInputError, match="replica_mode 'zero3'"):
-        plan_replicated(prof, 1, 1, replica_mode="zero3")
+        plan_replicated(prof, 1, 1, options=PlanOptions(replica_mode="zero3"))
 
 
 def test_the_sharded_update_is_a_replicas_share() -> None:
     prof = dataclasses.replace(_heavy_profile(), blocks=tuple(
         dataclasses.replace(blk, update_ms=(("adam-mixed", 2.0),))
         for blk in _heavy_profile().blocks))
-    kwargs = dict(bandwidth_bytes_per_s=BANDWIDTH, allreduce_bandwidth_bytes_per_s=BANDWIDTH,
-                  optimizer="adam-mixed")
-    ddp = plan_replicated(prof, 1, 4, replica_mode="ddp", **kwargs)
-    sharded = plan_replicated(prof, 1, 4, replica_mode="fsdp2-no-reshard", **kwargs)
+    base = PlanOptions(bandwidth_bytes_per_s=BANDWIDTH,
+                       allreduce_bandwidth_bytes_per_s=BANDWIDTH, optimizer="adam-mixed")
+    ddp = plan_replicated(prof, 1, 4, dataclasses.replace(base, replica_mode="ddp"))
+    sharded = plan_replicated(prof, 1, 4,
+                              dataclasses.replace(base, replica_mode="fsdp2-no-reshard"))
     assert ddp.update_ms == pytest.approx(8.0)
     assert sharded.update_ms == pytest.approx(2.0)  # each replica updates a quarter
 
 
 def test_replica_mode_round_trips_and_old_files_load_as_ddp(tmp_path) -> None:
-    sharded = plan_replicated(_heavy_profile(), 1, 4, bandwidth_bytes_per_s=BANDWIDTH,
-                              optimizer="adam-mixed", replica_mode="fsdp2")
+    sharded = plan_replicated(_heavy_profile(), 1, 4,
+                              options=PlanOptions(bandwidth_bytes_per_s=BANDWIDTH,
+                                                  optimizer="adam-mixed", replica_mode="fsdp2"))
     path = tmp_path / "plan.json"
     sharded.save(path)
     assert Plan.load(path) == sharded and Plan.load(path).replica_mode == "fsdp2"
@@ -159,8 +163,9 @@ def test_predicted_fsdp2_memory_is_within_10_percent_of_one_measured_step() -> N
     assert {r["stages"] for r in rows} == {1, 2} and len(rows) >= 4
     for r in rows:
         prof = Profile.load(RESULTS / r["profile"])
-        plan = plan_replicated(prof, r["stages"], r["replicas"], optimizer="adam",
-                               split_size=r["split"], replica_mode=r["mode"], schedule="gpipe")
+        plan = plan_replicated(prof, r["stages"], r["replicas"],
+                               options=PlanOptions(optimizer="adam", split_size=r["split"],
+                                                   replica_mode=r["mode"], schedule="gpipe"))
         predicted = [s.memory_bytes for s in plan.stages]
         assert predicted == r["predicted_bytes"], r["mode"]  # what was set beside the step
         p = r["stages"]
@@ -174,7 +179,9 @@ def test_weights_shared_across_stages_keep_ddp() -> None:
     layout of several stages with one is planned with DDP only; one stage holds every user."""
     tied = dataclasses.replace(_heavy_profile(), shared=(SharedParam("embed.weight", (0, 3),
                                                                      4 * MB),))
-    layouts = plan_layouts(tied, 4, bandwidth_bytes_per_s=BANDWIDTH, optimizer="adam-mixed")
+    layouts = plan_layouts(tied, 4,
+                           options=PlanOptions(bandwidth_bytes_per_s=BANDWIDTH,
+                                               optimizer="adam-mixed"))
     assert [m.mode for m in layouts.option(2, 2).modes] == ["ddp"]
     assert [m.mode for m in layouts.option(1, 4).modes] == ["ddp", "fsdp2",
                                                             "fsdp2-no-reshard"]
@@ -198,15 +205,15 @@ def test_blocks_fsdp2_cannot_shard_keep_ddp(tmp_path: Path) -> None:
     del data["fsdp_units"]
     (tmp_path / "older.json").write_text(json.dumps(data))
     assert Profile.load(tmp_path / "older.json").fsdp_units is True
-    kwargs = dict(bandwidth_bytes_per_s=BANDWIDTH, allreduce_bandwidth_bytes_per_s=BANDWIDTH,
-                  optimizer="adam-mixed")
-    layouts = plan_layouts(unshardable, 4, **kwargs)
+    base = PlanOptions(bandwidth_bytes_per_s=BANDWIDTH,
+                       allreduce_bandwidth_bytes_per_s=BANDWIDTH, optimizer="adam-mixed")
+    layouts = plan_layouts(unshardable, 4, base)
     assert [m.mode for m in layouts.option(1, 4).modes] == ["ddp"]
     assert {o.plan.replica_mode for o in layouts.options if o.plan is not None} == {"ddp"}
     with pytest.raises(InfeasiblePlanError):  # where only FSDP2 would fit
-        plan_replicated(unshardable, 1, 4, memory_per_gpu=80 * MB, **kwargs)
+        plan_replicated(unshardable, 1, 4, dataclasses.replace(base, memory_per_gpu=80 * MB))
     with pytest.raises(InvalidInputError, match="no module its graph calls.*replica_mode='ddp'"):
-        plan_replicated(unshardable, 1, 4, replica_mode="fsdp2", **kwargs)
+        plan_replicated(unshardable, 1, 4, dataclasses.replace(base, replica_mode="fsdp2"))
     with pytest.raises(RecordError, match="fsdp_units"):
         dataclasses.replace(unshardable, fsdp_units="no")
 

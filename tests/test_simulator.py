@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autosplit import simulator
+from autosplit import PlanOptions, simulator
 from autosplit.errors import InvalidInputError
 from autosplit.simulator import Event, SimResult, schedule_order, simulate
 
@@ -361,7 +361,8 @@ def test_a_plan_on_cpu_workers_pays_its_copies_and_one_on_gpus_does_not(schedule
     # sender copies it, and the step is the same either way
     prof = make_profile([2, 4], [[1.0, 1.0], [2.0, 2.0], [1.0, 1.0], [0.5, 0.5], [1.0, 1.0],
                                  [3.0, 3.0]], batch_size=8, cut_bytes_per_sample=[2 * 10**6] * 5)
-    plan = autosplit.plan(prof, 2, schedule=schedule, bandwidth_bytes_per_s=1e9)
+    plan = autosplit.plan(prof, 2,
+                          options=PlanOptions(schedule=schedule, bandwidth_bytes_per_s=1e9))
     assert simulator.copies_on_cores(plan)
     on = simulator.simulate_plan(plan).step_ms
     off = simulator.simulate_plan(plan, transfers_on_cores=False).step_ms

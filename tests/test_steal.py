@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 import autosplit
-from autosplit import ProfileOptions
+from autosplit import PlanOptions, ProfileOptions
 from autosplit.capture.trace import trace
 from autosplit.measure import block_timing, steal_time
+from autosplit.verify.options import TimingOptions
 from autosplit.verify.stage_timing import time_stages
 
 
@@ -111,13 +112,13 @@ def test_the_stage_timing_sets_aside_the_runs_the_hypervisor_disturbed(burst) ->
     # two runs taking turns, one window per run: A is windows 1, 3, 5, …, B 2, 4, 6, …
     runs = [(0, 1, 4), (1, n, 4)]
     burst.hit = {3, 5}  # A's first two timed runs (after its warm-up, window 1)
-    times = time_stages(graph, x, runs, warmup=1, rounds=3, max_rounds=3)
+    times = time_stages(graph, x, runs, options=TimingOptions(warmup=1, rounds=3, max_rounds=3))
     a, b = times[runs[0]], times[runs[1]]
     assert (a.set_aside, b.set_aside) == (2, 0)
     assert a.rounds == 1 and b.rounds == 3
     assert a.forward_ms < 1000.0 and a.compute_ms < 1000.0
     _Burst.opened, burst.hit = 0, set(range(1, 1000))  # all of them: kept, rather than none
-    times = time_stages(graph, x, runs, warmup=1, rounds=2, max_rounds=2)
+    times = time_stages(graph, x, runs, options=TimingOptions(warmup=1, rounds=2, max_rounds=2))
     assert all(t.set_aside == 2 and t.rounds == 2 and t.forward_ms >= 1000.0
                for t in times.values())
 
@@ -130,12 +131,12 @@ def test_a_verified_plan_says_how_many_timings_were_set_aside(burst) -> None:
     prof = autosplit.profile(model, x,
                              options=ProfileOptions(microbatch_sizes=[4], warmup=1, repeats=3,
                                                     max_repeats=3))
-    plan = autosplit.plan(prof, 2, schedule="gpipe")
-    quiet = verify_plans(graph, x, prof, {"plan": plan}, one_device=False, rounds=2,
-                         max_rounds=2)["plan"]
+    plan = autosplit.plan(prof, 2, options=PlanOptions(schedule="gpipe"))
+    quiet = verify_plans(graph, x, prof, {"plan": plan}, one_device=False,
+                         options=TimingOptions(rounds=2, max_rounds=2))["plan"]
     assert "set aside" not in quiet.verification
     _Burst.opened, burst.hit = 0, {3}  # one timed run of the first stage
-    checked = verify_plans(graph, x, prof, {"plan": plan}, one_device=False, rounds=2,
-                           max_rounds=2)["plan"]
+    checked = verify_plans(graph, x, prof, {"plan": plan}, one_device=False,
+                           options=TimingOptions(rounds=2, max_rounds=2))["plan"]
     assert "1 timing(s) set aside, the hypervisor taking over 5% of the CPUs" \
         in checked.verification

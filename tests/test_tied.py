@@ -31,7 +31,7 @@ from test_distributed import (
 )
 
 import autosplit
-from autosplit import ProfileOptions, distributed
+from autosplit import PlanOptions, ProfileOptions, distributed
 from autosplit.codegen import emit
 from autosplit.cost import optimizer_factor
 from autosplit.planner import plan_with_balance
@@ -48,7 +48,7 @@ def _ids(rows: int) -> tuple[torch.Tensor]:
 def _plan(model: torch.nn.Module, stages: int, split: int = 2) -> Plan:
     prof = autosplit.profile(model, _ids(8),
                              options=ProfileOptions(microbatch_sizes=[split], warmup=0, repeats=1))
-    return autosplit.plan(prof, gpus=stages, split_size=split)
+    return autosplit.plan(prof, gpus=stages, options=PlanOptions(split_size=split))
 
 
 # ------------------------------------------------------------------------------ the trace
@@ -90,7 +90,7 @@ def test_a_weight_shared_by_stages_of_one_rank_costs_no_all_reduce(schedule: str
     prof = autosplit.profile(TiedLM(), _ids(8),
                              options=ProfileOptions(microbatch_sizes=[2], warmup=0, repeats=1))
     # V-shaped: 4 stages on 2 ranks, rank 0 holds the first and the last (embedding and head)
-    v_shaped = autosplit.plan(prof, gpus=2, split_size=2, schedule=schedule)
+    v_shaped = autosplit.plan(prof, gpus=2, options=PlanOptions(split_size=2, schedule=schedule))
     (weight,) = v_shaped.shared
     assert weight.stages == (0, 3) and weight.mode == "one rank" and weight.sync_ms == 0.0
     assert v_shaped.predicted_step_ms == simulate_plan(v_shaped).step_ms + v_shaped.update_ms
@@ -98,7 +98,8 @@ def test_a_weight_shared_by_stages_of_one_rank_costs_no_all_reduce(schedule: str
     v_shaped.save(tmp_path / "plan.json")
     assert Plan.load(tmp_path / "plan.json") == v_shaped
     # looped: stage 0 on rank 0, stage 3 on rank 1, the copies summed after each step
-    looped = autosplit.plan(prof, gpus=2, split_size=2, schedule="interleaved-1f1b")
+    looped = autosplit.plan(prof, gpus=2,
+                            options=PlanOptions(split_size=2, schedule="interleaved-1f1b"))
     (weight,) = looped.shared
     assert weight.stages == (0, 3) and weight.mode == "all-reduce" and weight.sync_ms > 0
     assert looped.predicted_step_ms == pytest.approx(simulate_plan(looped).step_ms

@@ -15,7 +15,7 @@ from synthetic import format_1, make_profile
 from test_layouts import _brute_force, _random_profile
 
 import autosplit
-from autosplit import ProfileOptions
+from autosplit import PlanOptions, ProfileOptions
 from autosplit.cli import main
 from autosplit.cost import replica_sync_ms
 from autosplit.errors import (
@@ -107,7 +107,7 @@ def test_the_measured_latency_is_paid_on_a_topology_too() -> None:
     assert best.replica_sync_ms == pytest.approx(1.0 + 3.0)
     assert best.predicted_step_ms == pytest.approx(4.0 + 1.0 + 3.0)
     given = plan_layouts(measured, topology=Topology(2, 2, W_IN, W_OUT), replicas=2,
-                         allreduce_bandwidth_bytes_per_s=W_IN).best
+                         options=PlanOptions(allreduce_bandwidth_bytes_per_s=W_IN)).best
     assert given.replica_sync_ms == pytest.approx(1.0)
 
 
@@ -159,9 +159,9 @@ def test_planner_equals_brute_force_over_placements(seed: int) -> None:
                   "allreduce_bandwidth_bytes_per_s": measured}
         if math.isinf(expected):  # nothing fits, or torch runs none (1F1B with m < p)
             with pytest.raises((InfeasiblePlanError, ScheduleUnavailableError)):
-                plan_layouts(prof, topology=topology, **kwargs)
+                plan_layouts(prof, options=PlanOptions(**kwargs), topology=topology)
             continue
-        got = plan_layouts(prof, topology=topology, **kwargs).best
+        got = plan_layouts(prof, options=PlanOptions(**kwargs), topology=topology).best
         assert got.predicted_step_ms == pytest.approx(expected, rel=1e-9, abs=1e-9), (
             seed, n, nodes, per_node, batch, schedule, capacity, measured)
 
@@ -171,14 +171,15 @@ def test_plan_layouts_checks_the_topology_against_its_arguments() -> None:
     with pytest.raises(InvalidInputError, match="differs from the topology"):
         plan_layouts(prof, 8, topology=Topology(2, 2, W_IN, W_OUT))
     with pytest.raises(InvalidInputError, match="bandwidth_bytes_per_s with a topology"):
-        plan_layouts(prof, topology=Topology(2, 2, W_IN, W_OUT), bandwidth_bytes_per_s=1e9)
+        plan_layouts(prof, topology=Topology(2, 2, W_IN, W_OUT),
+                     options=PlanOptions(bandwidth_bytes_per_s=1e9))
     with pytest.raises(ArgumentTypeError, match="topology"):
         plan_layouts(prof, topology=(2, 2))  # type: ignore[arg-type]
 
 
 def test_max_stages_leaves_deep_pipelines_out_and_says_so() -> None:
     prof = make_profile([1, 2], [[1.0, 1.0]] * 4, batch_size=4)
-    layouts = plan_layouts(prof, 4, max_stages=2, bandwidth_bytes_per_s=W_IN)
+    layouts = plan_layouts(prof, 4, max_stages=2, options=PlanOptions(bandwidth_bytes_per_s=W_IN))
     assert [(o.stages, o.replicas) for o in layouts.options] == [(1, 4), (2, 2)]
     assert "layouts of 4 stages not searched (max_stages 2)" in layouts.note
 
@@ -250,7 +251,8 @@ def test_a_measured_link_is_the_planners_default_and_an_old_profile_keeps_the_ki
     assumed = autosplit.plan(prof, 2)  # no measurement: the CPU default, 1.7 GB/s
     slow = dataclasses.replace(prof, link_bytes_per_s=1e9)
     measured = autosplit.plan(slow, 2)
-    given = autosplit.plan(slow, 2, bandwidth_bytes_per_s=5e9)  # an explicit link wins
+    given = autosplit.plan(slow, 2,
+                           options=PlanOptions(bandwidth_bytes_per_s=5e9))  # an explicit link wins
     # a transfer is forward + backward over the cut: 2 · bytes / bandwidth
     nbytes = prof.cuts[0].bytes[prof.size_index(measured.split_size)]
     assert measured.stages[0].send_ms == pytest.approx(2 * nbytes / 1e9 * 1000)

@@ -12,6 +12,7 @@ from synthetic import make_profile
 from torch import nn
 
 import autosplit
+from autosplit import PlanOptions
 from autosplit.errors import CodegenError
 from autosplit.export import torchtitan_config
 from autosplit.planner import plan_layouts
@@ -79,7 +80,7 @@ def test_a_pipeline_becomes_torchtitans_parallelism(schedule: str, stages_per_ra
         prof = dataclasses.replace(prof, blocks=tuple(dataclasses.replace(
             b, input_grad_ms=tuple(x / 2 for x in b.bwd_ms),
             weight_grad_ms=tuple(x / 2 for x in b.bwd_ms)) for b in prof.blocks))
-    plan = autosplit.plan(prof, 2, schedule=schedule)
+    plan = autosplit.plan(prof, 2, options=PlanOptions(schedule=schedule))
     assert plan.stages_per_rank == stages_per_rank
     config = tomllib.loads(torchtitan_config(plan, model, source="autosplit plan tiny.py"))
     par = config["parallelism"]
@@ -97,7 +98,7 @@ def test_a_pipeline_becomes_torchtitans_parallelism(schedule: str, stages_per_ra
 def test_replicas_and_checkpointing_are_written() -> None:
     model = Tiny()
     prof = _profile(model, torch.randint(0, 32, (8, 5)))
-    plan = plan_layouts(prof, 4, replicas=2, schedule="gpipe").best
+    plan = plan_layouts(prof, 4, replicas=2, options=PlanOptions(schedule="gpipe")).best
     assert (len(plan.stages), plan.replicas) == (2, 2)
     checked = dataclasses.replace(plan, stages=tuple(
         dataclasses.replace(s, checkpoint=True) for s in plan.stages))
@@ -114,7 +115,8 @@ def test_sharded_replicas_are_written_as_fsdp(tmp_path) -> None:
     model = Tiny()
     prof = _profile(model, torch.randint(0, 32, (8, 5)))
     for mode, policy in (("fsdp2", "always"), ("fsdp2-no-reshard", "never")):
-        plan = plan_layouts(prof, 4, replicas=2, schedule="gpipe", replica_mode=mode).best
+        plan = plan_layouts(prof, 4, replicas=2,
+                            options=PlanOptions(schedule="gpipe", replica_mode=mode)).best
         assert plan.replica_mode == mode
         path = tmp_path / f"{mode}.toml"
         path.write_text(torchtitan_config(plan, model))
@@ -127,12 +129,13 @@ def test_sharded_replicas_are_written_as_fsdp(tmp_path) -> None:
 def test_what_torchtitan_cannot_express_is_refused() -> None:
     model = Tiny()
     x = torch.randint(0, 32, (8, 5))
-    plan = autosplit.plan(_profile(model, x), 2, schedule="gpipe")
+    plan = autosplit.plan(_profile(model, x), 2, options=PlanOptions(schedule="gpipe"))
     mixed = dataclasses.replace(plan, stages=(
         dataclasses.replace(plan.stages[0], checkpoint=True), *plan.stages[1:]))
     with pytest.raises(CodegenError, match="checkpoints some stages and not others"):
         torchtitan_config(mixed, model)
-    fine = autosplit.plan(_profile(model, x, granularity="layer"), 2, schedule="gpipe")
+    fine = autosplit.plan(_profile(model, x, granularity="layer"), 2,
+                          options=PlanOptions(schedule="gpipe"))
     assert any(b.count(".") == 2 for s in fine.stages for b in s.blocks)  # layers.0.lin …
     with pytest.raises(CodegenError, match="cannot keep apart"):
         torchtitan_config(fine, model)
@@ -150,7 +153,7 @@ def test_torchtitans_loader_reads_the_file_and_its_llama3_splits_into_the_parts(
     args = dataclasses.replace(llama3_args["debugmodel"], max_seq_len=64)
     model = Transformer(args)
     prof = _profile(model, torch.randint(0, args.vocab_size, (8, 16)))
-    plan = autosplit.plan(prof, 2, schedule="1f1b")
+    plan = autosplit.plan(prof, 2, options=PlanOptions(schedule="1f1b"))
     path = tmp_path / "job.toml"
     path.write_text(torchtitan_config(plan, model))
     job = ConfigManager().parse_args(["--job.config_file", str(path)])

@@ -15,7 +15,7 @@ from models import LongSkip, TiedLM
 from torch import nn
 
 import autosplit
-from autosplit import PartitionOptions, ProfileOptions
+from autosplit import PartitionOptions, PlanOptions, ProfileOptions
 from autosplit.capture.trace import trace
 from autosplit.cli import main
 from autosplit.comparison import manual_plan
@@ -35,6 +35,7 @@ from autosplit.records import Plan, Profile
 from autosplit.simulator import simulate_plan
 from autosplit.verify import choice, plans, stage_timing, timed_runs
 from autosplit.verify.choice import RESOLVED_RATIO, steady_choice, verify_and_choose
+from autosplit.verify.options import TimingOptions
 from autosplit.verify.plans import SESSION_START_S, session_estimate_s, time_stages, verify_plans
 
 # ------------------------------------------------------------------------ claims (hand numbers)
@@ -244,7 +245,8 @@ def test_stage_runs_take_turns_a_b_a_b(small, monkeypatch) -> None:
     runs = [(0, 3, 4), (3, 7, 4), (0, 7, 8)]
     graph = trace(model)
     assert len(graph.blocks) == 7
-    times = time_stages(graph, x, runs, warmup=1, rounds=2, max_rounds=2, loss="mse")
+    times = time_stages(graph, x, runs,
+                        options=TimingOptions(warmup=1, rounds=2, max_rounds=2, loss="mse"))
     assert order == runs * 3  # one warm-up round, then two timed: A B C A B C A B C
     assert with_loss == [False, True, True] * 3  # the runs that end with the last block
     assert all(t.forward_ms > 0 and t.backward_ms > 0 and t.rounds == 2 for t in times.values())
@@ -281,9 +283,10 @@ def test_the_depth_in_flight_is_the_schedules_own() -> None:
     from synthetic import make_profile
 
     prof = make_profile([2], [[1.0]] * 4, batch_size=8)  # m = 4 of b = 2
-    gpipe = autosplit.plan(prof, 2, schedule="gpipe")
+    gpipe = autosplit.plan(prof, 2, options=PlanOptions(schedule="gpipe"))
     assert timed_runs.depths(gpipe) == [4, 4]
-    assert timed_runs.depths(autosplit.plan(prof, 2, schedule="1f1b")) == [2, 1]
+    assert timed_runs.depths(autosplit.plan(prof, 2,
+                                            options=PlanOptions(schedule="1f1b"))) == [2, 1]
     slow = dataclasses.replace(gpipe, stages=(dataclasses.replace(
         gpipe.stages[0], compute_ms=timed_runs.IN_FLIGHT_CAP_MS / 4 + 1), gpipe.stages[1]))
     assert timed_runs.depths(slow) == [1, 4]
@@ -302,7 +305,8 @@ def test_every_other_round_starts_without_gradients(small, monkeypatch) -> None:
 
     monkeypatch.setattr(block_timing, "timed_run", recording)
     runs = [(0, 3, 4), (3, 7, 4), (0, 7, 4)]  # the whole model shares the stages' weights
-    times = time_stages(trace(model), x, runs, warmup=1, rounds=4, max_rounds=4)
+    times = time_stages(trace(model), x, runs,
+                        options=TimingOptions(warmup=1, rounds=4, max_rounds=4))
     for k in range(5):  # A starts anew in even rounds, B in odd ones, C in even ones
         assert [added for _, added in seen[3 * k: 3 * k + 3]] == [k % 2 == 1, k % 2 == 0,
                                                                  k % 2 == 1]
@@ -324,8 +328,8 @@ def test_verified_plans_record_their_stage_times(small, fake_clock) -> None:
     candidates = plan_candidates(prof, 2, top_k=3)
     assert len({c.split_size for c in candidates}) == len(candidates) == 3
     hand = manual_plan(prof, [prof.block_names[3]], 4)
-    best, others = verify_and_choose(graph, x, prof, candidates, {"hand": hand}, rounds=3,
-                                     max_rounds=3)
+    best, others = verify_and_choose(graph, x, prof, candidates, {"hand": hand},
+                                     options=TimingOptions(rounds=3, max_rounds=3))
     assert best.split_size in {c.split_size for c in candidates}
     checked = others["hand"]
     for plan in (best, checked):
@@ -365,7 +369,8 @@ def test_the_chosen_candidate_is_predicted_from_a_second_session_not_the_one_tha
                 for r, c in zip(runs, per_sample)}
 
     monkeypatch.setattr(plans, "time_stages", stage_times)
-    best, others = verify_and_choose(graph, x, prof, candidates, {"hand": hand}, budget_s=30.0)
+    best, others = verify_and_choose(graph, x, prof, candidates, {"hand": hand},
+                                     options=TimingOptions(budget_s=30.0))
     assert best.split_size == lucky and len(sessions) == 2
     # the first session times the candidates only; the second the chosen one, the hand split
     # and one device, not the candidates left out
@@ -478,7 +483,8 @@ def test_one_device_accumulates_where_the_examples_hold_less_than_the_batch(smal
                              options=ProfileOptions(microbatch_sizes=[2, 4], warmup=0, repeats=1))
     plan = autosplit.plan(prof, 2)
     few = x[:4]  # the example inputs hold 4 samples of the batch of 8
-    verified = verify_plans(trace(model), few, prof, {"p": plan}, rounds=1, max_rounds=1)["p"]
+    verified = verify_plans(trace(model), few, prof, {"p": plan},
+                            options=TimingOptions(rounds=1, max_rounds=1))["p"]
     b_one = single_device_ms(prof, plan.batch_size)[1]
     assert b_one < plan.batch_size
     assert verified.single_device_ms == pytest.approx(
@@ -493,9 +499,10 @@ def test_a_zero_bubble_stage_is_timed_with_its_backward_in_two_passes(small, fak
                                        weight_grad_ms=tuple(0.5 * t for t in b.bwd_ms))
                    for b in prof.blocks)
     split = dataclasses.replace(prof, blocks=blocks)
-    plans = {"zbv": autosplit.plan(split, 2, schedule="zbv"),
-             "gpipe": autosplit.plan(split, 2, schedule="gpipe")}
-    verified = verify_plans(trace(model), x, split, plans, rounds=1, max_rounds=1)
+    plans = {"zbv": autosplit.plan(split, 2, options=PlanOptions(schedule="zbv")),
+             "gpipe": autosplit.plan(split, 2, options=PlanOptions(schedule="gpipe"))}
+    verified = verify_plans(trace(model), x, split, plans,
+                            options=TimingOptions(rounds=1, max_rounds=1))
     # the fake clock: every timed interval lasts 1 s — a forward, a whole backward, and each
     # of a split backward's two passes. The first stage's input needs no gradient: torch runs
     # its backward whole, as weight work
@@ -518,10 +525,11 @@ def test_dualpipev_stages_are_timed_in_two_passes_and_in_one(small, fake_clock) 
                                        weight_grad_ms=tuple(0.5 * t for t in b.bwd_ms))
                    for b in prof.blocks)
     split = dataclasses.replace(prof, blocks=blocks)
-    plan = autosplit.plan(split, 2, schedule="dualpipev", split_size=2)
+    plan = autosplit.plan(split, 2, options=PlanOptions(schedule="dualpipev", split_size=2))
     assert timed_runs.whole_items(plan) and not timed_runs.whole_items(
-        autosplit.plan(split, 2, schedule="zbv", split_size=2))
-    got = verify_plans(trace(model), x, split, {"d": plan}, rounds=1, max_rounds=1)["d"]
+        autosplit.plan(split, 2, options=PlanOptions(schedule="zbv", split_size=2)))
+    got = verify_plans(trace(model), x, split, {"d": plan},
+                       options=TimingOptions(rounds=1, max_rounds=1))["d"]
     first, *others = got.stages
     assert first.whole_backward_ms is None and first.compute_ms == pytest.approx(2000.0)
     # the fake clock: a forward 1 s, a whole backward 1 s, each pass of a split one 1 s
@@ -539,7 +547,7 @@ def test_a_run_is_timed_whole_and_split_apart(small, fake_clock) -> None:
     model, x, _ = small
     run = (3, 7, 4)  # ends with the last block: the split backward starts from the loss
     times = time_stages(trace(model), x, [run, SplitBackward(run), SplitBackward((0, 3, 4))],
-                        rounds=2, max_rounds=2, loss="mse")
+                        options=TimingOptions(rounds=2, max_rounds=2, loss="mse"))
     assert times[run].backward_ms == 1000.0 and times[run].weight_share is None
     assert times[SplitBackward(run)].backward_ms == 2000.0
     assert times[SplitBackward(run)].weight_share == 0.5
@@ -593,10 +601,11 @@ def test_a_checkpointed_run_recomputes_its_forward_in_its_backward() -> None:
     log: list[str] = []
     model.inp.register_forward_hook(lambda *_: log.append("F"))  # (the recomputation
     x = torch.randn(4, 6)  # stops early: the last layer's input is all it needs of it)
-    plain = time_stages(graph, x, [run], warmup=0, rounds=2, max_rounds=2)
+    plain = time_stages(graph, x, [run], options=TimingOptions(warmup=0, rounds=2, max_rounds=2))
     assert log == ["F"] * 2
     log.clear()
-    again = time_stages(graph, x, [Checkpointed(run)], warmup=0, rounds=2, max_rounds=2)
+    again = time_stages(graph, x, [Checkpointed(run)],
+                        options=TimingOptions(warmup=0, rounds=2, max_rounds=2))
     assert log == ["F", "F"] * 2  # each round's forward, and again in its backward
     assert set(plain) == {run} and set(again) == {Checkpointed(run)}
 
@@ -622,13 +631,13 @@ def test_a_checkpointed_run_makes_the_gradients_a_plain_one_does(split: bool) ->
 
 def test_a_checkpointed_stage_is_verified_with_its_recomputation(small, fake_clock) -> None:
     model, x, prof = small
-    plan = autosplit.plan(prof, 2, schedule="gpipe", split_size=4)
+    plan = autosplit.plan(prof, 2, options=PlanOptions(schedule="gpipe", split_size=4))
     marked = dataclasses.replace(plan, stages=(
         dataclasses.replace(plan.stages[0], checkpoint=True), plan.stages[1]))
     assert isinstance(timed_runs.timed_items(marked)[0], stage_timing.Checkpointed)
     assert not any(isinstance(r, stage_timing.Checkpointed) for r in timed_runs.timed_items(plan))
-    both = verify_plans(trace(model), x, prof, {"c": marked, "p": plan}, rounds=1,
-                        max_rounds=1)
+    both = verify_plans(trace(model), x, prof, {"c": marked, "p": plan},
+                        options=TimingOptions(rounds=1, max_rounds=1))
     got = both["c"]
     # the fake clock: a forward 1 s, a backward 1 s, the recomputation inside the backward
     # (untimed by a fake clock): the checkpointed stage's backward less its forward is what
@@ -645,7 +654,8 @@ def test_a_checkpointed_stage_is_verified_with_its_recomputation(small, fake_clo
 def test_verified_times_are_measured_and_round_trip(small, tmp_path) -> None:
     model, x, prof = small
     plan = autosplit.plan(prof, 2)
-    verified = verify_plans(trace(model), x, prof, {"p": plan}, rounds=3, max_rounds=3)["p"]
+    verified = verify_plans(trace(model), x, prof, {"p": plan},
+                            options=TimingOptions(rounds=3, max_rounds=3))["p"]
     assert all(s.compute_ms > 0 and 0 <= s.verified_spread for s in verified.stages)
     assert verified.predicted_step_ms > 0 and verified.single_device_ms > 0
     assert "b=" in verified.verification
@@ -658,7 +668,8 @@ def test_verification_leaves_the_model_as_it_was(small) -> None:
     model, x, prof = small
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
-    verify_plans(trace(model), x, prof, {"p": autosplit.plan(prof, 2)}, rounds=1, max_rounds=1)
+    verify_plans(trace(model), x, prof, {"p": autosplit.plan(prof, 2)},
+                 options=TimingOptions(rounds=1, max_rounds=1))
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # BatchNorm statistics too
     assert all(p.grad is None for p in model.parameters())
@@ -716,11 +727,12 @@ def test_a_verified_plan_keeps_the_all_reduce_of_its_shared_weights(fake_clock) 
     ids = (torch.randint(0, 11, (8, 5), generator=torch.Generator().manual_seed(3)),)
     prof = autosplit.profile(model, ids,
                              options=ProfileOptions(microbatch_sizes=[2, 4], warmup=0, repeats=1))
-    plan = autosplit.plan(prof, gpus=2, split_size=4, bandwidth_bytes_per_s=1000.0)  # 1 kB/s
+    plan = autosplit.plan(prof, gpus=2,
+                          options=PlanOptions(split_size=4, bandwidth_bytes_per_s=1000.0))  # 1 kB/s
     (weight,) = plan.shared
     assert weight.stages == (0, 1) and plan.sync_after_ms == weight.sync_ms > 100.0
     verified = verify_plans(trace(model), ids, prof, {"p": plan}, one_device=False,
-                            rounds=2, max_rounds=2)["p"]
+                            options=TimingOptions(rounds=2, max_rounds=2))["p"]
     # every forward and backward lasts 1 s (fake clock); the slow link's transfers are in the
     # simulation, the all-reduce after it
     assert all(s.compute_ms == 2000.0 for s in verified.stages)
@@ -736,13 +748,15 @@ def test_the_runtime_cost_per_action_widens_the_step_by_its_spread(small, fake_c
     model, x, prof = small
     costly = dataclasses.replace(prof, action_ms=(("gpipe", 100.0),),
                                  action_spread=(("gpipe", 50.0),))
-    plan = autosplit.plan(costly, gpus=2, split_size=4, schedule="gpipe",
-                          bandwidth_bytes_per_s=1e15)
+    plan = autosplit.plan(costly, gpus=2, options=PlanOptions(split_size=4, schedule="gpipe",
+                                                              bandwidth_bytes_per_s=1e15))
     assert plan.action_ms == 100.0
     graph = trace(model)
     sure = dataclasses.replace(costly, action_spread=())
-    verified, certain = (verify_plans(graph, x, p, {"p": plan}, one_device=False, rounds=2,
-                                      max_rounds=2)["p"] for p in (costly, sure))
+    verified, certain = (verify_plans(graph, x, p, {"p": plan}, one_device=False,
+                                      options=TimingOptions(rounds=2,
+                                                            max_rounds=2))["p"] for p in (costly,
+                                                                                          sure))
     m = plan.microbatches
     # GPipe on 2 equal stages: (m + 1) · (f + b + 2 o); o = 100 ± 50 ms
     assert verified.predicted_step_ms == pytest.approx(
@@ -755,7 +769,7 @@ def test_the_runtime_cost_per_action_widens_the_step_by_its_spread(small, fake_c
     zero = dataclasses.replace(costly, action_ms=(("gpipe", 0.0),),
                                action_spread=(("gpipe", 100.0),))
     free = verify_plans(graph, x, zero, {"p": dataclasses.replace(plan, action_ms=0.0)},
-                        one_device=False, rounds=2, max_rounds=2)["p"]
+                        one_device=False, options=TimingOptions(rounds=2, max_rounds=2))["p"]
     assert free.predicted_step_ms == pytest.approx((m + 1) * 2000.0 + free.update_ms,
                                                    rel=1e-6)
     assert free.step_spread == pytest.approx(100.0 / 2000.0, rel=1e-3)
@@ -771,11 +785,11 @@ def test_a_replica_of_one_stage_carries_the_one_stage_runtime_cost(small, fake_c
     costly = dataclasses.replace(prof, one_stage_action_ms=100.0, one_stage_action_spread=50.0,
                                  allreduce_bytes_per_s=1e15, allreduce_latency_ms=7.0,
                                  action_ms=(("gpipe", 900.0),))
-    dp = plan_replicated(costly, 1, 2, split_size=4, schedule="gpipe")
+    dp = plan_replicated(costly, 1, 2, options=PlanOptions(split_size=4, schedule="gpipe"))
     assert (dp.replicas, dp.action_ms) == (2, 100.0)
     assert dp.replica_sync_ms == pytest.approx(7.0, abs=1e-6)
-    verified = verify_plans(trace(model), x, costly, {"dp": dp}, one_device=False, rounds=2,
-                            max_rounds=2)["dp"]
+    verified = verify_plans(trace(model), x, costly, {"dp": dp}, one_device=False,
+                            options=TimingOptions(rounds=2, max_rounds=2))["dp"]
     m = dp.microbatches  # one stage: m · (f + b + 2 o) one after the other, then the sync
     assert verified.predicted_step_ms == pytest.approx(
         m * 2200.0 + dp.replica_sync_ms + dp.update_ms, rel=1e-6)
@@ -783,7 +797,7 @@ def test_a_replica_of_one_stage_carries_the_one_stage_runtime_cost(small, fake_c
                                                  rel=1e-3)
     assert "torch's runtime 100.00 ± 50.00 ms per action" in verified.verification
     # one stage alone (one device) trains without the runtime
-    assert autosplit.plan(costly, 1, split_size=4).action_ms == 0.0
+    assert autosplit.plan(costly, 1, options=PlanOptions(split_size=4)).action_ms == 0.0
 
 
 def _long_skip_candidates() -> tuple[Any, Any, Profile, tuple[Plan, ...]]:
@@ -814,15 +828,16 @@ def test_verification_takes_the_sessions_its_budget_allows() -> None:
     second = session_estimate_s(prof, {"candidate 0": candidates[0], **others}, **how)
     first = session_estimate_s(prof, {f"candidate {i}": c for i, c in enumerate(candidates)},
                                False, **how)
-    quick = {"rounds": 2, "max_rounds": 2}
+    quick = TimingOptions(rounds=2, max_rounds=2)
     with pytest.raises(choice.VerificationSkipped) as skipped:
         verify_and_choose(graph, x, prof, candidates, others, fit_budget=True,
-                          budget_s=second / 2, **quick)
+                          options=dataclasses.replace(quick, budget_s=second / 2))
     assert skipped.value.needed_s == pytest.approx(second)
     best, shown = verify_and_choose(graph, x, prof, candidates, others, fit_budget=True,
-                                    budget_s=second + first / 2, **quick)
+                                    options=dataclasses.replace(quick,
+                                                                budget_s=second + first / 2))
     assert "chosen by block sums among the 3 best candidates" in best.verification
     assert best.balance == candidates[0].balance and shown["hand"].verification
     best, _ = verify_and_choose(graph, x, prof, candidates, others, fit_budget=True,
-                                budget_s=2 * (first + second), **quick)
+                                options=dataclasses.replace(quick, budget_s=2 * (first + second)))
     assert "first verification" in best.verification

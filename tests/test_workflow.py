@@ -12,7 +12,7 @@ import torch
 from synthetic import make_profile
 
 import autosplit
-from autosplit import PartitionOptions, partitioning
+from autosplit import PartitionOptions, PlanOptions, partitioning
 from autosplit.cli import main
 from autosplit.planner import plan_layouts
 from autosplit.records import Plan, Profile
@@ -66,7 +66,7 @@ def test_partition_plan_and_compare_choose_the_same_plan_on_one_profile(
     path, model, prof = _model_and_profile(tmp_path)
     saved = tmp_path / "profile.json"
     prof.save(saved)
-    expected = choose_plan(prof, PlanRequest(devices=2, schedule="gpipe",
+    expected = choose_plan(prof, PlanRequest(devices=2, options=PlanOptions(schedule="gpipe"),
                                              pipeline_only=True)).plan
 
     monkeypatch.setattr(partitioning, "profile_graph", lambda *a, **k: prof)
@@ -145,7 +145,8 @@ def test_a_choice_with_replicas_is_shown_beside_the_best_pipeline(tmp_path) -> N
         return next(c for c in candidates if c.replicas > 1), dict(others)
 
     planned = choose_plan(prof, PlanRequest(devices=2), replicated_wins,
-                          {"hand split": autosplit.plan(prof, 2, split_size=2)})
+                          {"hand split": autosplit.plan(prof, 2,
+                                                        options=PlanOptions(split_size=2))})
     labels = [label for label, _ in planned.references]
     assert labels == ["hand split", "the best pipeline"]
     assert planned.plan.replicas == 2
@@ -189,7 +190,8 @@ def test_only_the_schedules_that_can_win_are_worth_measuring(tmp_path) -> None:
     for name in sorted({n for n, _ in SEARCHED} - set(worth)):
         free = dataclasses.replace(light, action_ms=((name, 0.0),))
         with contextlib.suppress(autosplit.AutosplitError):  # not runnable on this profile
-            assert autosplit.plan(free, 2, schedule=name).predicted_step_ms >= best_known
+            assert autosplit.plan(free, 2,
+                                  options=PlanOptions(schedule=name)).predicted_step_ms >= best_known
             checked += 1
     assert checked >= 2
     # heavy weights: the all-reduce is slow, pipelines can win; in the order of their bound
@@ -198,7 +200,7 @@ def test_only_the_schedules_that_can_win_are_worth_measuring(tmp_path) -> None:
     worth = schedules_worth_measuring(heavy, request, known=())
     assert len(worth) >= 2
     bounds = [autosplit.plan(dataclasses.replace(heavy, action_ms=((n, 0.0),)), 2,
-                             schedule=n).predicted_step_ms for n in worth]
+                             options=PlanOptions(schedule=n)).predicted_step_ms for n in worth]
     assert bounds == sorted(bounds)
     # a schedule whose cost is known is not measured again; its plan lowers the bound
     known = _costs(heavy, **{worth[0].replace("-", "_"): 0.0})
@@ -219,9 +221,9 @@ def test_data_parallelism_far_ahead_leaves_no_schedule_to_measure(tmp_path) -> N
 
 def test_a_fixed_schedule_or_layout_needs_what_it_names(tmp_path) -> None:
     _, _, prof = _model_and_profile(tmp_path)
-    assert schedules_worth_measuring(prof, PlanRequest(devices=2, schedule="1f1b"),
+    assert schedules_worth_measuring(prof, PlanRequest(2, PlanOptions(schedule="1f1b")),
                                      ()) == ("1f1b",)
-    assert schedules_worth_measuring(prof, PlanRequest(devices=2, schedule="1f1b"),
+    assert schedules_worth_measuring(prof, PlanRequest(2, PlanOptions(schedule="1f1b")),
                                      ("1f1b",)) == ()
     every = schedules_worth_measuring(prof, PlanRequest(devices=2, replicas=2), ("gpipe",))
     assert "gpipe" not in every and "zbv" in every

@@ -16,6 +16,7 @@ import autosplit
 from autosplit import ProfileOptions
 from autosplit.capture.exported import hf_defaults
 from autosplit.capture.trace import trace
+from autosplit.estimate.options import EstimateOptions
 
 pytest.importorskip("transformers")
 pytest.importorskip("timm")
@@ -112,18 +113,20 @@ def test_fsdp2_is_planned_only_where_the_graph_calls_each_blocks_modules() -> No
     spec = get_spec("h100-80gb")
     model, call = build("hf-gpt2")
     ids = call(8)[1]["input_ids"]
-    exported = profile_from_costs(count_costs(model, (ids,), microbatch_sizes=[2]), spec)
+    exported = profile_from_costs(count_costs(model, (ids,),
+                                              options=EstimateOptions(microbatch_sizes=[2])), spec)
     assert exported.fsdp_units is False
     modes = {m.mode for o in plan_layouts(exported, 4).options for m in o.modes}
     assert modes == {"ddp"}
     net, net_call = build("timm-efficientnet")
     (images,) = net_call(8)[0]
-    assert not profile_from_costs(count_costs(net, (images,), microbatch_sizes=[2]),
+    assert not profile_from_costs(count_costs(net, (images,),
+                                              options=EstimateOptions(microbatch_sizes=[2])),
                                   spec).fsdp_units
     import torchvision
 
     resnet = torchvision.models.resnet18(num_classes=10)
     traced = profile_from_costs(count_costs(resnet, (torch.randn(8, 3, 32, 32),),
-                                            microbatch_sizes=[2]), spec)
+                                            options=EstimateOptions(microbatch_sizes=[2])), spec)
     assert traced.fsdp_units is True
     assert "fsdp2" in {m.mode for o in plan_layouts(traced, 4).options for m in o.modes}

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from typing import Any
 
 from rich.console import Console
 
 from autosplit.cli.common import device_spec, load_model, make_console, model_args
 from autosplit.cli.measuring import profile_for, report_verification, verifier
 from autosplit.cli.profile_plan import manual_reference
+from autosplit.planner import PlanOptions
 from autosplit.records import Plan
 from autosplit.workflow import PlanRequest, choose_plan
 
@@ -58,19 +58,14 @@ def compare_command(args: argparse.Namespace) -> int:
     source, model, inputs = load_model(args, on_meta=spec is not None)
     size = args.manual_split_size or source.manual_split_size
     prof = profile_for(args, source, model, inputs, console, size)
-    kwargs: dict[str, Any] = dict(
-        batch_size=args.batch_size or prof.batch_size,
-        memory_per_gpu=memory,
-        schedule=args.schedule,
-        optimizer=args.optimizer,
-    )
+    options = PlanOptions(batch_size=args.batch_size or prof.batch_size, memory_per_gpu=memory,
+                          schedule=args.schedule, optimizer=args.optimizer)
     others: dict[str, Plan] = {}
-    reference = manual_reference(prof, source, args, kwargs)
+    reference = manual_reference(prof, source, args, options)
     if reference is not None:
         others["hand split"] = reference[1]
-    others.update(baseline_plans(prof, args.gpus, **kwargs))
-    request = PlanRequest(devices=args.gpus, batch_size=args.batch_size, memory_per_gpu=memory,
-                          schedule=args.schedule, optimizer=args.optimizer,
+    others.update(baseline_plans(prof, args.gpus, options))
+    request = PlanRequest(args.gpus, options,
                           pipeline_only=True)  # pipelines of N stages, beside the others
     verify = verifier(args, model, inputs, prof, console)
     planned = choose_plan(prof, request, verify, others)
@@ -91,7 +86,7 @@ def compare_command(args: argparse.Namespace) -> int:
     if args.plot:
         from autosplit.figures import comparison_figure
 
-        title = (f"{prof.model} on {args.gpus} devices, batch {kwargs['batch_size']}: "
+        title = (f"{prof.model} on {args.gpus} devices, batch {options.batch_size}: "
                  "predicted step time")
         args.outputs.commit({"--plot": lambda path: comparison_figure(rows, path, title)})
         console.print(f" wrote {args.plot}")

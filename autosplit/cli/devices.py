@@ -7,6 +7,7 @@ import argparse
 
 from autosplit.cli.common import load_model, make_console
 from autosplit.errors import InvalidInputError
+from autosplit.estimate.options import EstimateOptions
 from autosplit.records import Profile
 
 __all__ = ["calibrate_command", "devices_command"]
@@ -31,7 +32,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
     dtypes = [getattr(torch, d.replace("torch.", "")) for d in measured.input_dtypes]
     inputs = tuple(torch.zeros(shape, dtype=dt, device="meta")
                    for shape, dt in zip(shapes, dtypes))
-    costs = count_costs(model, inputs, microbatch_sizes=list(measured.microbatch_sizes))
+    costs = count_costs(model, inputs,
+                        options=EstimateOptions(microbatch_sizes=list(measured.microbatch_sizes)))
     if tuple(costs.block_names) != measured.block_names:
         raise InvalidInputError(
             f"profile {args.profile!r} was made for another model ({measured.model}): profile "

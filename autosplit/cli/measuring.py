@@ -11,8 +11,10 @@ from rich.console import Console
 
 from autosplit.cli.common import device_spec
 from autosplit.errors import InvalidInputError
+from autosplit.estimate.options import EstimateOptions
 from autosplit.records import Plan, Profile
 from autosplit.units import format_ms
+from autosplit.verify.options import TimingOptions
 from autosplit.workflow import PIPELINE_AGAIN, SEPARATED, Planned, Verifier
 
 __all__ = ["estimate", "device_note", "measure", "profile_for", "report_verification",
@@ -30,10 +32,9 @@ def estimate(args: argparse.Namespace, spec: Any, model: Any, inputs: Any, stage
 
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     start = time.perf_counter()
-    prof = analytic_profile(
-        model, inputs, spec, microbatch_sizes=getattr(args, "microbatch_sizes", None),
-        stages=stages, dtype=dtypes.get(getattr(args, "dtype", None) or ""),
-    )
+    options = EstimateOptions(microbatch_sizes=getattr(args, "microbatch_sizes", None),
+                              stages=stages, dtype=dtypes.get(getattr(args, "dtype", None) or ""))
+    prof = analytic_profile(model, inputs, spec, options=options)
     console.print(
         f"estimated {prof.model} on {spec.label()} from its FLOPs and bytes (an estimate, not a "
         f"measurement) · micro-batch sizes {', '.join(map(str, prof.microbatch_sizes))} · "
@@ -334,10 +335,12 @@ def verifier(args: argparse.Namespace, model: Any, inputs: Any, prof: Profile,
         with _progress("verifying", console) as bar:
             task = bar.add_task(f"{what}, stage by stage", total=None)
             try:
+                timing = TimingOptions(
+                    device=args.device, threads=args.threads,
+                    budget_s=VERIFY_BUDGET_S if left is None else max(left, 0.0))
                 result = verify_and_choose(
                     graph, flat, prof, candidates, others, fit_budget=left is not None,
-                    device=args.device, threads=args.threads,
-                    budget_s=VERIFY_BUDGET_S if left is None else max(left, 0.0),
+                    options=timing,
                     progress=lambda done, total, _: bar.update(task, completed=done,
                                                                total=total),
                 )

@@ -22,6 +22,7 @@ from autosplit.cli.measuring import (
 )
 from autosplit.cli.topology_args import resolve_device_count, topology_for
 from autosplit.errors import AutosplitError, InfeasiblePlanError, InvalidInputError
+from autosplit.planner import PlanOptions
 from autosplit.records import Plan, Profile
 from autosplit.topology import placements
 from autosplit.workflow import PlanRequest, choose_plan
@@ -45,7 +46,7 @@ def profile_command(args: argparse.Namespace) -> int:
 
 
 def manual_reference(prof: Profile, source: Any, args: argparse.Namespace,
-                     kwargs: dict[str, Any]) -> tuple[str, Plan] | None:
+                     options: PlanOptions) -> tuple[str, Plan] | None:
     """The hand-written split of ``--manual`` or the model file, scored; None if there is none."""
     from autosplit.comparison import manual_plan
 
@@ -63,7 +64,7 @@ def manual_reference(prof: Profile, source: Any, args: argparse.Namespace,
             raise InvalidInputError(f"--manual-split-size {explicit} needs a hand split: {found}; "
                                     "give its first blocks with --manual BLOCK")
         return None  # no hand split, or the model file's is for another device count
-    batch = kwargs["batch_size"]
+    batch = options.batch_size or prof.batch_size
     if explicit is not None and explicit > batch:
         raise InvalidInputError(f"--manual-split-size {explicit} is larger than the batch "
                                 f"{batch}: give a smaller one or a larger --batch-size")
@@ -79,7 +80,7 @@ def manual_reference(prof: Profile, source: Any, args: argparse.Namespace,
         why = f"is larger than the batch {batch}"
     elif size is not None and size not in prof.microbatch_sizes:
         why = "was not profiled"
-    plan = manual_plan(prof, points, None if why else size, **kwargs)
+    plan = manual_plan(prof, points, None if why else size, options)
     label = f"hand split (cut at {', '.join(points)}, split {plan.split_size}"
     if why:  # the model file's size: the hand split gets its best measured one instead
         label += f"; its MANUAL_SPLIT_SIZE {size} {why}"
@@ -87,17 +88,17 @@ def manual_reference(prof: Profile, source: Any, args: argparse.Namespace,
 
 
 def _one_device_note(console: Console, prof: Profile, memory: float,
-                     kwargs: dict[str, Any]) -> None:
+                     options: PlanOptions) -> None:
     """Say whether one device of ``memory`` bytes could hold the model, and what it needs."""
     from autosplit.planner import plan as make_plan
     from autosplit.units import format_bytes
 
     try:
-        make_plan(prof, 1, **{**kwargs, "memory_per_gpu": memory})
+        make_plan(prof, 1, dataclasses.replace(options, memory_per_gpu=memory))
     except InfeasiblePlanError as exc:
         console.print(
             f" one device of {format_bytes(memory)} cannot hold it: it needs "
-            f"{format_bytes(exc.min_capacity_bytes)} ({kwargs.get('optimizer', 'sgd')} state "
+            f"{format_bytes(exc.min_capacity_bytes)} ({options.optimizer} state "
             "included)"
         )
     else:
@@ -115,14 +116,14 @@ def _print_layouts(console: Console, layouts: Any, plan: Plan) -> None:
 
 
 def _print_schedules(console: Console, prof: Profile, args: argparse.Namespace,
-                     kwargs: dict[str, Any], plan: Plan) -> None:
+                     options: PlanOptions, plan: Plan) -> None:
     """Why this schedule: the best plan of every schedule searched, by block sums."""
     from autosplit.planner.schedules import plan_schedules, schedule_why
     from autosplit.planner.search import candidate_sizes, fixed_planner
     from autosplit.planner.settings import PlanSettings
     from autosplit.report import schedule_table
 
-    settings = PlanSettings.check(prof, args.gpus, **kwargs)
+    settings = PlanSettings.check(prof, args.gpus, options)
     sizes = candidate_sizes(prof, args.split_size, settings.batch_size, "the batch")
     try:
         choice = plan_schedules(settings, prof, sizes, fixed=fixed_planner(settings, prof, sizes))
@@ -169,26 +170,25 @@ def plan_command(args: argparse.Namespace) -> int:
         bandwidth = bandwidth or spec.link_bandwidth_bytes_per_s
     source, model, inputs = load_model(args, on_meta=spec is not None)
     prof = profile_for(args, source, model, inputs, console, source.manual_split_size)
-    request = PlanRequest(
-        devices=args.gpus, batch_size=args.batch_size, memory_per_gpu=memory,
-        schedule=args.schedule, optimizer=args.optimizer, bandwidth_bytes_per_s=bandwidth,
-        split_size=args.split_size, solver=args.solver,
-        allreduce_bandwidth_bytes_per_s=args.allreduce_bandwidth, max_stages=args.max_stages,
-        replicas=args.replicas, replica_mode=args.replica_mode,
-        pipeline_only=args.pipeline_only or bool(args.emit))  # --emit: one process, a pipeline
+    options = PlanOptions(
+        batch_size=args.batch_size, memory_per_gpu=memory, schedule=args.schedule,
+        optimizer=args.optimizer, bandwidth_bytes_per_s=bandwidth, split_size=args.split_size,
+        solver=args.solver, allreduce_bandwidth_bytes_per_s=args.allreduce_bandwidth,
+        replica_mode=args.replica_mode)
     topology = None
     if counts is not None:
         topology = topology_for(counts, spec, prof.device.kind, bandwidth,
                                 args.inter_node_bandwidth)
-        request = dataclasses.replace(
-            request, topology=topology,
-            bandwidth_bytes_per_s=placements(topology, args.gpus, 1)[0].link_bytes_per_s)
+        options = dataclasses.replace(
+            options, bandwidth_bytes_per_s=placements(topology, args.gpus, 1)[0].link_bytes_per_s)
+    request = PlanRequest(
+        args.gpus, options, max_stages=args.max_stages, topology=topology,
+        replicas=args.replicas,
+        pipeline_only=args.pipeline_only or bool(args.emit))  # --emit: one process, a pipeline
     prof = with_schedule_costs(args, prof, request, console)
-    kwargs = request.planning(prof)
-    kwargs = {k: kwargs[k] for k in ("batch_size", "memory_per_gpu", "schedule", "optimizer",
-                                     "bandwidth_bytes_per_s")}
+    scored = dataclasses.replace(request.planning(prof), split_size=None, solver="dp")
     reference = None if (args.replicas or 1) > 1 else manual_reference(prof, source, args,
-                                                                       kwargs)
+                                                                       scored)
     planned = choose_plan(prof, request, verifier(args, model, inputs, prof, console),
                           dict([reference]) if reference else None)
     report_verification(console, planned)
@@ -210,9 +210,9 @@ def plan_command(args: argparse.Namespace) -> int:
     console.print()
     print_plan(console, plan, references)
     if memory is not None and args.gpus > 1:
-        _one_device_note(console, prof, memory, kwargs)
+        _one_device_note(console, prof, memory, scored)
     if args.schedule == "auto" and args.gpus > 1 and not args.replicas:
-        _print_schedules(console, prof, args, kwargs, plan)
+        _print_schedules(console, prof, args, scored, plan)
     if layouts is not None:
         _print_layouts(console, layouts, plan)
     elif args.emit and not args.pipeline_only and args.gpus > 1:

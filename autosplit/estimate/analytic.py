@@ -54,6 +54,7 @@ from torch import nn
 from autosplit.errors import ArgumentTypeError
 from autosplit.estimate.meta_device import build_on_meta, to_meta
 from autosplit.estimate.op_counting import BlockCost, ModelCosts, count_costs
+from autosplit.estimate.options import EstimateOptions
 from autosplit.graph import Granularity
 from autosplit.measure.profiler import check_inputs
 from autosplit.measure.update_timing import UPDATE_PASSES
@@ -155,12 +156,9 @@ def analytic_profile(
     example_inputs: Any,
     spec: DeviceSpec,
     *,
-    microbatch_sizes: Sequence[int] | None = None,
-    stages: int = 2,
+    options: EstimateOptions = EstimateOptions(),
     granularity: Granularity = "block",
     leaf_modules: Sequence[type[nn.Module] | str] = (),
-    dtype: torch.dtype | None = None,
-    attention: str = "flash",
 ) -> Profile:
     """A Profile of ``model`` on the device ``spec``, from shapes alone (nothing is allocated).
 
@@ -180,10 +178,8 @@ def analytic_profile(
             "spec must be a DeviceSpec (autosplit.specs.get_spec('h100-80gb')), got "
             f"{type(spec).__name__}"
         )
-    costs = count_costs(
-        model, example_inputs, microbatch_sizes=microbatch_sizes, stages=stages,
-        granularity=granularity, leaf_modules=leaf_modules, dtype=dtype, attention=attention,
-    )
+    costs = count_costs(model, example_inputs, options=options, granularity=granularity,
+                        leaf_modules=leaf_modules)
     return profile_from_costs(costs, spec)
 
 
@@ -198,8 +194,7 @@ def block_flops(
     """Forward (or, with ``backward=True``, backward) FLOPs of each block on the whole example
     batch, counted on meta (a multiply-add is 2 FLOPs)."""
     inputs = check_inputs(example_inputs)
-    costs = count_costs(
-        model, inputs, microbatch_sizes=[int(inputs[0].shape[0])], granularity=granularity,
-        leaf_modules=leaf_modules,
-    )
+    costs = count_costs(model, inputs,
+                        options=EstimateOptions(microbatch_sizes=(int(inputs[0].shape[0]),)),
+                        granularity=granularity, leaf_modules=leaf_modules)
     return tuple(c.bwd_flops if backward else c.fwd_flops for c in costs.blocks[0])

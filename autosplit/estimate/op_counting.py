@@ -21,8 +21,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from autosplit import checks
 from autosplit.capture.trace import trace
-from autosplit.errors import ArgumentTypeError, InvalidInputError
+from autosplit.errors import InvalidInputError
 from autosplit.estimate.meta_device import META, model_dtype, to_meta
+from autosplit.estimate.options import EstimateOptions
 from autosplit.fsdp_units import shardable
 from autosplit.graph import BlockGraph, Granularity
 from autosplit.measure.budget import default_microbatch_sizes
@@ -233,12 +234,9 @@ def count_costs(
     model: nn.Module,
     example_inputs: Any,
     *,
-    microbatch_sizes: Sequence[int] | None = None,
-    stages: int = 2,
+    options: EstimateOptions = EstimateOptions(),
     granularity: Granularity = "block",
     leaf_modules: Sequence[type[nn.Module] | str] = (),
-    dtype: torch.dtype | None = None,
-    attention: str = "flash",
 ) -> ModelCosts:
     """Count FLOPs, bytes moved, bytes saved and crossing bytes of each block, on meta.
 
@@ -247,15 +245,10 @@ def count_costs(
             made without copying parameter data). Build big models with :func:`build_on_meta`.
         example_inputs: a tensor or tuple of tensors (any device, meta included); dimension 0
             is the batch B. Only shapes and dtypes are used.
-        microbatch_sizes: sizes b to count; default
-            :func:`autosplit.measure.budget.default_microbatch_sizes` for B and ``stages``.
-        stages: the number of stages planned for (only used for the default sizes).
+        options: the sizes, the dtype and the attention kernel counted
+            (:class:`~autosplit.estimate.options.EstimateOptions`).
         granularity: see :func:`autosplit.capture.trace.trace`.
         leaf_modules: see :func:`autosplit.capture.trace.trace`.
-        dtype: count the model with its floating parameters, buffers and inputs in this dtype
-            (e.g. ``torch.bfloat16``); default: as they are.
-        attention: ``"flash"`` (mask-free ``scaled_dot_product_attention`` counted as the fused
-            kernel that GPUs and PyTorch's CPU backend run) or ``"math"`` (the unfused path).
 
     Raises:
         InvalidInputError: bad inputs or sizes, or a block that cannot run on meta (an
@@ -264,19 +257,15 @@ def count_costs(
     """
     start = time.perf_counter()
     checks.instance_of("model", model, nn.Module, "a torch.nn.Module")
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ArgumentTypeError(
-            f"dtype must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}"
-        )
-    stages = checks.positive_int("stages", stages)
-    checks.one_of("attention", attention, ("flash", "math"))
+    checks.instance_of("options", options, EstimateOptions, "an autosplit EstimateOptions")
+    dtype, attention = options.dtype, options.attention
     checks.one_of("granularity", granularity, ("block", "layer"))
     inputs = check_inputs(example_inputs)
     batch = int(inputs[0].shape[0])
-    if microbatch_sizes is None:
-        sizes = sorted(default_microbatch_sizes(batch, stages))
+    if options.microbatch_sizes is None:
+        sizes = sorted(default_microbatch_sizes(batch, options.stages))
     else:
-        sizes = sorted(check_microbatch_sizes(microbatch_sizes, batch))
+        sizes = sorted(check_microbatch_sizes(options.microbatch_sizes, batch))
 
     meta_inputs = tuple(
         torch.empty(

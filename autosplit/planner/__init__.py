@@ -18,7 +18,8 @@ the simulated step (:func:`autosplit.solve.exact.solve_step`), which makes the f
 Devices may differ: each has a speed factor (its block times are the profile's divided by it)
 or its own profile of the same model, and its own memory. Stage s runs on device s.
 
-The package: :mod:`~autosplit.planner.settings` (what a plan depends on),
+The package: :mod:`~autosplit.planner.options` (what the caller asks for, :class:`PlanOptions`),
+:mod:`~autosplit.planner.settings` (those options resolved against the profile),
 :mod:`~autosplit.planner.problems` (the numbers the solvers see),
 :mod:`~autosplit.planner.search` (:func:`plan`, :func:`plan_with_balance`,
 :func:`plan_candidates`), :mod:`~autosplit.planner.layouts` (stages × data-parallel replicas:
@@ -29,11 +30,13 @@ record).
 from __future__ import annotations
 
 from autosplit.planner.layouts import LayoutOption, Layouts, plan_layouts, plan_replicated
+from autosplit.planner.options import SOLVERS, PlanOptions
 from autosplit.planner.search import plan, plan_candidates, plan_with_balance
-from autosplit.planner.settings import SETTING_NAMES, SOLVERS, PlanSettings, memory_sizes
+from autosplit.planner.settings import PlanSettings, memory_sizes
 
 __all__ = [
     "plan",
+    "PlanOptions",
     "plan_candidates",
     "plan_with_balance",
     "plan_layouts",
@@ -42,6 +45,5 @@ __all__ = [
     "LayoutOption",
     "PlanSettings",
     "SOLVERS",
-    "SETTING_NAMES",
     "memory_sizes",
 ]

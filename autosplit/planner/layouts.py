@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from autosplit import checks
 from autosplit.errors import InfeasiblePlanError, InvalidInputError, ScheduleUnavailableError
+from autosplit.planner.options import PlanOptions
 from autosplit.planner.replicated import candidate_modes, plan_replicated, stage_grad_bytes
 from autosplit.records import Plan, Profile
 from autosplit.solve.exact import TIE_RTOL
@@ -118,24 +119,21 @@ def layout_pairs(devices: int, batch: int, blocks: int, smallest: int = 1
 def plan_layouts(
     profile: Profile,
     devices: int | None = None,
+    options: PlanOptions = PlanOptions(),
     *,
     topology: Topology | None = None,
     replicas: int | None = None,
     max_stages: int | None = None,
     pipeline_only: bool = False,
-    batch_size: int | None = None,
-    **options: object,
 ) -> Layouts:
     """The best plan of every layout of ``devices`` devices as p stages × d replicas.
 
     Considers every p · d = N with d | B, p ≤ the profile's blocks and B / d at least the
     smallest micro-batch size (``replicas`` fixes d,
     ``pipeline_only`` fixes d = 1); when none uses all N devices, the largest count that has
-    one, and ``note`` says why. Each layout is :func:`plan_replicated`; ``options`` are its
-    keyword arguments (``memory_per_gpu`` one size for every device, ``schedule``,
-    ``optimizer``, ``replica_mode`` (default ``"auto"``: every mode is planned, kept in
-    ``LayoutOption.modes``, the fastest chosen), ``split_size``, ``bandwidth_bytes_per_s``,
-    ``allreduce_bandwidth_bytes_per_s``, ``allreduce_overlap``, ``solver``, ``time_limit_s``).
+    one, and ``note`` says why. Each layout is :func:`plan_replicated` with ``options``
+    (``memory_per_gpu`` one size for every device; ``replica_mode="auto"``: every mode is
+    planned, kept in ``LayoutOption.modes``, the fastest chosen).
 
     ``max_stages`` bounds p (default: the profile's blocks): the exact search of a 1F1B step
     takes long for tens of stages and hundreds of micro-batches (a minute per size for the
@@ -162,13 +160,13 @@ def plan_layouts(
         if devices is not None and devices != topology.devices:
             raise InvalidInputError(f"devices={devices} differs from the topology's "
                                     f"{topology.describe()} = {topology.devices} devices")
-        if options.get("bandwidth_bytes_per_s") is not None:
+        if options.bandwidth_bytes_per_s is not None:
             raise InvalidInputError("bandwidth_bytes_per_s with a topology: its link "
                                     "bandwidths come from the topology; give them there")
     n_dev = checks.positive_int("devices", devices if devices is not None else (
         topology.devices if topology is not None else 2))
-    batch = checks.positive_int("batch_size", profile.batch_size if batch_size is None
-                                else batch_size)
+    checks.instance_of("options", options, PlanOptions, "an autosplit.PlanOptions")
+    batch = options.batch_size or profile.batch_size
     blocks = len(profile.blocks)
     if max_stages is not None:
         blocks = min(blocks, checks.positive_int("max_stages", max_stages))
@@ -182,8 +180,7 @@ def plan_layouts(
             raise InvalidInputError(f"pipeline_only with replicas={d}: give one of them")
         pairs = [(n_dev // d, d)]
     else:
-        split = options.get("split_size")
-        smallest = split if isinstance(split, int) else min(profile.microbatch_sizes)
+        smallest = options.split_size or min(profile.microbatch_sizes)
         if smallest > batch:
             raise InvalidInputError(
                 f"no profiled micro-batch size fits the batch {batch}: profiled sizes are "
@@ -213,8 +210,8 @@ def plan_layouts(
         layout_refused: list[ScheduleUnavailableError] = []
         for mode in modes:
             try:
-                one = _plan_placed(profile, p, d, batch, topology, {**options,
-                                                                    "replica_mode": mode})
+                one = _plan_placed(profile, p, d, topology, dataclasses.replace(
+                    options, batch_size=batch, replica_mode=mode))
             except InfeasiblePlanError as exc:
                 layout_failures.append(exc)
                 tried.append(ModeOption(mode, None, exc.min_capacity_bytes))
@@ -257,35 +254,32 @@ def plan_layouts(
     return Layouts(best.plan, tuple(found), pairs[0][0] * pairs[0][1], note)  # type: ignore
 
 
-def _modes(profile: Profile, p: int, d: int, options: dict[str, object]) -> tuple[str, ...]:
+def _modes(profile: Profile, p: int, d: int, options: PlanOptions) -> tuple[str, ...]:
     """The replica modes to plan layout (p, d) with: the one given, else those worth it for
     replicas (:func:`~autosplit.planner.replicated.candidate_modes`), else DDP's (none)."""
-    given = options.get("replica_mode", "auto")
-    if given != "auto":
-        return (str(given),)
+    if options.replica_mode != "auto":
+        return (options.replica_mode,)
     if d == 1:
         return ("ddp",)
     return candidate_modes(profile, p)
 
 
-def _plan_placed(profile: Profile, p: int, d: int, batch: int, topology: Topology | None,
-                 options: dict[str, object]) -> Plan:
+def _plan_placed(profile: Profile, p: int, d: int, topology: Topology | None,
+                 options: PlanOptions) -> Plan:
     """The best plan of layout (p, d) over its placements on ``topology`` (none: as given)."""
     if topology is None:
-        return plan_replicated(profile, p, d, batch_size=batch, **options)  # type: ignore
-    rest = {k: v for k, v in options.items()
-            if k not in ("bandwidth_bytes_per_s", "allreduce_bandwidth_bytes_per_s")}
-    measured = options.get("allreduce_bandwidth_bytes_per_s") or profile.allreduce_bytes_per_s
-    latency = (profile.allreduce_latency_ms  # measured with the profile's bandwidth
-               if options.get("allreduce_bandwidth_bytes_per_s") is None else 0.0)
+        return plan_replicated(profile, p, d, options)
+    given = options.allreduce_bandwidth_bytes_per_s
+    measured = given or profile.allreduce_bytes_per_s
+    latency = profile.allreduce_latency_ms if given is None else 0.0  # with its bandwidth
     best: Plan | None = None
     failure: InfeasiblePlanError | None = None
     for place in placements(topology, p, d, measured):  # type: ignore[arg-type]
         try:
-            one = plan_replicated(profile, p, d, batch_size=batch,
-                                  bandwidth_bytes_per_s=place.link_bytes_per_s,
-                                  allreduce_bandwidth_bytes_per_s=place.allreduce_bytes_per_s,
-                                  allreduce_latency_ms=latency, **rest)  # type: ignore[arg-type]
+            one = plan_replicated(profile, p, d, dataclasses.replace(
+                options, bandwidth_bytes_per_s=place.link_bytes_per_s,
+                allreduce_bandwidth_bytes_per_s=place.allreduce_bytes_per_s,
+                allreduce_latency_ms=latency))
         except InfeasiblePlanError as exc:
             failure = exc
             continue

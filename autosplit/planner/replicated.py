@@ -46,6 +46,7 @@ from autosplit import checks
 from autosplit.cost import replica_sync_ms, single_device_ms
 from autosplit.errors import InfeasiblePlanError, InvalidInputError, ScheduleUnavailableError
 from autosplit.planner.assembly import assemble, explain_infeasible
+from autosplit.planner.options import PlanOptions
 from autosplit.planner.problems import _copy_bytes, partition_problem, step_problem
 from autosplit.planner.search import (
     SEARCH_LIMIT_S,
@@ -54,7 +55,7 @@ from autosplit.planner.search import (
     plan,
     runnable_sizes,
 )
-from autosplit.planner.settings import PlanSettings, check_search
+from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile
 from autosplit.sharding import REPLICA_MODES, fsdp_sync_ms
 from autosplit.solve.exact import TIE_RTOL, solve_step
@@ -69,33 +70,18 @@ def stage_grad_bytes(profile: Profile) -> tuple[float, ...]:
     return tuple(float(blk.param_bytes + copies[i]) for i, blk in enumerate(profile.blocks))
 
 
-def plan_replicated(
-    profile: Profile,
-    stages: int,
-    replicas: int,
-    *,
-    batch_size: int | None = None,
-    memory_per_gpu: float | str | None = None,
-    schedule: str = "gpipe",
-    optimizer: str = "sgd",
-    split_size: int | None = None,
-    bandwidth_bytes_per_s: float | None = None,
-    allreduce_bandwidth_bytes_per_s: float | None = None,
-    allreduce_overlap: float = 0.0,
-    solver: str = "dp",
-    time_limit_s: float | None = None,
-    allreduce_latency_ms: float | None = None,
-    replica_mode: str = "auto",
-) -> Plan:
+def plan_replicated(profile: Profile, stages: int, replicas: int,
+                    options: PlanOptions = PlanOptions()) -> Plan:
     """The plan with the smallest predicted step for ``stages`` × ``replicas`` devices.
 
     See the module docstring for the formula and the search. ``replicas=1`` is
-    :func:`autosplit.planner.plan` itself. ``allreduce_bandwidth_bytes_per_s`` defaults to the
-    profile's measured all-reduce bandwidth (``Profile.allreduce_bytes_per_s``), else to the
-    link bandwidth (``bandwidth_bytes_per_s``, itself defaulting per device kind:
+    :func:`autosplit.planner.plan` itself. Of ``options``
+    (:class:`~autosplit.planner.options.PlanOptions`), ``allreduce_bandwidth_bytes_per_s``
+    defaults to the profile's measured all-reduce bandwidth (``Profile.allreduce_bytes_per_s``),
+    else to the link bandwidth (``bandwidth_bytes_per_s``, itself defaulting per device kind:
     :data:`autosplit.cost.DEFAULT_LINK_BYTES_PER_S`); ``allreduce_latency_ms`` (α, ms) to the
     profile's measured latency with its measured bandwidth, else 0; ``allreduce_overlap`` is o
-    in [0, 1].
+    in [0, 1]. Devices of other names, speeds or profiles are for pipelines only.
     With replicas, ``schedule`` is ``"gpipe"``, ``"1f1b"`` or ``"auto"`` (the faster of the
     two; the joint search of other schedules covers pipelines without replicas only), and
     ``replica_mode`` one of :data:`autosplit.sharding.REPLICA_MODES` or ``"auto"`` (the
@@ -103,42 +89,30 @@ def plan_replicated(
     keeps equal on plain tensors); the plan records it (``Plan.replica_mode``).
 
     Raises:
-        InvalidInputError: ``replicas`` does not divide the batch, or a bad argument (as
+        InvalidInputError: ``replicas`` does not divide the batch, devices of other names,
+            speeds or profiles with replicas, or a bad argument (as
             :func:`autosplit.planner.plan`).
         InfeasiblePlanError: no cut fits ``memory_per_gpu`` at any size.
     """
     checks.instance_of("profile", profile, Profile, "an autosplit Profile")
+    checks.instance_of("options", options, PlanOptions, "an autosplit.PlanOptions")
     replicas = checks.positive_int("replicas", replicas)
-    batch = checks.positive_int("batch_size", profile.batch_size if batch_size is None
-                                else batch_size)
+    batch = options.batch_size or profile.batch_size
     if batch % replicas:
         raise InvalidInputError(f"replicas={replicas} does not divide the batch {batch}: each "
                                 "replica runs an equal share; pick a divisor of the batch")
-    overlap = checks.non_negative_finite("allreduce_overlap", allreduce_overlap)
-    if overlap > 1:
-        raise InvalidInputError(f"allreduce_overlap={overlap} is above 1: it is the share of "
-                                "the all-reduce hidden behind the backward, within [0, 1]")
-    checks.one_of("replica_mode", replica_mode, ("auto", *REPLICA_MODES))
-    options = dict(memory_per_gpu=memory_per_gpu, schedule=schedule, optimizer=optimizer,
-                   bandwidth_bytes_per_s=bandwidth_bytes_per_s)
     if replicas == 1:
-        return plan(profile, stages, batch_size=batch, split_size=split_size, solver=solver,
-                    time_limit_s=time_limit_s, **options)  # type: ignore[arg-type]
+        return plan(profile, stages, dataclasses.replace(options, batch_size=batch))
+    if not options.uniform_devices:
+        raise InvalidInputError(
+            "devices, speeds and device_profiles are planned for pipelines (replicas=1): "
+            f"with replicas={replicas} every device is of the profile's kind")
+    schedule, replica_mode = options.schedule, options.replica_mode
 
     def again(key: str) -> Callable[[str], Plan]:
-        """This call once more, with the argument ``key`` set to each value tried."""
-
-        def call(value: str) -> Plan:
-            args = dict(batch_size=batch, memory_per_gpu=memory_per_gpu, schedule=schedule,
-                        optimizer=optimizer, split_size=split_size,
-                        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-                        allreduce_bandwidth_bytes_per_s=allreduce_bandwidth_bytes_per_s,
-                        allreduce_overlap=allreduce_overlap, solver=solver,
-                        time_limit_s=time_limit_s, allreduce_latency_ms=allreduce_latency_ms,
-                        replica_mode=replica_mode)
-            return plan_replicated(profile, stages, replicas, **{**args, key: value})
-
-        return call
+        """This call once more, with the option ``key`` set to each value tried."""
+        return lambda value: plan_replicated(profile, stages, replicas,
+                                             dataclasses.replace(options, **{key: value}))
 
     if schedule == "auto":  # layouts with replicas: GPipe or 1F1B, the faster
         return _fastest(again("schedule"), ("gpipe", "1f1b"))
@@ -155,18 +129,18 @@ def plan_replicated(
                                 "with replicas run 'gpipe' or '1f1b' (or 'auto')")
     share = batch // replicas
     settings = dataclasses.replace(
-        PlanSettings.check(profile, stages, batch_size=share, **options),  # type: ignore
+        PlanSettings.check(profile, stages, dataclasses.replace(options, batch_size=share)),
         replica_mode=replica_mode, replicas=replicas)
-    check_search(split_size, solver, time_limit_s)
+    split_size, solver, time_limit_s = options.split_size, options.solver, options.time_limit_s
+    overlap = options.allreduce_overlap
     latency = 0.0  # the measured latency goes with the measured bandwidth only
-    if allreduce_bandwidth_bytes_per_s is None:
-        allreduce_bandwidth_bytes_per_s = profile.allreduce_bytes_per_s
+    allreduce = options.allreduce_bandwidth_bytes_per_s
+    if allreduce is None:
+        allreduce = profile.allreduce_bytes_per_s
         latency = profile.allreduce_latency_ms
-    if allreduce_latency_ms is not None:
-        latency = checks.non_negative_finite("allreduce_latency_ms", allreduce_latency_ms, "ms")
-    width = settings.bandwidth_bytes_per_s if allreduce_bandwidth_bytes_per_s is None else (
-        checks.positive_finite("allreduce_bandwidth_bytes_per_s",
-                               allreduce_bandwidth_bytes_per_s, "bytes/s"))
+    if options.allreduce_latency_ms is not None:
+        latency = options.allreduce_latency_ms
+    width = settings.bandwidth_bytes_per_s if allreduce is None else allreduce
 
     def sync(grad: float, m: int) -> float:
         if replica_mode == "ddp":

@@ -16,8 +16,9 @@ from autosplit.errors import (
     ScheduleUnavailableError,
 )
 from autosplit.planner.assembly import assemble, explain_infeasible
+from autosplit.planner.options import PlanOptions
 from autosplit.planner.problems import partition_problem, step_problem
-from autosplit.planner.settings import PlanSettings, check_search
+from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile
 from autosplit.solve import PartitionProblem, solve_dp
 from autosplit.solve.exact import solve_step
@@ -85,22 +86,7 @@ def runnable_sizes(profile: Profile, candidates: list[int], batch: int, stages: 
     return kept
 
 
-def plan(
-    profile: Profile,
-    gpus: int = 2,
-    *,
-    batch_size: int | None = None,
-    devices: Sequence[str] | None = None,
-    memory_per_gpu: float | str | Sequence[int | float | str] | None = None,
-    schedule: str = "gpipe",
-    optimizer: str = "sgd",
-    split_size: int | None = None,
-    bandwidth_bytes_per_s: float | None = None,
-    solver: str = "dp",
-    speeds: Sequence[float] | None = None,
-    device_profiles: Sequence[Profile] | None = None,
-    time_limit_s: float | None = None,
-) -> Plan:
+def plan(profile: Profile, gpus: int = 2, options: PlanOptions = PlanOptions()) -> Plan:
     """The plan with the smallest simulated step time for ``profile`` on ``gpus`` devices.
 
     Exact over every balance and every measured micro-batch size b ≤ B within the memory
@@ -109,29 +95,9 @@ def plan(
     Args:
         profile: the measured profile.
         gpus: number of stages p (one device each).
-        batch_size: B; default the profile's example batch size.
-        devices: device names for the stages (default ``cuda:0…`` or ``cpu``, as measured).
-        memory_per_gpu: per-device memory limit, bytes or a string like ``"16GiB"``, or one per
-            device.
-        schedule: ``"auto"`` searches the schedule, stages per rank v and each
-            stage's recomputation with the cuts and b (:mod:`autosplit.planner.schedules`);
-            ``"gpipe"`` (default) or ``"1f1b"`` fix the schedule (this module's search, one
-            stage per device, no recomputation); ``"looped-bfs"``, ``"interleaved-1f1b"``,
-            ``"interleaved-zb"``, ``"zbv"`` or ``"dualpipev"`` fix it for the joint search.
-            ``"auto"`` on devices of different speeds or profiles compares GPipe and 1F1B.
-        optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"`` … (state held per parameter, and
-            the update timed per block: ``BlockProfile.update_ms``).
-        split_size: fix the micro-batch size b (must have been profiled); ``None`` chooses.
-        bandwidth_bytes_per_s: link bandwidth between consecutive stages.
-        solver: the min-max solver whose cut seeds the exact search: ``"dp"`` (dynamic
-            program), ``"milp"`` (PuLP/CBC, same min-max optimum) or ``"auto"`` (the DP). The
-            plan is the same either way: the exact search on the simulated step decides.
-            Used by ``"gpipe"`` and ``"1f1b"``; the joint search of the other schedules
-            needs no seed.
-        speeds: relative speed of each device (default all 1.0).
-        device_profiles: one profile per device (same model, same sizes) for devices of
-            different kinds; block times then come from each device's own profile.
-        time_limit_s: time limit of the MILP solver.
+        options: batch, memory, schedule, optimizer, micro-batch size, link, solver and
+            devices (:class:`~autosplit.planner.options.PlanOptions`; its all-reduce and
+            replica fields concern replicas, :func:`~autosplit.planner.plan_replicated`).
 
     Raises:
         ArgumentTypeError: an argument of the wrong type (``gpus="2"``, ``gpus=2.0``,
@@ -142,12 +108,8 @@ def plan(
         ModelMismatchError: a device profile is of another model.
         InfeasiblePlanError: nothing fits in ``memory_per_gpu``; says what would.
     """
-    settings = PlanSettings.check(
-        profile, gpus, batch_size=batch_size, devices=devices, memory_per_gpu=memory_per_gpu,
-        schedule=schedule, optimizer=optimizer, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-        speeds=speeds, device_profiles=device_profiles,
-    )
-    check_search(split_size, solver, time_limit_s)
+    settings = PlanSettings.check(profile, gpus, options)
+    split_size, solver, time_limit_s = options.split_size, options.solver, options.time_limit_s
     batch = settings.batch_size
     candidates = candidate_sizes(profile, split_size, batch, f"the batch {batch}")
     if settings.schedule not in ("gpipe", "1f1b"):
@@ -221,33 +183,32 @@ def fixed_planner(settings: PlanSettings, profile: Profile, candidates: list[int
 def _fixed(settings: PlanSettings, profile: Profile, candidates: list[int], schedule: str,
            solver: str, time_limit_s: float | None) -> Plan:
     sizes = [profile.microbatch_sizes[k] for k in candidates]
-    return plan(profile, settings.gpus, batch_size=settings.batch_size,
-                devices=settings.devices, memory_per_gpu=settings.capacity_bytes,
-                schedule=schedule, optimizer=settings.optimizer,
-                split_size=sizes[0] if len(sizes) == 1 else None,
-                bandwidth_bytes_per_s=settings.bandwidth_bytes_per_s, solver=solver,
-                speeds=settings.speeds, device_profiles=settings.profiles,
-                time_limit_s=time_limit_s)
+    return plan(profile, settings.gpus, PlanOptions(
+        batch_size=settings.batch_size, devices=settings.devices,
+        memory_per_gpu=settings.capacity_bytes, schedule=schedule,
+        optimizer=settings.optimizer, split_size=sizes[0] if len(sizes) == 1 else None,
+        bandwidth_bytes_per_s=settings.bandwidth_bytes_per_s, solver=solver,
+        speeds=settings.speeds, device_profiles=settings.profiles, time_limit_s=time_limit_s))
 
 
 def plan_with_balance(
     profile: Profile,
     balance: Sequence[int],
     split_size: int,
+    options: PlanOptions = PlanOptions(),
     *,
     solver: str = "manual",
-    **kwargs: object,
 ) -> Plan:
     """Score a given split (blocks per stage) and micro-batch size with the same cost model.
 
     Used for hand-written splits and the peers' heuristics, so that every plan is compared on
-    equal terms. ``kwargs`` are :func:`plan`'s device and memory arguments (``batch_size``,
-    ``devices``, ``memory_per_gpu``, ``schedule``, ``optimizer``, ``bandwidth_bytes_per_s``,
-    ``speeds``, ``device_profiles``); memory limits are reported, not enforced.
+    equal terms. Of ``options``, the batch, devices, memory, schedule, optimizer and link
+    count (as in :func:`plan`); memory limits are reported, not enforced. ``solver`` is the
+    label the plan carries (``"manual"``, ``"uniform"`` …).
 
     Raises:
         ArgumentTypeError: an argument of the wrong type, e.g. a balance entry that is not an
-            int (``1.5``, ``True``), or an unknown keyword argument.
+            int (``1.5``, ``True``).
         InvalidInputError: a balance entry < 1, a balance that does not sum to the profile's
             blocks, a ``split_size`` that was not profiled, or a bad device argument.
         ModelMismatchError: a device profile is of another model.
@@ -262,9 +223,10 @@ def plan_with_balance(
         )
     split_size = checks.positive_int("split_size", split_size)
     checks.text("solver", solver)
-    if kwargs.get("schedule") == "auto":  # a hand split is scored as written: GPipe
-        kwargs = {**kwargs, "schedule": "gpipe"}
-    settings = PlanSettings.from_kwargs(profile, len(balance), kwargs)
+    checks.instance_of("options", options, PlanOptions, "an autosplit.PlanOptions")
+    if options.schedule == "auto":  # a hand split is scored as written: GPipe
+        options = dataclasses.replace(options, schedule="gpipe")
+    settings = PlanSettings.check(profile, len(balance), options)
     if settings.schedule not in ("gpipe", "1f1b"):
         raise InvalidInputError(f"schedule={settings.schedule!r}: a given balance is scored "
                                 "with 'gpipe' or '1f1b' (one stage per device)")
@@ -272,22 +234,22 @@ def plan_with_balance(
     return assemble(settings, profile, balance, k, solver, (split_size,))
 
 
-def plan_candidates(profile: Profile, gpus: int = 2, *, top_k: int = 3,
-                    **options: object) -> tuple[Plan, ...]:
+def plan_candidates(profile: Profile, gpus: int = 2, options: PlanOptions = PlanOptions(), *,
+                    top_k: int = 3) -> tuple[Plan, ...]:
     """The ``top_k`` best plans by block sums, at distinct micro-batch sizes, best first.
 
     The first is :func:`plan`'s own choice; the others are :func:`plan` with ``split_size``
     fixed to each other measured size, ranked by predicted step. Block sums misjudge sizes by
     different amounts, so these are the candidates worth timing stage by stage
-    (:mod:`autosplit.verify.plans`) before one is chosen. ``options`` are :func:`plan`'s keyword
-    arguments; with ``split_size`` given there is one candidate.
+    (:mod:`autosplit.verify.plans`) before one is chosen. ``options`` are :func:`plan`'s; with
+    ``options.split_size`` given there is one candidate.
 
     Raises:
         As :func:`plan`.
     """
     top_k = checks.positive_int("top_k", top_k)
-    best = plan(profile, gpus, **options)  # type: ignore[arg-type]
-    if options.get("split_size") is not None or top_k == 1:
+    best = plan(profile, gpus, options)
+    if options.split_size is not None or top_k == 1:
         return (best,)
     batch = best.batch_size
     others = []
@@ -295,7 +257,7 @@ def plan_candidates(profile: Profile, gpus: int = 2, *, top_k: int = 3,
         if b == best.split_size or b > batch:
             continue
         try:
-            other = plan(profile, gpus, **{**options, "split_size": b})  # type: ignore[arg-type]
+            other = plan(profile, gpus, dataclasses.replace(options, split_size=b))
         except InfeasiblePlanError:
             continue
         others.append(dataclasses.replace(other, candidates=best.candidates))

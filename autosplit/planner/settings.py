@@ -1,40 +1,30 @@
 """What a plan depends on besides the profile: devices, memory, schedule, optimizer, link.
 
-:class:`PlanSettings` checks them once; the search arguments (``split_size``, ``solver``,
-``time_limit_s``) are checked by :func:`check_search`.
+:class:`PlanSettings` resolves the caller's :class:`~autosplit.planner.options.PlanOptions`
+against the profile and the device count, once.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autosplit import checks
 from autosplit.cost import (
     DEFAULT_LINK_BYTES_PER_S,
     OPTIMIZER_STATE,
-    SCHEDULES,
 )
 from autosplit.errors import (
-    ArgumentTypeError,
     InvalidInputError,
     ModelMismatchError,
 )
+from autosplit.planner.options import PlanOptions
 from autosplit.records import Profile
 from autosplit.sharding import SHARDED_MODES, replica_param_factor
 from autosplit.units import parse_bytes
 
-__all__ = ["PlanSettings", "SETTING_NAMES", "SOLVERS", "check_search", "memory_sizes"]
-
-
-SOLVERS = ("dp", "milp", "auto")
-
-SETTING_NAMES = frozenset(
-    ("batch_size", "devices", "memory_per_gpu", "schedule", "optimizer",
-     "bandwidth_bytes_per_s", "speeds", "device_profiles")
-)
-"""The keyword arguments of :meth:`PlanSettings.check`, which :func:`plan_with_balance` takes."""
+__all__ = ["PlanSettings", "memory_sizes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,36 +79,9 @@ class PlanSettings:
         return all(d.split(":")[0] == "cpu" for d in self.devices)
 
     @classmethod
-    def from_kwargs(cls, profile: Profile, gpus: int, kwargs: Mapping[str, object]) -> PlanSettings:
-        """:meth:`check` on keyword arguments passed through (``**kwargs`` of the callers).
-
-        Raises:
-            ArgumentTypeError: an argument that :meth:`check` does not take; as :meth:`check`.
-        """
-        unknown = sorted(set(kwargs) - SETTING_NAMES)
-        if unknown:
-            raise ArgumentTypeError(
-                f"unknown argument{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: "
-                f"the device and memory arguments are {', '.join(sorted(SETTING_NAMES))}"
-            )
-        return cls.check(profile, gpus, **kwargs)  # type: ignore[arg-type]
-
-    @classmethod
-    def check(
-        cls,
-        profile: Profile,
-        gpus: int,
-        *,
-        batch_size: int | None = None,
-        devices: Sequence[str] | None = None,
-        memory_per_gpu: float | str | Sequence[int | float | str] | None = None,
-        schedule: str = "gpipe",
-        optimizer: str = "sgd",
-        bandwidth_bytes_per_s: float | None = None,
-        speeds: Sequence[float] | None = None,
-        device_profiles: Sequence[Profile] | None = None,
-    ) -> PlanSettings:
-        """Validate the planner's arguments (see :func:`plan`).
+    def check(cls, profile: Profile, gpus: int, options: PlanOptions = PlanOptions()
+              ) -> PlanSettings:
+        """``options`` resolved for ``profile`` on ``gpus`` devices (see :func:`plan`).
 
         Raises:
             ArgumentTypeError: an argument of the wrong type (e.g. ``gpus="2"``, ``gpus=2.0``).
@@ -126,6 +89,7 @@ class PlanSettings:
             ModelMismatchError: a device profile is of another model.
         """
         checks.instance_of("profile", profile, Profile, "an autosplit Profile")
+        checks.instance_of("options", options, PlanOptions, "an autosplit.PlanOptions")
         n = len(profile.blocks)
         gpus = checks.positive_int("gpus", gpus)
         if gpus > n:
@@ -133,15 +97,14 @@ class PlanSettings:
                 f"gpus={gpus} is more than the model's {n} blocks: use at most {n} devices, "
                 "or trace with granularity='layer' for finer blocks"
             )
-        batch = profile.batch_size if batch_size is None else batch_size
-        batch = checks.positive_int("batch_size", batch)
+        batch = checks.positive_int("batch_size", options.batch_size or profile.batch_size)
+        devices = options.devices
         if devices is None:
             kind = profile.device.kind
             devices = [f"cuda:{s}" if kind == "cuda" else "cpu" for s in range(gpus)]
         names = checks.sequence_of("devices", devices, checks.device_name, length=gpus, per="stage")
-        capacity = memory_sizes(memory_per_gpu, gpus)
-        checks.one_of("optimizer", optimizer, OPTIMIZER_STATE)
-        checks.one_of("schedule", schedule, ("auto", *SCHEDULES))
+        capacity = memory_sizes(options.memory_per_gpu, gpus)
+        bandwidth_bytes_per_s = options.bandwidth_bytes_per_s
         if bandwidth_bytes_per_s is None:  # measured with the profile, else the kind's default
             bandwidth = profile.link_bytes_per_s or DEFAULT_LINK_BYTES_PER_S.get(
                 profile.device.kind, 5e9)
@@ -150,14 +113,14 @@ class PlanSettings:
                 "bandwidth_bytes_per_s", bandwidth_bytes_per_s, "bytes/s"
             )
         speed: tuple[float, ...] = (1.0,) * gpus
-        if speeds is not None:
+        if options.speeds is not None:
             speed = checks.sequence_of(
-                "speeds", speeds, checks.positive_finite, length=gpus, per="device"
+                "speeds", options.speeds, checks.positive_finite, length=gpus, per="device"
             )
         profs = (profile,) * gpus
-        if device_profiles is not None:
+        if options.device_profiles is not None:
             profs = checks.sequence_of(
-                "device_profiles", device_profiles,
+                "device_profiles", options.device_profiles,
                 lambda name, v: checks.instance_of(name, v, Profile, "an autosplit Profile"),
                 length=gpus, per="device",
             )
@@ -167,7 +130,8 @@ class PlanSettings:
                     f"device profile of {other.model} (fingerprint {other.fingerprint}) is of "
                     f"another model than {profile.model} ({profile.fingerprint})"
                 )
-        return cls(gpus, batch, names, capacity, schedule, optimizer, bandwidth, speed, profs)
+        return cls(gpus, batch, names, capacity, options.schedule, options.optimizer, bandwidth,
+                   speed, profs)
 
 
 def memory_sizes(
@@ -187,10 +151,3 @@ def memory_sizes(
         "memory_per_gpu", memory_per_gpu, lambda name, v: float(parse_bytes(v, name)),
         length=gpus, per="device",
     )
-
-
-def check_search(split_size: object, solver: object, time_limit_s: object) -> None:
-    """The search arguments of :func:`plan` (the rest is :meth:`PlanSettings.check`)."""
-    checks.optional(checks.positive_int, "split_size", split_size)
-    checks.one_of("solver", solver, SOLVERS)
-    checks.optional(checks.positive_finite, "time_limit_s", time_limit_s, "s")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from autosplit import checks
@@ -32,11 +32,15 @@ from autosplit.measure.profiler import check_inputs
 from autosplit.measure.spread import PREDICTION_ERROR, ratio_with_spread
 from autosplit.records import Plan, Profile
 from autosplit.units import format_ms
+from autosplit.verify.options import TimingOptions
 from autosplit.verify.plans import verify_plans
 from autosplit.verify.timed_runs import session_estimate_s, stage_runs, timed_runs
 
 __all__ = ["RESOLVED_RATIO", "VerificationSkipped", "describe_shape", "steady_choice",
            "verify_and_choose"]
+
+Progress = Callable[[int, int, str], None]
+"""``progress(done, total, what)`` after each timed run."""
 
 RESOLVED_RATIO = PREDICTION_ERROR
 """The smallest difference between two verified steps (a fraction of the faster) that the
@@ -71,7 +75,8 @@ def verify_and_choose(
     others: Mapping[str, Plan] | None = None,
     *,
     fit_budget: bool = False,
-    **options: Any,
+    options: TimingOptions = TimingOptions(),
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> tuple[Plan, dict[str, Plan]]:
     """Choose the candidate with the shortest verified step and predict it, and the plans
     shown beside it, from a second verification; return the chosen plan and the others, by
@@ -82,10 +87,11 @@ def verify_and_choose(
     session (:func:`steady_choice`: among those within noise of the fastest, the best by block
     sums) and
     predicted, with the others and one device, from a second (both in one fresh process on a
-    CPU); ``budget_s`` (default 60 s) is shared by their stage runs. A single candidate is
-    timed once, with the others.
+    CPU); ``options.budget_s`` (default 60 s) is shared by their stage runs. A single
+    candidate is timed once, with the others. ``options`` and ``progress`` are
+    :func:`~autosplit.verify.plans.verify_plans`'s.
 
-    ``fit_budget``: ``budget_s`` bounds the whole verification, as estimated from block sums
+    ``fit_budget``: ``options.budget_s`` bounds the whole verification, as estimated from block sums
     beforehand (:func:`~autosplit.verify.timed_runs.session_estimate_s`): both sessions when they fit,
     else one, of block sums' best candidate with the others (the choice then is block sums'),
     else none (:class:`VerificationSkipped`).
@@ -99,49 +105,51 @@ def verify_and_choose(
     checks.instance_of("profile", profile, Profile, "an autosplit Profile")
     for plan in [*candidates, *(others or {}).values()]:  # before any process starts
         plan.check_model(graph.fingerprint, graph.model_name)
-    if fit_budget and options.get("budget_s") is not None:
+    checks.instance_of("options", options, TimingOptions, "an autosplit TimingOptions")
+    if fit_budget and options.budget_s is not None:
         return _within_budget(graph, example_inputs, profile, candidates, others or {},
-                              options)
-    if (len(candidates) > 1 and resolve_device(options.get("device")).type == "cpu"
+                              options, progress)
+    if (len(candidates) > 1 and resolve_device(options.device).type == "cpu"
             and timing_process.enabled()):  # both sessions in one fresh process
-        progress = options.pop("progress", None)
         return timing_process.run_fresh(_choose_here, graph, example_inputs, profile,
-                                       list(candidates), dict(others or {}),
-                                       progress=progress, **options)
-    return _choose_here(graph, example_inputs, profile, candidates, others, **options)
+                                       list(candidates), dict(others or {}), options,
+                                       progress=progress)
+    return _choose_here(graph, example_inputs, profile, candidates, others, options,
+                        progress=progress)
 
 
 def _choose_here(graph: BlockGraph, example_inputs: Any, profile: Profile,
-                 candidates: Sequence[Plan], others: Mapping[str, Plan] | None = None,
-                 **options: Any) -> tuple[Plan, dict[str, Plan]]:
+                 candidates: Sequence[Plan], others: Mapping[str, Plan] | None,
+                 options: TimingOptions, *, progress: Progress | None = None
+                 ) -> tuple[Plan, dict[str, Plan]]:
     """:func:`verify_and_choose` here (timings in a fresh process unless this is one)."""
     named = {f"candidate {i}": c for i, c in enumerate(candidates)}
     others = dict(others or {})
     if len(named) == 1:
-        verified = verify_plans(graph, example_inputs, profile, {**named, **others}, **options)
+        verified = verify_plans(graph, example_inputs, profile, {**named, **others},
+                                options=options, progress=progress)
         return verified["candidate 0"], {name: verified[name] for name in others}
-    budget = options.get("budget_s", 60.0)
+    budget = options.budget_s
     first_runs = _run_count(named.values())
     second_runs = _run_count([*named.values()][:1] + [*others.values()]) + 1
-    progress = options.get("progress")
 
-    def session(share: float, part: int) -> dict[str, Any]:  # its budget, its progress
-        out = {**options, "budget_s": None if budget is None else budget * share}
-        if progress is not None:
-            out["progress"] = lambda done, total, what: progress(part * total + done,
-                                                                 2 * total, what)
-        return out
+    def session(share: float) -> TimingOptions:  # its share of the budget
+        return dataclasses.replace(options, budget_s=None if budget is None else budget * share)
+
+    def part(k: int) -> Progress | None:  # session k's progress, as half of the whole
+        if progress is None:
+            return None
+        return lambda done, total, what: progress(k * total + done, 2 * total, what)
 
     share = first_runs / (first_runs + second_runs)
     with _shared_neighbour(graph, example_inputs, profile, [*named.values(), *others.values()],
                            options) as shared:
-        if shared is not None:
-            options = {**options, "neighbour": shared}
         chosen = verify_plans(graph, example_inputs, profile, named, one_device=False,
-                              **session(share, 0))  # one device: in the second only
+                              options=session(share), progress=part(0),
+                              neighbour=shared)  # one device: in the second only
         name, close = steady_choice(chosen, named)
         verified = verify_plans(graph, example_inputs, profile, {name: named[name], **others},
-                                **session(1 - share, 1))
+                                options=session(1 - share), progress=part(1), neighbour=shared)
     best = verified[name]
     shapes = ", ".join(describe_shape(c) for c in candidates)
     fastest = min(chosen, key=lambda n: chosen[n].predicted_step_ms)
@@ -162,10 +170,12 @@ def _choose_here(graph: BlockGraph, example_inputs: Any, profile: Profile,
 
 def _within_budget(graph: BlockGraph, example_inputs: Any, profile: Profile,
                    candidates: Sequence[Plan], others: Mapping[str, Plan],
-                   options: dict[str, Any]) -> tuple[Plan, dict[str, Plan]]:
-    """:func:`verify_and_choose` in the sessions that fit ``options["budget_s"]``."""
-    left = float(options["budget_s"])
-    cpu = resolve_device(options.get("device")).type == "cpu"
+                   options: TimingOptions, progress: Progress | None
+                   ) -> tuple[Plan, dict[str, Plan]]:
+    """:func:`verify_and_choose` in the sessions that fit ``options.budget_s``."""
+    assert options.budget_s is not None
+    left = float(options.budget_s)
+    cpu = resolve_device(options.device).type == "cpu"
     how = {"beside": cpu and contention.enabled(), "whole_batch": cpu}
     named = {f"candidate {i}": c for i, c in enumerate(candidates)}
     second = session_estimate_s(profile, {"candidate 0": candidates[0], **others}, **how)
@@ -173,9 +183,10 @@ def _within_budget(graph: BlockGraph, example_inputs: Any, profile: Profile,
     if second > left:
         raise VerificationSkipped(second, left)
     if first + second <= left:
-        return verify_and_choose(graph, example_inputs, profile, candidates, others, **options)
+        return verify_and_choose(graph, example_inputs, profile, candidates, others,
+                                 options=options, progress=progress)
     best, verified = verify_and_choose(graph, example_inputs, profile, candidates[:1], others,
-                                       **options)
+                                       options=options, progress=progress)
     best = dataclasses.replace(best, verification=(
         f"{best.verification}; chosen by block sums among the {len(named)} best candidates: "
         f"a session to choose among them by their stage runs would take about "
@@ -223,18 +234,18 @@ def steady_choice(first: Mapping[str, Plan],
 
 
 def _shared_neighbour(graph: BlockGraph, example_inputs: Any, profile: Profile,
-                      plans: Sequence[Plan], options: Mapping[str, Any]
+                      plans: Sequence[Plan], options: TimingOptions
                       ) -> contextlib.AbstractContextManager[contention.Neighbour | None]:
     """One neighbouring worker for both sessions of :func:`verify_and_choose` (on a CPU, with
     stages to time beside it: else ``None``), started for every run it may be asked for; a
     process started once, not once per session (its start, loading torch and the model, took
     about 2 s of each session on the development machines)."""
-    beside = resolve_device(options.get("device")).type == "cpu" and contention.enabled()
+    beside = resolve_device(options.device).type == "cpu" and contention.enabled()
     runs = [other for plan in plans for _, other in timed_runs(plan, beside) if other]
-    if not runs or not beside or options.get("neighbour") is not None:
+    if not runs or not beside:
         return contextlib.nullcontext()
-    return contention.Neighbour(graph, check_inputs(example_inputs), runs, profile.loss,
-                               options.get("threads", 1))
+    return contention.Neighbour(graph, check_inputs(example_inputs), runs,
+                               options.loss or profile.loss, options.threads)
 
 
 def _run_count(plans: Any) -> int:

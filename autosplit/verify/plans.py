@@ -57,10 +57,12 @@ from autosplit.cost import whole_update_ms
 from autosplit.devices import resolve_device
 from autosplit.graph import BlockGraph
 from autosplit.measure import contention, steal_time
+from autosplit.measure.contention import Neighbour
 from autosplit.measure.profiler import check_inputs
 from autosplit.records import Plan, Profile
 from autosplit.simulator import overlap_fractions, simulate_plan
 from autosplit.units import format_ms
+from autosplit.verify.options import TimingOptions
 from autosplit.verify.stage_timing import (
     Beside,
     Checkpointed,
@@ -206,11 +208,14 @@ def time_plans(
     profile: Profile,
     plans: Mapping[str, Plan],
     one_device: bool = True,
-    **options: Any,
+    *,
+    options: TimingOptions = TimingOptions(),
+    progress: Callable[[int, int, str], None] | None = None,
+    neighbour: Neighbour | None = None,
 ) -> PlanTimes:
     """Time the stages of every plan as they run (and one device), taking turns in one
-    session; :func:`predict_verified` predicts the plans from them. ``options`` are
-    :func:`time_stages`'s keyword arguments.
+    session; :func:`predict_verified` predicts the plans from them. ``options``, ``progress``
+    and ``neighbour`` are :func:`time_stages`'s (the loss, unless given: the profile's).
 
     Raises:
         ModelMismatchError: a plan is of another model than ``graph``.
@@ -219,11 +224,13 @@ def time_plans(
     checks.instance_of("profile", profile, Profile, "an autosplit Profile")
     for plan in plans.values():
         plan.check_model(graph.fingerprint, graph.model_name)
-    beside = resolve_device(options.get("device")).type == "cpu" and contention.enabled()
-    whole = _whole_batch_fits(example_inputs, options.get("device"))
+    beside = resolve_device(options.device).type == "cpu" and contention.enabled()
+    whole = _whole_batch_fits(example_inputs, options.device)
     runs, deepest, singles = session_runs(profile, plans, one_device, beside, whole)
-    times = time_stages(graph, example_inputs, runs, depths=deepest,
-                        **{"loss": profile.loss, **options})
+    if options.loss is None:
+        options = dataclasses.replace(options, loss=profile.loss)
+    times = time_stages(graph, example_inputs, runs, options=options, progress=progress,
+                        depths=deepest, neighbour=neighbour)
     return PlanTimes(times, {name: tuple(depths(plan)) for name, plan in plans.items()},
                      singles, beside)
 
@@ -306,17 +313,21 @@ def verify_plans(
     profile: Profile,
     plans: Mapping[str, Plan],
     one_device: bool = True,
-    **options: Any,
+    *,
+    options: TimingOptions = TimingOptions(),
+    progress: Callable[[int, int, str], None] | None = None,
+    neighbour: Neighbour | None = None,
 ) -> dict[str, Plan]:
     """Every plan with its stages timed as they run (:func:`time_plans`) and its step
     predicted again from them (:func:`predict_verified`; ``one_device=False``: one device not
-    timed). ``options`` are :func:`time_stages`'s keyword arguments.
+    timed). ``options``, ``progress`` and ``neighbour`` are :func:`time_plans`'s.
 
     Raises:
         ModelMismatchError: a plan is of another model than ``graph``.
         As :func:`time_stages`.
     """
-    timed = time_plans(graph, example_inputs, profile, plans, one_device, **options)
+    timed = time_plans(graph, example_inputs, profile, plans, one_device, options=options,
+                       progress=progress, neighbour=neighbour)
     return predict_verified(profile, plans, timed)
 
 

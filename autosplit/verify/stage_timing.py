@@ -57,6 +57,7 @@ from autosplit.measure.contention import enabled as neighbour_enabled
 from autosplit.measure.losses import timing_loss
 from autosplit.measure.profiler import check_inputs, check_microbatch_sizes
 from autosplit.measure.spread import relative_spread
+from autosplit.verify.options import TimingOptions
 
 __all__ = ["Beside", "Checkpointed", "Item", "SplitBackward", "StageRun", "StageTime", "as_beside",
            "time_stages", "wrapped"]
@@ -189,14 +190,8 @@ def time_stages(
     example_inputs: Any,
     runs: Sequence[Item],
     *,
-    device: str | torch.device | None = None,
-    threads: int = 1,
-    warmup: int = 1,
-    rounds: int = 3,
-    max_rounds: int = 10,
-    budget_s: float | None = 60.0,
+    options: TimingOptions = TimingOptions(),
     progress: Callable[[int, int, str], None] | None = None,
-    loss: str = "none",
     depths: Mapping[Any, int] | None = None,
     neighbour: Neighbour | None = None,
 ) -> dict[Any, StageTime]:
@@ -213,8 +208,8 @@ def time_stages(
     ``depths[item]``: how many micro-batches the run keeps in flight (d forwards, then their d
     backwards; 1, one forward and its backward, when not given); its times are per micro-batch.
 
-    A run that ends with the model's last block is timed with ``loss`` after it
-    (:mod:`autosplit.measure.losses`), as the profile it checks was.
+    A run that ends with the model's last block is timed with ``options.loss`` after it
+    (:mod:`autosplit.measure.losses`; ``None``: none), as the profile it checks was.
 
     ``neighbour``: a running :class:`~autosplit.measure.contention.Neighbour` of this process, started
     for every ``other`` of ``runs``, to time beside instead of starting one (several sessions
@@ -222,10 +217,9 @@ def time_stages(
     timed in this process.
 
     Works on a private copy of the model (the model is left as it was); on a CPU, in a fresh
-    process, as the ranks run (:mod:`autosplit.measure.timing_process`). ``rounds`` timed rounds at
-    least (2 at least: every other round starts without gradients, see
-    :meth:`StageTime.per_step`), after ``warmup`` untimed ones; more, up to ``max_rounds``,
-    while a run's IQR exceeds 5 % of its median and ``budget_s`` seconds are not spent.
+    process, as the ranks run (:mod:`autosplit.measure.timing_process`). The device, threads,
+    rounds and budget are ``options`` (:class:`~autosplit.verify.options.TimingOptions`); every
+    other round starts without gradients (see :meth:`StageTime.per_step`).
 
     Raises:
         InvalidInputError: a block range outside the model, a b above the example batch, a
@@ -233,50 +227,45 @@ def time_stages(
             ``other`` run.
     """
     inputs = check_inputs(example_inputs)
+    checks.instance_of("options", options, TimingOptions, "an autosplit TimingOptions")
     runs = list(dict.fromkeys(runs))
     depth = {r: checks.positive_int(f"depths[{r}]", (depths or {}).get(r, 1)) for r in runs}
-    checks.positive_int("rounds", rounds)
-    checks.non_negative_int("warmup", warmup)
     batch = int(inputs[0].shape[0])
     for item in runs:
         for first, end, b in filter(None, as_beside(item)):
             graph.extract(first, end)  # checks the range
             check_microbatch_sizes([b], batch, "b")
-    timing_loss(loss)  # checks the name
-    options = {"device": device, "threads": threads, "warmup": warmup, "rounds": rounds,
-               "max_rounds": max_rounds, "budget_s": budget_s, "loss": loss, "depths": depth}
+    if options.loss is None:
+        options = dataclasses.replace(options, loss="none")
     if neighbour is not None:
         missing = {o for _, o in map(as_beside, runs) if o is not None} - set(neighbour.runs)
         if missing:
             raise InvalidInputError(f"neighbour: not started for the runs {sorted(missing)}")
-        return _time_here(graph, inputs, runs, progress=progress, neighbour=neighbour,
-                          **options)
-    if resolve_device(device).type == "cpu" and timing_process.enabled():
-        return timing_process.run_fresh(_time_here, graph, inputs, runs, progress=progress,
-                                       **options)
-    return _time_here(graph, inputs, runs, progress=progress, **options)
+        return _time_here(graph, inputs, runs, options, depth, progress=progress,
+                          neighbour=neighbour)
+    if resolve_device(options.device).type == "cpu" and timing_process.enabled():
+        return timing_process.run_fresh(_time_here, graph, inputs, runs, options, depth,
+                                       progress=progress)
+    return _time_here(graph, inputs, runs, options, depth, progress=progress)
 
 
 def _time_here(
     graph: BlockGraph,
     inputs: tuple[torch.Tensor, ...],
     runs: list[Item],
-    *,
-    device: str | torch.device | None,
-    threads: int,
-    warmup: int,
-    rounds: int,
-    max_rounds: int,
-    budget_s: float | None,
-    progress: Callable[[int, int, str], None] | None,
-    loss: str,
+    options: TimingOptions,
     depths: Mapping[Any, int],
+    *,
+    progress: Callable[[int, int, str], None] | None,
     neighbour: Neighbour | None = None,
 ) -> dict[Any, StageTime]:
     """:func:`time_stages` in this process, on checked arguments (``neighbour``: a shared
     one, left idle at the end, else one started here for this session)."""
+    loss, threads, warmup = options.loss, options.threads, options.warmup
+    rounds, max_rounds, budget_s = options.rounds, options.max_rounds, options.budget_s
+    assert loss is not None  # time_stages chose it
     loss_fn = timing_loss(loss)
-    dev = resolve_device(device)
+    dev = resolve_device(options.device)
     start = time.perf_counter()
     old_threads = torch.get_num_threads()
     rng = [dev.index or 0] if dev.type == "cuda" else []
