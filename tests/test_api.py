@@ -70,9 +70,11 @@ def test_the_public_surface_is_the_pipeline_records_and_errors() -> None:
     from autosplit import errors
 
     steps = {"partition", "trace", "profile", "plan", "emit"}
+    options = {"PartitionOptions", "ProfileOptions", "PlanOptions"}  # the steps' inputs
     records = {"Profile", "BlockProfile", "CutProfile", "DeviceInfo", "Plan", "Stage",
                "SharedWeight"}
-    assert set(autosplit.__all__) == steps | records | set(errors.__all__) | {"__version__"}
+    assert set(autosplit.__all__) == (steps | options | records | set(errors.__all__)
+                                      | {"__version__"})
 
 
 def test_the_former_error_names_are_the_same_classes() -> None:
