@@ -5,8 +5,9 @@
     print(pm.plan)                                  # stages, cut points, split_size, predictions
 
 The package exports the pipeline's steps (trace, profile, plan, emit, partition), their
-option records (ProfileOptions, PlanOptions, PartitionOptions), the records and the errors. Analysis helpers live in their modules: ``autosplit.comparison`` (compare,
-baseline_plans, manual_plan), ``autosplit.simulator``, ``autosplit.estimate.analytic``, ``autosplit.specs``,
+option records (ProfileOptions, PlanOptions, PartitionOptions), the records and the errors.
+Analysis helpers live in their modules: ``autosplit.comparison`` (compare, baseline_plans,
+manual_plan), ``autosplit.simulator``, ``autosplit.estimate.analytic``, ``autosplit.specs``,
 ``autosplit.planner`` (plan_with_balance), ``autosplit.pipeline`` (PipelinedModule). The
 torch-free parts (``autosplit.solve``, ``autosplit.records``, the errors) import without torch;
 everything else is loaded on first use.
