@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autosplit.atomic_write import write_text_atomic
 from autosplit.errors import InvalidInputError, RankFailedError, RendezvousError
 from autosplit.measure import allocator
 
@@ -171,9 +172,7 @@ def _write_status(status_dir: str, exc: BaseException) -> None:
     record = {"rank": rank, "time": time.time(), "error": text}
     path = os.path.join(status_dir, f"rank{rank}.json")
     with contextlib.suppress(OSError):
-        with open(path + ".tmp", "w") as fh:
-            json.dump(record, fh)
-        os.replace(path + ".tmp", path)
+        write_text_atomic(path, json.dumps(record))
 
 
 def _read_statuses(status_dir: str) -> dict[int, tuple[float, str]]:

@@ -8,7 +8,7 @@ or unknown field, or a broken invariant is a :class:`~autosplit.errors.PlanFileE
 the file and the field's path (``plan file 'p.json': layout.stages[1].blocks is empty``).
 
 This module sits below :mod:`autosplit.records` (which calls it from ``save`` / ``load``) and
-imports nothing of autosplit but errors and validation.
+imports nothing of autosplit but errors, validation and atomic_write.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
+from autosplit.atomic_write import write_text_atomic
 from autosplit.errors import PlanFileError
 from autosplit.validation import RecordError, join_path, show
 
@@ -39,7 +40,8 @@ T = TypeVar("T")
 
 def save_record(value: Any, kind: str, path: str | Path, groups: Groups | None = None) -> None:
     """Write the record ``value`` (a dataclass) as JSON tagged with ``kind``: its fields in
-    ``groups`` (:data:`GROUPED_VERSION`), or at the top level (:data:`FORMAT_VERSION`)."""
+    ``groups`` (:data:`GROUPED_VERSION`), or at the top level (:data:`FORMAT_VERSION`); the
+    file is replaced whole or not at all (:func:`autosplit.atomic_write.write_text_atomic`)."""
     fields = dataclasses.asdict(value)
     if groups is None:
         data = {"kind": kind, "format_version": FORMAT_VERSION, **fields}
@@ -47,8 +49,7 @@ def save_record(value: Any, kind: str, path: str | Path, groups: Groups | None =
         data = {"kind": kind, "format_version": GROUPED_VERSION,
                 **{group: {name: fields[name] for name in names}
                    for group, names in groups.items()}}
-    text = json.dumps(data, indent=1, allow_nan=False)
-    Path(path).write_text(text + "\n")
+    write_text_atomic(path, json.dumps(data, indent=1, allow_nan=False) + "\n")
 
 
 def load_record(cls: type[T], kind: str, path: str | Path, groups: Groups | None = None) -> T:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from autosplit.atomic_write import file_mode
 from autosplit.errors import InvalidInputError
 
 __all__ = ["Outputs", "check_outputs", "figure_formats"]
@@ -150,13 +151,7 @@ def _temporary(target: str) -> str:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=Path(name).suffix)
     except OSError as exc:
         raise InvalidInputError(f"cannot write {target!r}: {_reason(exc)}") from exc
-    try:
-        mode = os.stat(target).st_mode & 0o777
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    os.fchmod(fd, mode)
+    os.fchmod(fd, file_mode(target))
     os.close(fd)
     return tmp
 

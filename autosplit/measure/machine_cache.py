@@ -22,12 +22,13 @@ import dataclasses
 import json
 import os
 import socket
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from autosplit.atomic_write import write_text_atomic
 
 __all__ = ["MAX_AGE_S", "MachineFigures", "MachineKey", "Measurers", "cache_path", "describe_age",
            "figures_for", "load", "save"]
@@ -208,15 +209,7 @@ def save(path: Path, figures: MachineFigures) -> None:
             machines = dict(data["machines"])
     machines[figures.key.name] = figures.to_json()
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".machine-", suffix=".json",
-                                     delete=False, encoding="utf-8") as tmp:
-        try:
-            json.dump({"version": _VERSION, "machines": machines}, tmp, indent=1)
-        except BaseException:
-            tmp.close()
-            os.unlink(tmp.name)  # no half-written file left beside the cache
-            raise
-    os.replace(tmp.name, path)
+    write_text_atomic(path, json.dumps({"version": _VERSION, "machines": machines}, indent=1))
 
 
 def figures_for(key: MachineKey, schedules: Sequence[str], measurers: Measurers, *,
