@@ -432,7 +432,7 @@ from harness import Config, Group, ModelSpec, measure
 if __name__ == "__main__":
     spec = ModelSpec("resnet18", 2, (3, 16, 16))
     groups = [Group(name, spec, (Config("one device", None),), rounds=2, warmup=1, lead_in_s=lead,
-                    settle_rounds=0)  # (settling: its own test)
+                    settle_rounds=0, retries=0, more_rounds=0)  # (settling, retries: own tests)
               for name, lead in (("led", 0.5), ("plain", 0.0))]
     got = measure(groups, nprocs=2, timeout_s=120)
     print(json.dumps({name: {"leads": g["lead_in_steps"], "times": g["times"], "run": g["steps_run"]}
