@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from autosplit.atomic_write import write_text_atomic
 from autosplit.errors import InvalidInputError, RankFailedError, RendezvousError
-from autosplit.measure import allocator
+from autosplit.measure import allocator, rank_start
 
 DEFAULT_TIMEOUT_S = 120.0
 """Process-group timeout (s): a collective or send/recv that waits longer raises on its rank."""
@@ -137,6 +137,7 @@ def run_rank(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     threads: int | None = 1,
     status_dir: str | None = None,
+    environment: rank_start.Environment | None = None,
 ) -> Any:
     """Run ``fn(*args)`` as one rank: set the CPU threads, join the process group (see
     :func:`init_distributed`), call ``fn`` and destroy the group again.
@@ -144,8 +145,11 @@ def run_rank(
     The body of every rank :func:`launch` starts; under torchrun, call it in each process.
     With ``status_dir``, a rank that raises first writes ``rank<N>.json`` there (its error and
     the time), so that the launcher can tell the rank that failed first from the peers that
-    failed because it was gone.
+    failed because it was gone. With ``environment`` (a rank forked from the fork server of
+    :mod:`autosplit.measure.rank_start`), the launcher's environment is applied first.
     """
+    if environment is not None:
+        environment.apply()
     faulthandler.enable()  # a rank that crashes in C++ leaves its stack on stderr
     if threads:
         torch.set_num_threads(threads)
@@ -153,8 +157,8 @@ def run_rank(
         init_distributed(backend, timeout_s)
         result = fn(*args)
     except BaseException as exc:
-        if status_dir is not None:
-            _write_status(status_dir, exc)
+        if status_dir is not None and _is_knock_on(_write_status(status_dir, exc)):
+            time.sleep(KNOCK_ON_HOLD_S)  # the launcher sees the peer that died first
         raise  # the process ends: its process group goes with it
     # stages and schedules hold reference cycles to pending work objects; collect them while
     # the group is alive (freed at interpreter exit instead, gloo's threads abort the process)
@@ -164,7 +168,15 @@ def run_rank(
     return result
 
 
-def _write_status(status_dir: str, exc: BaseException) -> None:
+KNOCK_ON_HOLD_S = 1.0
+"""How long (s) a rank whose error is a peer's absence (:func:`_is_knock_on`) waits before it
+ends: the launcher reports one failed process, the first it sees (it looks every 0.1 s), and
+a peer that died without raising has nothing but its exit code to say why, which only that
+report carries. A rank the launcher stops meanwhile ends then."""
+
+
+def _write_status(status_dir: str, exc: BaseException) -> str:
+    """Write this rank's error (its cause, on one line) and the time; the error's text."""
     rank = int(os.environ.get("RANK", "-1"))
     while exc.__cause__ is not None:  # PipelineStage wraps the model's error: report that one
         exc = exc.__cause__
@@ -173,6 +185,7 @@ def _write_status(status_dir: str, exc: BaseException) -> None:
     path = os.path.join(status_dir, f"rank{rank}.json")
     with contextlib.suppress(OSError):
         write_text_atomic(path, json.dumps(record))
+    return text
 
 
 def _read_statuses(status_dir: str) -> dict[int, tuple[float, str]]:
@@ -253,14 +266,16 @@ def launch(
     """Run ``fn(*args)`` on ``nprocs`` ranks on this machine, one process each.
 
     Uses ``torch.distributed.run``'s launcher (an elastic agent with a c10d rendezvous on
-    ``host:port``, no restarts). The ranks start with the C allocator keeping freed memory
-    (:mod:`autosplit.measure.allocator`), unless this process's environment decides it. Every rank joins a process group first (see
+    ``host:port``, no restarts). The ranks are forked from a server that has imported torch
+    (:mod:`autosplit.measure.rank_start`), in this process's environment, and start with the
+    C allocator keeping freed memory (:mod:`autosplit.measure.allocator`), unless this
+    process's environment decides it. Every rank joins a process group first (see
     :func:`init_distributed`; ``timeout_s`` bounds every wait on a peer) and destroys it
     afterwards. When a rank dies or raises, the launcher stops the others and this function
     raises :class:`RankFailedError`.
 
     Args:
-        fn: a module-level function (ranks are spawned and import it by name).
+        fn: a module-level function (each rank imports it by name).
         nprocs: number of ranks.
         backend: ``"gloo"`` or ``"nccl"``.
         timeout_s: process-group timeout (s).
@@ -276,7 +291,7 @@ def launch(
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise InvalidInputError(f"nprocs must be a positive integer, got {nprocs!r}")
@@ -293,7 +308,29 @@ def launch(
     status_dir = status.name
     logs = (DefaultLogsSpecs(log_dir=log_dir, redirects=Std.ALL) if log_dir
             else DefaultLogsSpecs(log_dir=os.path.join(status_dir, "elastic")))  # removed after
-    config = LaunchConfig(
+    quiet_ctx = _launcher_quiet() if ranks.quiet else contextlib.nullcontext()
+    with status:
+        try:
+            with quiet_ctx, _signals_restored(), allocator.for_children():
+                method, environment = rank_start.start_method()
+                config = _launch_config(nprocs, host, port, timeout_s, method, logs)
+                results = elastic_launch(config, run_rank)(
+                    fn, args, backend, timeout_s, threads, status_dir, environment
+                )
+        except ChildFailedError as exc:
+            raise _rank_failure(exc, _read_statuses(status_dir), nprocs, log_dir) from None
+        except SignalException as exc:
+            raise KeyboardInterrupt(f"stopped by signal {exc.sigval}") from None
+    return dict(results)
+
+
+def _launch_config(nprocs: int, host: str, port: int, timeout_s: float, start_method: str,
+                   logs: Any) -> Any:
+    """torch's launcher settings: one node of ``nprocs`` ranks, a c10d rendezvous on
+    ``host:port``, no restarts, the workers watched every 0.1 s."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return LaunchConfig(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=nprocs,
@@ -303,22 +340,10 @@ def launch(
         rdzv_configs={"timeout": int(max(timeout_s, 30))},
         max_restarts=0,
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method=start_method,
         local_addr=host,
         logs_specs=logs,
     )
-    quiet_ctx = _launcher_quiet() if ranks.quiet else contextlib.nullcontext()
-    with status:
-        try:
-            with quiet_ctx, _signals_restored(), allocator.for_children():
-                results = elastic_launch(config, run_rank)(
-                    fn, args, backend, timeout_s, threads, status_dir
-                )
-        except ChildFailedError as exc:
-            raise _rank_failure(exc, _read_statuses(status_dir), nprocs, log_dir) from None
-        except SignalException as exc:
-            raise KeyboardInterrupt(f"stopped by signal {exc.sigval}") from None
-    return dict(results)
 
 
 def one_line(text: str) -> str:

@@ -10,7 +10,6 @@ micro-batch losses), BatchNorm seeing micro-batches in order.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import os
@@ -403,22 +402,28 @@ def test_ranks_with_different_plans_are_refused_at_start(differ: str) -> None:
     assert all(text in message for text in shown), message
 
 
-def _children() -> set[int]:
-    """Live child processes of this process."""
-    me = str(os.getpid())
-    found = set()
+def _descendants() -> set[int]:
+    """Live processes below this one (children, their children …), but multiprocessing's
+    helpers, one each for the process's lifetime: its resource tracker and its fork server,
+    whose children (the ranks) are counted."""
+    parents: dict[int, int] = {}
+    helpers = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if fields[1] == me and fields[0] != "Z":
-                with contextlib.suppress(OSError):
-                    if b"resource_tracker" in (entry / "cmdline").read_bytes():
-                        continue  # multiprocessing's helper, one per process for its lifetime
-                found.add(int(entry.name))
-    return found
+            if fields[0] != "Z":
+                parents[int(entry.name)] = int(fields[1])
+                if b"resource_tracker" in cmdline or b"multiprocessing.forkserver" in cmdline:
+                    helpers.add(int(entry.name))
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found - helpers
 
 
 def _noop_worker() -> tuple[int, int]:
@@ -432,7 +437,7 @@ def test_launch_returns_every_rank_and_leaves_nothing_behind(tmp_path: Path,
     # a temporary folder of its own: other runs on the machine create launcher folders too
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    before = _children()
+    before = _descendants()
     temp = Path(tempfile.gettempdir())
     assert temp == tmp_path
     folders = set(temp.iterdir())
@@ -440,7 +445,7 @@ def test_launch_returns_every_rank_and_leaves_nothing_behind(tmp_path: Path,
     assert distributed.launch(_noop_worker, 3, timeout_s=TIMEOUT_S,
                               ranks=distributed.RankSettings(port=port)) == {
         0: (0, 3), 1: (1, 3), 2: (2, 3)}
-    assert _children() - before == set()
+    assert _descendants() - before == set()
     left = [f.name for f in set(temp.iterdir()) - folders
             if f.name.startswith(("torchelastic_", "autosplit-launch-"))]
     assert left == [], "the launcher's folders are removed"
