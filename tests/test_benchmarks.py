@@ -266,20 +266,25 @@ def test_accuracy_benchmark_smoke(tmp_path) -> None:
     assert (again / "accuracy.md").read_text() == text
 
 
-def test_accuracy_render_never_overwrites_the_file_it_reads(tmp_path) -> None:
+def _refusal(script: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """What ``benchmarks/<script>.py``'s main says on stderr given ``argv``, in this process,
+    after checking that it exits with code 2 (the smoke tests run the scripts as commands)."""
+    with pytest.raises(SystemExit) as exited:
+        load_benchmark(script).main(argv)
+    assert exited.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_accuracy_render_never_overwrites_the_file_it_reads(tmp_path, capsys) -> None:
     saved = tmp_path / "accuracy.json"
     saved.write_text("{}")
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy.py"), "--render",
-                           str(saved), "--out", str(tmp_path)], capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.returncode == 2 and "would overwrite" in done.stderr
+    err = _refusal("accuracy", ["--render", str(saved), "--out", str(tmp_path)], capsys)
+    assert "would overwrite" in err
     assert saved.read_text() == "{}"
     out = tmp_path / "out"  # a file that is not an accuracy.json: one line, nothing written
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy.py"), "--render",
-                           str(saved), "--out", str(out)], capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.returncode == 2 and "not an accuracy.json" in done.stderr
-    assert "Traceback" not in done.stderr and not out.exists()
+    err = _refusal("accuracy", ["--render", str(saved), "--out", str(out)], capsys)
+    assert "not an accuracy.json" in err
+    assert "Traceback" not in err and not out.exists()
 
 
 def test_a_ratio_holds_when_the_measured_one_is_inside_the_printed_interval() -> None:
@@ -339,12 +344,10 @@ def test_a_measured_ratio_is_known_to_its_paired_rounds_spread() -> None:
     assert paired_spread([1.0], [2.0]) == 0.0
 
 
-def test_accuracy_smoke_never_writes_to_results() -> None:
+def test_accuracy_smoke_never_writes_to_results(capsys) -> None:
     results = ROOT / "benchmarks" / "results"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy.py"), "--smoke",
-                           "--out", str(results)], capture_output=True, text=True, timeout=60,
-                          check=False)
-    assert done.returncode == 2 and "--smoke never writes to benchmarks/results" in done.stderr
+    err = _refusal("accuracy", ["--smoke", "--out", str(results)], capsys)
+    assert "--smoke never writes to benchmarks/results" in err
 
 
 def test_torchgpipe_peer_balances_a_resnet_and_the_big_vocabulary_model() -> None:
@@ -624,17 +627,9 @@ def test_timed_rounds_go_on_while_a_configurations_timings_spread(tmp_path) -> N
         lead_in_words({"more_rounds": 5, "max_spread": 0.03}))
 
 
-def _usage_error(option: str, value: str) -> str:
-    """accuracy.py's stderr given ``option value``, after checking it exits with code 2."""
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy.py"), option,
-                           value], capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 2
-    return done.stderr
-
-
-def test_retries_and_settle_rounds_take_whole_numbers_of_0_or_more() -> None:
-    assert "--settle-rounds: a whole number of 0 or more; got '-1'" in _usage_error(
-        "--settle-rounds", "-1")
+def test_retries_and_settle_rounds_take_whole_numbers_of_0_or_more(capsys) -> None:
+    assert "--settle-rounds: a whole number of 0 or more; got '-1'" in _refusal(
+        "accuracy", ["--settle-rounds", "-1"], capsys)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from harness import _count
 
@@ -644,8 +639,9 @@ def test_retries_and_settle_rounds_take_whole_numbers_of_0_or_more() -> None:
             _count(bad)
 
 
-def test_more_rounds_take_a_count_and_max_spread_a_positive_number() -> None:
-    assert "--max-spread: a number above 0; got '0'" in _usage_error("--max-spread", "0")
+def test_more_rounds_take_a_count_and_max_spread_a_positive_number(capsys) -> None:
+    assert "--max-spread: a number above 0; got '0'" in _refusal(
+        "accuracy", ["--max-spread", "0"], capsys)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from harness import _fraction, add_load_arguments, load_options
 
