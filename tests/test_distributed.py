@@ -11,6 +11,7 @@ micro-batch losses), BatchNorm seeing micro-batches in order.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import os
 import socket
@@ -268,14 +269,43 @@ CASES = {
 }
 
 
+def _case_plans(case: str) -> list[Plan]:
+    """The plans of ``case`` (of :data:`CASES`): GPipe's and 1F1B's."""
+    name, balance, split, m, _, granularity = CASES[case]
+    model = build(name)
+    return [make_plan(model, balance, split, m, schedule, granularity)
+            for schedule in ("gpipe", "1f1b")]
+
+
+def _cases_worker(cases: list[tuple[str, str, list[Plan], int]]) -> dict[str, Any] | None:
+    """:func:`_equivalence_worker` for each ``(case, model, plans, steps)`` in turn; rank 0
+    returns the results by case. An error names its case."""
+    found = {}
+    for case, name, plans, steps in cases:
+        try:
+            found[case] = _equivalence_worker(name, plans, steps)
+        except Exception as exc:  # noqa: BLE001 (raised again, naming its case)
+            raise RuntimeError(f"case {case}: {type(exc).__name__}: {exc}") from None
+    return found if dist.get_rank() == 0 else None
+
+
+@functools.cache
+def _launched_cases(ranks: int) -> tuple[set[int], dict[str, Any]]:
+    """Every case of :data:`CASES` that runs on ``ranks`` ranks, trained in one launch: the
+    ranks that returned, and rank 0's results by case."""
+    cases = [(case, CASES[case][0], _case_plans(case), CASES[case][4])
+             for case in CASES if len(CASES[case][1]) == ranks]
+    results = distributed.launch(_cases_worker, ranks, cases, timeout_s=TIMEOUT_S)
+    return set(results), results[0]
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_pipeline_equals_single_process(case: str) -> None:
-    name, balance, split, m, steps, granularity = CASES[case]
-    model = build(name)
-    plans = [make_plan(model, balance, split, m, schedule, granularity) for schedule in ("gpipe", "1f1b")]
-    results = distributed.launch(_equivalence_worker, len(balance), name, plans, steps, timeout_s=TIMEOUT_S)
-    assert set(results) == set(range(len(balance)))
-    for plan, got in zip(plans, results[0], strict=True):
+    """Each case's plans trained on its ranks (one launch for every case of as many ranks)."""
+    name, balance, _, _, steps, _ = CASES[case]
+    returned, results = _launched_cases(len(balance))
+    assert returned == set(range(len(balance)))
+    for plan, got in zip(_case_plans(case), results[case], strict=True):
         assert got["stages_per_rank"] == [[r] for r in range(len(balance))]
         assert_same_training(got, reference(name, plan, steps))
 
