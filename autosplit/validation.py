@@ -118,6 +118,11 @@ def _integer(value: Any, path: str, minimum: int, rule: str) -> None:
         raise RecordError(path, f"is {shown}: {rule}")
 
 
+MAX_MICROBATCHES = 10_000
+"""The most micro-batches per step a record may describe (a plan's m, a profile's batch over
+its smallest size): the schedules are simulated micro-batch by micro-batch."""
+
+
 def check_size(value: Any, path: str) -> None:
     """A size or count that must be ≥ 1 (micro-batch sizes, batch size, micro-batches)."""
     _integer(value, path, 1, "sizes and counts must be integers ≥ 1")
@@ -291,6 +296,10 @@ def check_profile(p: Any, *, block_type: type, cut_type: type, device_type: type
         raise RecordError("microbatch_sizes", f"is {list(p.microbatch_sizes)}: the sizes must be "
                                               "distinct and ascending")
     check_size(p.batch_size, "batch_size")
+    if -(-p.batch_size // p.microbatch_sizes[0]) > MAX_MICROBATCHES:
+        raise RecordError("batch_size", f"is {p.batch_size}: in micro-batches of "
+                                        f"{p.microbatch_sizes[0]} it makes more than the "
+                                        f"{MAX_MICROBATCHES:,} micro-batches a step may have")
     k = len(p.microbatch_sizes)
     check_row(p.blocks, "blocks", is_a(block_type), nonempty=True)
     for i, block in enumerate(p.blocks):
@@ -397,6 +406,10 @@ def check_plan(p: Any, *, stage_type: type, weight_type: type) -> None:
         raise RecordError("split_size", f"is {p.split_size}, larger than "
                                         f"{'batch_size' if p.replicas == 1 else per} {share}")
     m = -(-share // p.split_size)
+    if m > MAX_MICROBATCHES:
+        raise RecordError("batch_size", f"is {p.batch_size}: {per} in micro-batches of "
+                                        f"{p.split_size} makes {m}, above the "
+                                        f"{MAX_MICROBATCHES:,} a step may have")
     if p.microbatches != m:
         rule = ("ceil(batch_size / split_size)" if p.replicas == 1
                 else "ceil(batch_size / replicas / split_size)")

@@ -24,7 +24,7 @@ from autosplit.capture.trace import trace
 from autosplit.cli import main
 from autosplit.errors import AutosplitError, InvalidInputError, PlanFileError, PlanMismatchError
 from autosplit.records import PLAN_GROUPS, Plan, Profile, Stage
-from autosplit.validation import KNOWN_OPTIMIZERS, KNOWN_SCHEDULES
+from autosplit.validation import KNOWN_OPTIMIZERS, KNOWN_SCHEDULES, RecordError
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = str(ROOT / "examples" / "toy.py")
@@ -510,3 +510,16 @@ def test_a_corrupt_grouped_plan_names_the_group_and_the_field(change: Callable[.
     with pytest.raises(PlanFileError, match="bad.json") as info:
         _load_text(Plan, _mutated(PLAN_FILE, change))
     assert message in str(info.value)
+
+
+def test_a_step_of_too_many_micro_batches_is_refused_by_name() -> None:
+    """A batch of 10**9 samples (a corrupted file, a typo) would be simulated micro-batch by
+    micro-batch: the plan, the profile and the planner refuse it, naming the batch."""
+    data = _json(PLAN)
+    data["layout"]["batch_size"] = 10**9
+    with pytest.raises(PlanFileError, match="batch_size is 1000000000: .* above the 10,000"):
+        _load_text(Plan, json.dumps(data))
+    with pytest.raises(RecordError, match="batch_size"):
+        dataclasses.replace(PROFILE, batch_size=10**9)
+    with pytest.raises(InvalidInputError, match="micro-batches a step may have"):
+        autosplit.plan(PROFILE, 2, PlanOptions(batch_size=10**9))

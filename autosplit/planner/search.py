@@ -22,6 +22,7 @@ from autosplit.planner.settings import PlanSettings
 from autosplit.records import Plan, Profile
 from autosplit.solve import PartitionProblem, solve_dp
 from autosplit.solve.exact import solve_step
+from autosplit.validation import MAX_MICROBATCHES
 
 __all__ = ["fixed_planner", "plan", "plan_candidates", "plan_with_balance", "SEARCH_LIMIT_S"]
 
@@ -45,8 +46,9 @@ def _solve(
 
 
 def candidate_sizes(profile: Profile, split_size: int | None, batch: int, what: str) -> list[int]:
-    """Indices of the measured micro-batch sizes b ≤ ``batch`` (only ``split_size`` when given);
-    ``what`` names the batch in messages (``"the batch 8"``).
+    """Indices of the measured micro-batch sizes b ≤ ``batch`` that make at most
+    :data:`~autosplit.validation.MAX_MICROBATCHES` micro-batches (only ``split_size`` when
+    given); ``what`` names the batch in messages (``"the batch 8"``).
 
     Raises:
         InvalidInputError: ``split_size`` is above the batch or was not profiled, or no
@@ -55,12 +57,19 @@ def candidate_sizes(profile: Profile, split_size: int | None, batch: int, what: 
     if split_size is not None:
         if split_size > batch:
             raise InvalidInputError(f"split_size {split_size} is larger than {what}")
-        return [profile.size_index(split_size)]
-    sizes = [k for k, b in enumerate(profile.microbatch_sizes) if b <= batch]
+        sizes = [profile.size_index(split_size)]
+    else:
+        sizes = [k for k, b in enumerate(profile.microbatch_sizes) if b <= batch]
     if not sizes:
         raise InvalidInputError(f"no profiled micro-batch size fits {what}: profiled sizes "
                                 f"are {list(profile.microbatch_sizes)}")
-    return sizes
+    kept = [k for k in sizes if -(-batch // profile.microbatch_sizes[k]) <= MAX_MICROBATCHES]
+    if not kept:
+        raise InvalidInputError(
+            f"{what} in micro-batches of {profile.microbatch_sizes[sizes[-1]]} makes more than "
+            f"the {MAX_MICROBATCHES:,} micro-batches a step may have: give a smaller batch, or "
+            "profile larger micro-batch sizes")
+    return kept
 
 
 def runnable_sizes(profile: Profile, candidates: list[int], batch: int, stages: int,
