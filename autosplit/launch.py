@@ -27,9 +27,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autosplit import rank_start
 from autosplit.atomic_write import write_text_atomic
 from autosplit.errors import InvalidInputError, RankFailedError, RendezvousError
-from autosplit.measure import allocator, rank_start
+from autosplit.measure import allocator
 
 DEFAULT_TIMEOUT_S = 120.0
 """Process-group timeout (s): a collective or send/recv that waits longer raises on its rank."""
@@ -146,7 +147,7 @@ def run_rank(
     With ``status_dir``, a rank that raises first writes ``rank<N>.json`` there (its error and
     the time), so that the launcher can tell the rank that failed first from the peers that
     failed because it was gone. With ``environment`` (a rank forked from the fork server of
-    :mod:`autosplit.measure.rank_start`), the launcher's environment is applied first.
+    :mod:`autosplit.rank_start`), the launcher's environment is applied first.
     """
     if environment is not None:
         environment.apply()
@@ -267,7 +268,7 @@ def launch(
 
     Uses ``torch.distributed.run``'s launcher (an elastic agent with a c10d rendezvous on
     ``host:port``, no restarts). The ranks are forked from a server that has imported torch
-    (:mod:`autosplit.measure.rank_start`), in this process's environment, and start with the
+    (:mod:`autosplit.rank_start`), in this process's environment, and start with the
     C allocator keeping freed memory (:mod:`autosplit.measure.allocator`), unless this
     process's environment decides it. Every rank joins a process group first (see
     :func:`init_distributed`; ``timeout_s`` bounds every wait on a peer) and destroys it

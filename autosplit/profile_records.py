@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autosplit.errors import InvalidInputError
+from autosplit.record_invariants import check_block, check_cut, check_device, check_profile
 from autosplit.record_json import load_record, save_record
-from autosplit.validation import check_block, check_cut, check_device, check_profile, checked
+from autosplit.validation import checked
 
 __all__ = ["DeviceInfo", "BlockProfile", "CutProfile", "SharedParam", "Profile", "fingerprint_of"]
 

@@ -5,13 +5,14 @@ The plan records live here; the profile records in :mod:`autosplit.profile_recor
 Both are frozen dataclasses with an exact JSON round trip (``save`` / ``load``), so a profile
 measured on one machine can be planned on another and a plan can be committed next to the model.
 
-Every record checks its fields when it is built (``__post_init__``, with the helpers of
-:mod:`autosplit.validation`): finite times ≥ 0, byte counts ≥ 0, sizes ≥ 1, per-size rows
-aligned with ``microbatch_sizes``, stages numbered in order, unique block names, known schedule
-and optimizer, m = ceil(B / b). A bad record built in Python is an ``InvalidInputError``; a bad
-file is a :class:`~autosplit.errors.PlanFileError` naming the file and the field's path, e.g.
-``plan file 'p.json': stages[1].blocks is empty``. Whether a plan's blocks are a given model's is
-:meth:`Plan.check_blocks`.
+Every record checks its fields when it is built (``__post_init__``, with
+:mod:`autosplit.record_invariants` and the field checks of :mod:`autosplit.validation`): finite
+times ≥ 0, byte counts ≥ 0, sizes ≥ 1, per-size rows aligned with ``microbatch_sizes``, stages
+numbered in order, unique block names, known schedule and optimizer, m = ceil(B / b) and at
+most :data:`~autosplit.record_invariants.MAX_MICROBATCHES`. A bad record built in Python is
+an ``InvalidInputError``; a bad file is a :class:`~autosplit.errors.PlanFileError` naming the
+file and the field's path, e.g. ``plan file 'p.json': stages[1].blocks is empty``. Whether a
+plan's blocks are a given model's is :meth:`Plan.check_blocks`.
 
 Symbols used throughout autosplit: p stages, m micro-batches, b micro-batch size (``split_size``),
 B = m·b batch size. Times are milliseconds (``_ms``), sizes bytes (``_bytes``).
@@ -35,14 +36,10 @@ from autosplit.profile_records import (
     SharedParam,
     fingerprint_of,
 )
+from autosplit.record_invariants import check_plan, check_shared_weight, check_stage
 from autosplit.record_json import FORMAT_VERSION, Groups, load_record, save_record
 from autosplit.units import format_bytes, format_ms
-from autosplit.validation import (
-    check_plan,
-    check_shared_weight,
-    check_stage,
-    checked,
-)
+from autosplit.validation import checked
 
 __all__ = [
     "DeviceInfo",

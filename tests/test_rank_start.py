@@ -1,4 +1,4 @@
-"""Ranks forked from a fork server that has imported torch (autosplit/measure/rank_start.py):
+"""Ranks forked from a fork server that has imported torch (autosplit/rank_start.py):
 each reads its launcher's environment of that launch; a launch whose variables read at start
 differ from the server's spawns its ranks."""
 
@@ -9,8 +9,8 @@ import os
 import pytest
 import torch.distributed as dist
 
-from autosplit import distributed
-from autosplit.measure import allocator, rank_start
+from autosplit import distributed, rank_start
+from autosplit.measure import allocator
 
 VARIABLE = "AUTOSPLIT_TEST_RANK_START"
 

@@ -19,10 +19,10 @@ from autosplit.planner.assembly import assemble, explain_infeasible
 from autosplit.planner.options import PlanOptions
 from autosplit.planner.problems import partition_problem, step_problem
 from autosplit.planner.settings import PlanSettings
+from autosplit.record_invariants import MAX_MICROBATCHES
 from autosplit.records import Plan, Profile
 from autosplit.solve import PartitionProblem, solve_dp
 from autosplit.solve.exact import solve_step
-from autosplit.validation import MAX_MICROBATCHES
 
 __all__ = ["fixed_planner", "plan", "plan_candidates", "plan_with_balance", "SEARCH_LIMIT_S"]
 
@@ -47,7 +47,7 @@ def _solve(
 
 def candidate_sizes(profile: Profile, split_size: int | None, batch: int, what: str) -> list[int]:
     """Indices of the measured micro-batch sizes b ≤ ``batch`` that make at most
-    :data:`~autosplit.validation.MAX_MICROBATCHES` micro-batches (only ``split_size`` when
+    :data:`~autosplit.record_invariants.MAX_MICROBATCHES` micro-batches (only ``split_size`` when
     given); ``what`` names the batch in messages (``"the batch 8"``).
 
     Raises:
