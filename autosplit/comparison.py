@@ -7,7 +7,6 @@ best measured one for its own cut points (the most favourable reading of it).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -45,14 +44,6 @@ def _best_over_sizes(
     return min(plans, key=lambda p: p.predicted_step_ms)
 
 
-def _scored(options: PlanOptions) -> PlanOptions:
-    """``options`` as a given split is scored: ``"auto"`` is GPipe
-    (:func:`~autosplit.planner.plan_with_balance`)."""
-    checks.instance_of("options", options, PlanOptions, "an autosplit.PlanOptions")
-    return dataclasses.replace(options, schedule="gpipe") if options.schedule == "auto" \
-        else options
-
-
 def manual_plan(
     profile: Profile,
     split_points: Sequence[str],
@@ -74,7 +65,7 @@ def manual_plan(
     balance = manual(profile.block_names, split_points)
     if split_size is not None:
         return plan_with_balance(profile, balance, split_size, options, solver="manual")
-    batch = PlanSettings.check(profile, len(balance), _scored(options)).batch_size
+    batch = PlanSettings.check(profile, len(balance), options).batch_size
     return _best_over_sizes(profile, lambda k: balance, "manual", batch, options)
 
 
@@ -89,7 +80,7 @@ def baseline_plans(profile: Profile, gpus: int, options: PlanOptions = PlanOptio
         ArgumentTypeError: an argument of the wrong type (``gpus="2"``, …).
         InvalidInputError: a bad value (``gpus`` < 1 or above the blocks, …).
     """
-    batch = PlanSettings.check(profile, gpus, _scored(options)).batch_size
+    batch = PlanSettings.check(profile, gpus, options).batch_size
     n = len(profile.blocks)
     params = [float(blk.param_bytes) for blk in profile.blocks]
     fixed = {"uniform": uniform(n, gpus), "parameters": by_parameters(params, gpus)}
