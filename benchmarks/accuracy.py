@@ -71,7 +71,7 @@ from accuracy_cases import (
 from common import describe, machine
 from harness import Config, Group, load_options, measure
 from report import lead_in_words, load_sentence, plural
-from run_options import benchmark_parser, chosen_cases, write_and_show
+from run_options import benchmark_parser, chosen_cases, verify_options, write_and_show
 from torchgpipe_peer import INSTALL_TORCHGPIPE, TORCHGPIPE, balance_by_time, torchgpipe_balance
 
 import autosplit
@@ -85,7 +85,6 @@ from autosplit.planner import plan_candidates, plan_with_balance
 from autosplit.records import Plan, Profile
 from autosplit.simulator import simulate_plan
 from autosplit.verify.choice import verify_and_choose
-from autosplit.verify.options import TimingOptions
 
 TORCHGPIPE_ROW = "torchgpipe"
 
@@ -137,8 +136,7 @@ def profile_case(case: Case, p: int, args: argparse.Namespace, device: torch.dev
     sums = {**{plan_key(c): c.predicted_step_ms for c in candidates},
             **{plan_key(o): o.predicted_step_ms for o in others.values()}}
     auto, checked = verify_and_choose(graph, inputs, profile, candidates, others,
-                                      options=TimingOptions(device=device,
-                                                            budget_s=args.verify_budget))
+                                      options=verify_options(args, device=device))
     plans = {AUTO: auto, **checked}
     rows = {name: plan_row(plan, sums[plan_key(plan)], profile.block_names)
             for name, plan in plans.items()}

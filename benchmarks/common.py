@@ -3,6 +3,7 @@ that made a result, and writing results."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
@@ -78,8 +79,9 @@ def write_results(out: Path, stem: str, data: dict[str, Any], markdown: str) -> 
     })
 
 
+@functools.cache
 def load_example(name: str) -> Any:
-    """A model file from examples/ as a module."""
+    """A model file from examples/ as a module (loaded once per process)."""
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)

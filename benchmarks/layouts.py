@@ -41,7 +41,7 @@ from accuracy_cases import Case, ExampleSpec, resnet50_hand, spread
 from common import describe, machine
 from harness import Config, Group, ModelSpec, load_options, measure
 from report import lead_in_words, load_sentence
-from run_options import benchmark_parser, chosen_cases, write_and_show
+from run_options import benchmark_parser, chosen_cases, verify_options, write_and_show
 
 import autosplit
 from autosplit import PlanOptions, ProfileOptions
@@ -52,7 +52,6 @@ from autosplit.measure.runtime_cost import action_costs, measure_one_stage_actio
 from autosplit.planner import plan_candidates, plan_layouts
 from autosplit.records import Plan
 from autosplit.verify.choice import verify_and_choose
-from autosplit.verify.options import TimingOptions
 
 AUTO, DP, PIPE, HAND = "autosplit", "data parallel", "best pipeline", "hand split"
 GOALS = {"choice": 0.98, "dp_error": 0.10}
@@ -113,7 +112,7 @@ def plans_of(case: Case, args: argparse.Namespace, allreduce: AllReduceCost) -> 
     if case.hand is not None:
         others[HAND] = manual_plan(profile, list(case.hand[0]), case.hand[1])
     auto, checked = verify_and_choose(graph, inputs, profile, [*pipelines, dp.plan], others,
-                                      options=TimingOptions(budget_s=args.verify_budget))
+                                      options=verify_options(args))
     best_pipe = min((checked[n] for n in named), key=lambda p: p.predicted_step_ms)
     plans = {AUTO: auto, DP: checked[DP], PIPE: best_pipe}
     if case.hand is not None:
@@ -137,7 +136,8 @@ def plan_row(plan: Plan, names: Sequence[str]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, cases: Sequence[Case]) -> dict[str, Any]:
     started = time.perf_counter()
-    allreduce = measure_allreduce(2)
+    # a smoke run checks that the benchmark runs: a smaller all-reduce timed fewer times
+    allreduce = measure_allreduce(2, 4 * 2**20, 2) if args.smoke else measure_allreduce(2)
     print(f"DDP's gradient all-reduce on 2 gloo ranks: {allreduce.bus_bytes_per_s / 1e9:.2f} "
           f"GB/s (bus bandwidth) after {allreduce.latency_ms:.2f} ms", flush=True)
     models: list[dict[str, Any]] = []

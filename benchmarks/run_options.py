@@ -16,6 +16,8 @@ from typing import Any
 from common import RESULTS, command_line, write_results
 from harness import add_load_arguments
 
+from autosplit.verify.options import TimingOptions
+
 
 def benchmark_parser(doc: str | None, names: Sequence[str],
                      default: Sequence[str] | None = None, verify: bool = True,
@@ -69,6 +71,15 @@ def chosen_cases(parser: argparse.ArgumentParser, args: argparse.Namespace,
         parser.error("--smoke never writes to benchmarks/results: give another --out")
     args.command = command_line(script, sys.argv[1:] if argv is None else argv)
     return cases
+
+
+def verify_options(args: argparse.Namespace, **fields: Any) -> TimingOptions:
+    """The verification's timing options: ``--verify-budget``, and with ``--smoke`` two timed
+    rounds after one warm-up (a smoke run checks that the benchmark runs, not its figures);
+    ``fields`` set the others."""
+    if args.smoke:
+        fields = {"warmup": 1, "rounds": 2, "max_rounds": 2, **fields}
+    return TimingOptions(budget_s=args.verify_budget, **fields)
 
 
 def write_and_show(args: argparse.Namespace, script: str, data: dict[str, Any],

@@ -52,7 +52,7 @@ from accuracy_cases import Case, ExampleSpec, resnet50_hand, spread
 from common import describe, machine
 from harness import Config, Group, ModelSpec, load_options, measure
 from report import lead_in_words, load_sentence
-from run_options import benchmark_parser, chosen_cases, write_and_show
+from run_options import benchmark_parser, chosen_cases, verify_options, write_and_show
 
 import autosplit
 from autosplit import PlanOptions, ProfileOptions
@@ -112,7 +112,7 @@ def schedule_plans(profile: Profile) -> tuple[dict[str, Plan], dict[str, str]]:
 
 
 def command_choice(graph: Any, inputs: Any, profile: Profile, memory: int | None,
-                   budget_s: float) -> tuple[Plan, str]:
+                   timing: TimingOptions) -> tuple[Plan, str]:
     """autosplit's choice as ``autosplit plan`` makes it: the best pipelines of
     ``schedule="auto"`` at the three best micro-batch sizes by block sums, their stages timed as
     they run and the fastest verified one kept (among those within noise or 3 %, the best by block sums:
@@ -120,8 +120,7 @@ def command_choice(graph: Any, inputs: Any, profile: Profile, memory: int | None
     every other plan, with how it was chosen (the first session's figures, in words)."""
     candidates = plan_candidates(profile, 2, top_k=3,
                                  options=PlanOptions(schedule="auto", memory_per_gpu=memory))
-    chosen, _ = verify_and_choose(graph, inputs, profile, candidates, {},
-                                  options=TimingOptions(budget_s=budget_s))
+    chosen, _ = verify_and_choose(graph, inputs, profile, candidates, {}, options=timing)
     _, found, how = chosen.verification.partition("; chosen among ")
     return (next(c for c in candidates if key(c) == key(chosen)),
             f"chosen among {how}" if found else "the only candidate")
@@ -141,7 +140,7 @@ def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
                                       link_bytes_per_s=measure_link_bandwidth())
     profile_s = time.perf_counter() - start
     by_schedule, why = schedule_plans(profile)
-    best, chose = command_choice(graph, inputs, profile, None, args.verify_budget)
+    best, chose = command_choice(graph, inputs, profile, None, verify_options(args))
     others: dict[str, Plan] = {AUTO: best, **by_schedule}
     limited: dict[str, Any] = {}
     if case.hand is not None:
@@ -150,13 +149,13 @@ def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         need = max(s.memory_bytes for s in hand.stages)
         try:
             others[LIMITED], _ = command_choice(graph, inputs, profile, int(need * 0.8),
-                                                args.verify_budget)
+                                                verify_options(args))
             limited = {"memory_bytes": int(need * 0.8), "hand_needs_bytes": need}
         except InfeasiblePlanError as exc:
             limited = {"memory_bytes": int(need * 0.8), "hand_needs_bytes": need,
                        "none": str(exc)}
     timed = time_plans(graph, inputs, profile, others,
-                       options=TimingOptions(budget_s=args.verify_budget))
+                       options=verify_options(args))
     verified = predict_verified(profile, others, timed)
     # the same timings, each pipeline stage taken as timed alone, and as timed beside its
     # neighbour (autosplit weighs the two by the share of a rank's work that overlaps)
@@ -166,7 +165,7 @@ def plans_of(case: Case, args: argparse.Namespace) -> dict[str, Any]:
 
     def again() -> dict[str, Plan]:  # the same stages timed again, after the measurement
         return verify_plans(graph, inputs, profile, others,
-                            options=TimingOptions(budget_s=args.verify_budget))
+                            options=verify_options(args))
 
     return {"plans": verified, "block_sums": others, "why": why, "limited": limited,
             "choice": chose,

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from types import ModuleType
@@ -250,9 +251,15 @@ def test_toy_two_stages(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("length", [70, 78, 84, 120])
-def test_a_model_file_under_a_long_path_is_emitted_ruff_clean(tmp_path: Path, length: int) -> None:
+def test_a_model_file_under_a_long_path_is_emitted_ruff_clean(length: int) -> None:
     # `MODEL_PATH = "…"` within ruff's 88 columns (70), over them with the string fitting on a
-    # line of its own (78, 84: ruff format wants it in parentheses), or not even so (120)
+    # line of its own (78, 84: ruff format wants it in parentheses), or not even so (120);
+    # a folder of its own with a short name (pytest's tmp_path can be 70 characters long)
+    with tempfile.TemporaryDirectory(prefix="as-") as folder:
+        _emit_under_a_path_of(Path(folder), length)
+
+
+def _emit_under_a_path_of(tmp_path: Path, length: int) -> None:
     name = "m" * (length - len(str(tmp_path)) - 4) + ".py"
     assert len(str(tmp_path / name)) == length
     shutil.copy(EXAMPLES / "toy.py", tmp_path / name)
