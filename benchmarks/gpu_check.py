@@ -59,14 +59,15 @@ STEPS = [("tests", 150), ("resnet50", 75), ("memory", 20), ("analytic", 40), ("g
 
 FULL = {"resnet": ("ResNet50", 120, 128, [20, 24, 30, 40, 60]), "gpt": ("small", 64, [8, 16, 32]),
         "warmup": 2, "repeats": 5, "step_warmup": 2, "step_repeats": 10, "pytest": [],
-        "bf16": ("gpt", "resnet")}
+        "bf16": ("gpt", "resnet"), "verify": {}}
 DRY = {"resnet": ("ResNet18", 4, 32, [2, 4]), "gpt": ("tiny", 4, [2, 4]), "warmup": 0,
        "repeats": 1, "step_warmup": 0, "step_repeats": 2, "pytest": ["tests/test_pipeline.py"],
-       "bf16": ("gpt",)}
-"""Sizes: ResNet (name, B, image side, micro-batch sizes), GPT (size, B, sizes), repeats, and
-the models run in bfloat16 (the dry run's CPU: the GPT only, since a CPU without bfloat16
+       "bf16": ("gpt",), "verify": {"warmup": 1, "rounds": 2, "max_rounds": 2}}
+"""Sizes: ResNet (name, B, image side, micro-batch sizes), GPT (size, B, sizes), repeats, the
+models run in bfloat16 (the dry run's CPU: the GPT only, since a CPU without bfloat16
 convolution kernels takes seconds per ResNet18 step: 2.1 s predicted at B = 4 on one 2-core
-machine, past the step's limit)."""
+machine, past the step's limit), and the verification's timing options (the dry run: two
+rounds)."""
 
 _START = time.perf_counter()
 
@@ -209,7 +210,7 @@ def plan_and_measure(ctx: dict[str, Any], which: str, dtype: torch.dtype | None 
     shared = len(set(devs)) < len(devs)
     log(f"{which}: plan {plan.balance} blocks, {plan.microbatches} × {plan.split_size}; "
         f"predicted {plan.predicted_step_ms:.1f} ms on 2 devices, {serial:.1f} ms serially")
-    verified = verify(model, inputs, prof, plan, devs[0])
+    verified = verify(model, inputs, prof, plan, TimingOptions(device=devs[0], **s["verify"]))
     if dtype is None:  # the measured blocks, for fitting the analytic model without a GPU
         prof.save(ctx["out"] / f"gpu_profile_{which}.json")
     pm = autosplit.partition(model, plan=plan, devices=devs)
@@ -275,14 +276,14 @@ def release(ctx: dict[str, Any], which: str) -> None:
 
 
 def verify(model: torch.nn.Module, inputs: tuple[Any, ...], prof: autosplit.Profile,
-           plan: autosplit.Plan, device: torch.device) -> dict[str, Any]:
+           plan: autosplit.Plan, timing: TimingOptions) -> dict[str, Any]:
     """The plan's stages timed as they run (autosplit's verification, :mod:`autosplit.verify.plans`):
     the step to expect with both stages on one device, m · Σ verified stage compute, and the
     verified prediction on 2 devices; a failure is recorded, not raised."""
     try:
         graph = trace(model, example_inputs=inputs)
         checked = verify_plans(graph, inputs, prof, {"plan": plan},
-                               options=TimingOptions(device=device))["plan"]
+                               options=timing)["plan"]
     except Exception as exc:  # noqa: BLE001 - the block-sum figures still stand
         return {"verified_error_text": f"{type(exc).__name__}: {exc}"[:500]}
     return {"verified_expected_ms": checked.microbatches
@@ -361,7 +362,8 @@ def device_name(dev: torch.device) -> str:
 
 def tests(ctx: dict[str, Any], limit_s: float) -> dict[str, Any]:
     """``pytest -m cuda`` in a child process (its own session, killed whole on timeout)."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-rfEs", *ctx["sizes"]["pytest"]]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-m", "cuda", "-rfEs",  # one process: one GPU
+           *ctx["sizes"]["pytest"]]
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     log(f"tests: {' '.join(cmd[1:])}")
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": path}, text=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -25,6 +26,10 @@ os.environ.setdefault(IN_PROCESS, "1")  # CPU timings here, not in a fresh proce
 # suite's timings assert nothing about speed; tests/test_fresh_process.py tests that path
 os.environ.setdefault(ALONE, "1")  # and stages timed without a neighbouring process each;
 # tests/test_neighbour.py tests that path
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one of pytest's workers, beside another: one
+    torch.set_num_threads(1)  # intra-op thread each, not two threads each on two cores
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -150,3 +155,14 @@ def partition_and_check(model: nn.Module, inputs: Sequence[torch.Tensor], stages
     assert len(pm.stages) == stages
     assert_equivalent(model, pm, ref, inputs, split)
     return pm
+
+
+@pytest.fixture(autouse=True)
+def _model_files_forgotten() -> Iterator[None]:
+    """The model files a test loads in this process (``autosplit_model_*`` modules, which a
+    fresh timing process imports first) are forgotten after it: a later test's child process
+    does not import them."""
+    before = set(sys.modules)
+    yield
+    for name in [n for n in sys.modules if n.startswith("autosplit_model_") and n not in before]:
+        del sys.modules[name]
