@@ -33,7 +33,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # one of pytest's workers, beside ano
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``cuda`` are skipped, saying so, on a machine without a CUDA device."""
+    """Tests marked ``long`` run last: a worker that is done takes half of what another has
+    left (``--dist worksteal``), so the two share the long tests and end together. Tests
+    marked ``cuda`` are skipped, saying so, on a machine without a CUDA device."""
+    items.sort(key=lambda item: "long" in item.keywords)  # stable: the rest keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (run `pytest -m cuda` on a GPU machine)")

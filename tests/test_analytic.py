@@ -270,6 +270,7 @@ _SEVEN_B = textwrap.dedent(
 )
 
 
+@pytest.mark.long
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
 def test_seven_billion_gpt_plans_on_meta_within_two_gib() -> None:
     done = subprocess.run(

@@ -52,6 +52,7 @@ def test_planning_benchmark_smoke(tmp_path) -> None:
     assert abs(row["plans"][0]["milp_step_ms"] - row["plans"][0]["dp_step_ms"]) <= 1e-9 * row["plans"][0]["dp_step_ms"]
 
 
+@pytest.mark.long
 def test_exact_search_benchmark_smoke(tmp_path) -> None:
     run_benchmark("exact_search.py", tmp_path)
     data = json.loads((tmp_path / "exact_search_smoke.json").read_text())
@@ -106,6 +107,7 @@ def check_figures(out: Path, names: list[str], count: int) -> None:
         assert name.endswith(".png") and 0 < size < 150_000, (name, size)
 
 
+@pytest.mark.long
 def test_tutorial_benchmark_smoke(tmp_path) -> None:
     """Processes mode (CPU): one device, model parallel and the pipelined sweep in one job."""
     run_benchmark("tutorial.py", tmp_path)
@@ -120,6 +122,7 @@ def test_tutorial_benchmark_smoke(tmp_path) -> None:
     assert "| configuration |" in (tmp_path / "tutorial_smoke.md").read_text()
 
 
+@pytest.mark.long
 def test_tutorial_benchmark_in_process_smoke(tmp_path) -> None:
     """The tutorial's one-process version (what runs on two GPUs), here on two CPU devices."""
     run_benchmark("tutorial.py", tmp_path, "--mode", "in-process", "--devices", "cpu", "cpu")
@@ -143,6 +146,7 @@ def test_two_device_resnet_is_the_model() -> None:
     assert tutorial.nearest_divisors(20, 120) == [20]
 
 
+@pytest.mark.long
 def test_compare_benchmark_smoke(tmp_path) -> None:
     run_benchmark("compare.py", tmp_path)
     data = json.loads((tmp_path / "compare_smoke.json").read_text())
@@ -214,6 +218,7 @@ def test_no_benchmark_script_imports_another() -> None:
         assert not imported & scripts, f"benchmarks/{name}.py imports {imported & scripts}"
 
 
+@pytest.mark.long
 def test_accuracy_benchmark_smoke(tmp_path) -> None:
     run_benchmark("accuracy.py", tmp_path)
     data = json.loads((tmp_path / "accuracy_smoke.json").read_text())
@@ -370,6 +375,7 @@ def test_torchgpipe_peer_balances_a_resnet_and_the_big_vocabulary_model() -> Non
         assert min(got["balance"]) >= 1 and got["sample_rows"] == 2
 
 
+@pytest.mark.long
 def test_layouts_benchmark_smoke(tmp_path) -> None:
     run_benchmark("layouts.py", tmp_path)
     data = json.loads((tmp_path / "layouts_smoke.json").read_text())
@@ -393,6 +399,7 @@ def test_layouts_benchmark_smoke(tmp_path) -> None:
     assert "## Goals" in (tmp_path / "layouts_smoke.md").read_text()
 
 
+@pytest.mark.long
 def test_schedules_benchmark_smoke(tmp_path) -> None:
     run_benchmark("schedules.py", tmp_path)
     data = json.loads((tmp_path / "schedules_smoke.json").read_text())
@@ -673,6 +680,7 @@ def test_a_run_is_settled_under_one_mib_of_fresh_memory_on_every_rank() -> None:
     assert "head cut still did" in words and "2 of the 10 kept timings faulted" in words
 
 
+@pytest.mark.long
 def test_runtime_gap_benchmark_smoke(tmp_path) -> None:
     """Every action of torch's runtime timed inside it, the replay of those times, each rank's
     step taken apart."""

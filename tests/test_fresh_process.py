@@ -130,6 +130,7 @@ def test_the_fresh_process_times_in_itself(fresh: None, monkeypatch: pytest.Monk
     assert timing_process.run_fresh(_in_process_flag) == "1"  # no process of its own
 
 
+@pytest.mark.long
 def test_both_verification_sessions_run_in_one_fresh_process(
         fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
     model, x = LongSkip(), torch.randn(8, 6)

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = str(ROOT / "benchmarks" / "gpu_check.py")
 
 
+@pytest.mark.long
 def test_dry_run_takes_every_step_on_the_cpu(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, SCRIPT, "--dry-run", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=300, check=False)

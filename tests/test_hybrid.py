@@ -203,6 +203,7 @@ def test_cli_run_trains_a_hybrid_plan_on_four_ranks(tmp_path: Path,
     assert "2 replicas × 2 micro-batches of 2 = 8 rows" in capsys.readouterr().err
 
 
+@pytest.mark.long
 def test_torchrun_launches_a_two_by_two_plan_on_four_local_ranks(tmp_path) -> None:
     import shutil
     import subprocess

@@ -85,6 +85,7 @@ def test_repeated_ratios_are_the_same_two_plans_measured_in_several_windows() ->
     assert one["best_single"] > GOALS["ratio"] > got[("uniform", "by parameters")]["best_single"]
 
 
+@pytest.mark.long
 def test_reproducibility_benchmark_smoke(tmp_path) -> None:
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reproducibility.py"),
                            "--smoke", "--out", str(tmp_path)], capture_output=True, text=True,

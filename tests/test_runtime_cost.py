@@ -167,6 +167,7 @@ def test_the_fixed_schedules_search_and_a_given_split_carry_the_cost(schedule: s
     assert autosplit.plan(costly, 1, options=PlanOptions(schedule=schedule)).action_ms == 0.0
 
 
+@pytest.mark.long
 def test_measured_on_two_ranks(monkeypatch) -> None:
     # stages that compute, on 2 gloo ranks: the runtime's messages and bookkeeping cost some
     # time beyond the stages' own (0 only where a schedule's replay already lasted as long);

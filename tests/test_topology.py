@@ -309,6 +309,7 @@ def test_a_rank_aborting_after_the_figure_keeps_the_figure(monkeypatch) -> None:
         collectives._measure(None, 2, 8, 1, "gloo")
 
 
+@pytest.mark.long
 def test_measured_all_reduce_latency_and_bandwidth_give_back_the_time_measured() -> None:
     cost = measure_allreduce(2, nbytes=2**18, repeats=1, backend="gloo")
     assert math.isfinite(cost.latency_ms) and cost.latency_ms > 0
