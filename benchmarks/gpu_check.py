@@ -6,7 +6,7 @@
 
 Steps, most valuable first, each with a time limit inside a global budget (a step that fails
 or runs out of time is recorded with its error, and the next one runs; the results are
-rewritten after every step): ``tests`` (``pytest -m cuda``); ``resnet50`` (the tutorial's
+rewritten after every step): ``tests`` (``pytest -n 0 -m cuda``); ``resnet50`` (the tutorial's
 B=120, 3×128×128: profile with CUDA events, plan 2 stages, the predicted step against the
 measured step of ``partition()`` and of the emitted module); ``memory`` (predicted peak against
 ``torch.cuda.max_memory_allocated``); ``analytic`` (the GPU's named spec against the measured
@@ -361,7 +361,7 @@ def device_name(dev: torch.device) -> str:
 
 
 def tests(ctx: dict[str, Any], limit_s: float) -> dict[str, Any]:
-    """``pytest -m cuda`` in a child process (its own session, killed whole on timeout)."""
+    """``pytest -n 0 -m cuda`` in a child process (its own session, killed whole on timeout)."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-m", "cuda", "-rfEs",  # one process: one GPU
            *ctx["sizes"]["pytest"]]
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])

@@ -39,7 +39,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: "long" in item.keywords)  # stable: the rest keep their order
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA device (run `pytest -m cuda` on a GPU machine)")
+    skip = pytest.mark.skip(reason="needs a CUDA device (run `pytest -n 0 -m cuda` on a GPU machine)")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
