@@ -87,11 +87,11 @@ def default_cases() -> list[Case]:
 
 
 def smoke_cases() -> list[Case]:
+    """ResNet18 at toy sizes: a hand split, torchgpipe's balance and two profiles (the
+    big-vocabulary model, with no hand split, is layouts.py's smoke run)."""
     return [
         Case("resnet18", "ResNet18", ModelSpec("resnet18", 8, (3, 32, 32)), (("layer3",), 4),
              "resnet18", 0.05),
-        Case("bigvocab", "Big vocabulary (tiny)", ExampleSpec("bigvocab-tiny", 8), None,
-             "gpt-bigvocab", 0.02),
     ]
 
 

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accuracy_cases import Case, ExampleSpec, resnet50_hand, spread
+from accuracy_cases import Case, resnet50_hand, spread
 from common import describe, machine
 from harness import Config, Group, ModelSpec, load_options, measure
 from report import lead_in_words, load_sentence
@@ -86,11 +86,11 @@ def default_cases() -> list[Case]:
 
 
 def smoke_cases() -> list[Case]:
+    """ResNet18 at toy sizes: every schedule, the hand split and the memory-limited choice (the
+    big-vocabulary model is layouts.py's smoke run)."""
     return [
         Case("resnet18", "ResNet18", ModelSpec("resnet18", 8, (3, 32, 32)), (("layer3",), 4),
              None, 0.05),
-        Case("bigvocab", "Big vocabulary (tiny)", ExampleSpec("bigvocab-tiny", 8), None, None,
-             0.02),
     ]
 
 

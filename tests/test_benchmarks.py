@@ -224,7 +224,7 @@ def test_accuracy_benchmark_smoke(tmp_path) -> None:
     data = json.loads((tmp_path / "accuracy_smoke.json").read_text())
     with_torchgpipe = importlib.util.find_spec("torchgpipe") is not None
     models = {m["key"]: m for m in data["models"]}
-    assert set(models) == {"resnet18", "bigvocab"}
+    assert set(models) == {"resnet18"}  # bigvocab: the layouts smoke
     for key, model in models.items():
         assert len(model["profiles"]) == data["settings"]["profiles"] == 2
         expected = {"autosplit", "uniform", "by parameters", "one device"}
@@ -404,7 +404,7 @@ def test_schedules_benchmark_smoke(tmp_path) -> None:
     run_benchmark("schedules.py", tmp_path)
     data = json.loads((tmp_path / "schedules_smoke.json").read_text())
     models = {m["key"]: m for m in data["models"]}
-    assert set(models) == {"resnet18", "bigvocab"}
+    assert set(models) == {"resnet18"}  # bigvocab: the layouts smoke
     for key, model in models.items():
         plans = model["plans"]
         assert "autosplit" in plans and ("hand split (GPipe)" in plans) == (key == "resnet18")
