@@ -807,3 +807,18 @@ def test_wait_benchmark_sums_up_runs_against_the_goals() -> None:
     assert rows["partition-toy", "cold"].met is True  # 30 s ≤ the toy plan's 35 s
     assert rows["partition-toy", "warm"].met is False and rows["partition-toy", "warm"].failed == 1
     assert rows["toy", "warm"].median_s == 12.0 and rows["toy", "warm"].goal == "≤ 10 s"
+
+
+def test_the_committed_accuracy_and_schedules_results_render_as_committed() -> None:
+    """Measuring nothing, the reports of every model measured, also those without a hand split
+    (the smoke runs take ResNet18 only): the saved JSON gives the committed Markdown again."""
+    results = ROOT / "benchmarks" / "results"
+    accuracy, schedules = load_benchmark("accuracy"), load_benchmark("schedules")
+    saved = json.loads((results / "accuracy.json").read_text())
+    assert {"bigvocab", "gpt-small"} <= {m["key"] for m in saved["models"]}
+    again = accuracy.rederive(saved)
+    assert again["models"] == saved["models"] and again["goals"] == saved["goals"]
+    assert accuracy.markdown(again) == (results / "accuracy.md").read_text()
+    saved = json.loads((results / "schedules.json").read_text())
+    assert any("hand split (GPipe)" not in m["plans"] for m in saved["models"])
+    assert schedules.markdown(saved) == (results / "schedules.md").read_text()
