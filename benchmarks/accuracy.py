@@ -40,6 +40,12 @@ seconds is timed after untimed steps of its own (``harness.py``).
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # started again first, before the imports below pay twice: the C
+    # allocator keeping freed memory, as the ranks run (see autosplit/measure/allocator.py)
+    from autosplit.measure.allocator import restart_keeping_freed_memory
+
+    restart_keeping_freed_memory()
+
 import argparse
 import dataclasses
 import json
@@ -77,7 +83,6 @@ from torchgpipe_peer import INSTALL_TORCHGPIPE, TORCHGPIPE, balance_by_time, tor
 import autosplit
 from autosplit import ProfileOptions
 from autosplit.comparison import baseline_plans, manual_plan
-from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.measure.collectives import measure_link_bandwidth
 from autosplit.measure.runtime_cost import action_costs, forget_measurements
 from autosplit.measure.spread import PREDICTION_ERROR
@@ -439,5 +444,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

@@ -19,6 +19,12 @@ the medians over ``--rounds`` rounds of rank 0's times; the planner's
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # started again first, before the imports below pay twice: the C
+    # allocator keeping freed memory, as the ranks run (see autosplit/measure/allocator.py)
+    from autosplit.measure.allocator import restart_keeping_freed_memory
+
+    restart_keeping_freed_memory()
+
 import argparse
 import os
 import statistics
@@ -29,8 +35,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command_line, describe, machine, timed_in_turn, write_results
-
-from autosplit.measure.allocator import restart_keeping_freed_memory
 
 
 def _rank(rank: int, port: int, layers: int, width: int, batch: int, rounds: int,
@@ -121,5 +125,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

@@ -14,6 +14,12 @@ per device cannot follow.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # started again first, before the imports below pay twice: the C
+    # allocator keeping freed memory, as the ranks run (see autosplit/measure/allocator.py)
+    from autosplit.measure.allocator import restart_keeping_freed_memory
+
+    restart_keeping_freed_memory()
+
 import argparse
 import math
 import sys
@@ -30,7 +36,6 @@ import autosplit
 from autosplit import PlanOptions, ProfileOptions
 from autosplit.estimate.analytic import count_costs, profile_from_costs
 from autosplit.estimate.options import EstimateOptions
-from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.specs import calibrate, get_spec
 
 
@@ -130,5 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

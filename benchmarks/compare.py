@@ -40,6 +40,12 @@ is ``torchgpipe_peer.py``; the rows, the oracle and the goals are assembled in
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # started again first, before the imports below pay twice: the C
+    # allocator keeping freed memory, as the ranks run (see autosplit/measure/allocator.py)
+    from autosplit.measure.allocator import restart_keeping_freed_memory
+
+    restart_keeping_freed_memory()
+
 import argparse
 import sys
 import time
@@ -75,7 +81,6 @@ from torchgpipe_peer import (
 import autosplit
 from autosplit import ProfileOptions
 from autosplit.comparison import baseline_plans, manual_plan
-from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.planner import plan_with_balance
 from autosplit.records import Plan, Profile
 
@@ -271,5 +276,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

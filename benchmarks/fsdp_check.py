@@ -28,6 +28,12 @@ overlapped share o = (t_c + t_x − t_f) / t_x (1: hidden, 0: none), from the me
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # started again first, before the imports below pay twice: the C
+    # allocator keeping freed memory, as the ranks run (see autosplit/measure/allocator.py)
+    from autosplit.measure.allocator import restart_keeping_freed_memory
+
+    restart_keeping_freed_memory()
+
 import argparse
 import statistics
 import sys
@@ -39,7 +45,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command_line, describe, machine, timed_in_turn, write_results
 
 from autosplit import PlanOptions, ProfileOptions
-from autosplit.measure.allocator import restart_keeping_freed_memory
 
 MODES = ("ddp", "fsdp2", "fsdp2-no-reshard")
 
@@ -227,5 +232,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

@@ -18,6 +18,12 @@ m · Σ stage compute.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # started again first, before the imports below pay twice: the C
+    # allocator keeping freed memory, as the ranks run (see autosplit/measure/allocator.py)
+    from autosplit.measure.allocator import restart_keeping_freed_memory
+
+    restart_keeping_freed_memory()
+
 import argparse
 import contextlib
 import gc
@@ -48,7 +54,6 @@ from autosplit import PlanOptions, ProfileOptions
 from autosplit.capture.trace import trace
 from autosplit.estimate.analytic import count_costs, profile_from_costs
 from autosplit.estimate.options import EstimateOptions
-from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.specs import KNOWN_DEVICES, calibrate, get_spec
 from autosplit.verify.options import TimingOptions
 from autosplit.verify.plans import verify_plans
@@ -588,5 +593,4 @@ if __name__ == "__main__":
     if nothing_to_check(parse()[1]):  # said before restarting: one line, at once
         print(NO_GPU)
         sys.exit(0)
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     sys.exit(main())

@@ -12,6 +12,12 @@ Numbers depend on the machine and its load: note both with the result.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # started again first, before the imports below pay twice: the C
+    # allocator keeping freed memory, as the ranks run (see autosplit/measure/allocator.py)
+    from autosplit.measure.allocator import restart_keeping_freed_memory
+
+    restart_keeping_freed_memory()
+
 import argparse
 import os
 import time
@@ -23,7 +29,6 @@ import autosplit
 from autosplit import ProfileOptions
 from autosplit.capture.trace import trace
 from autosplit.comparison import manual_plan
-from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.planner import plan_candidates
 from autosplit.verify.choice import verify_and_choose
 from autosplit.verify.options import TimingOptions
@@ -82,5 +87,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

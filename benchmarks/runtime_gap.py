@@ -35,6 +35,12 @@ that took over 1 ms.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # started again first, before the imports below pay twice: the C
+    # allocator keeping freed memory, as the ranks run (see autosplit/measure/allocator.py)
+    from autosplit.measure.allocator import restart_keeping_freed_memory
+
+    restart_keeping_freed_memory()
+
 import dataclasses
 import statistics
 import sys
@@ -52,7 +58,6 @@ from run_options import benchmark_parser, chosen_cases, write_and_show
 import autosplit
 from autosplit import PlanOptions, ProfileOptions
 from autosplit.errors import AutosplitError, InvalidInputError
-from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.measure.collectives import measure_link_bandwidth
 from autosplit.measure.runtime_cost import action_costs
 from autosplit.records import Plan
@@ -681,5 +686,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

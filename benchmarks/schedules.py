@@ -39,6 +39,12 @@ predicted peak memory per rank within 10 % of the measured peak.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # started again first, before the imports below pay twice: the C
+    # allocator keeping freed memory, as the ranks run (see autosplit/measure/allocator.py)
+    from autosplit.measure.allocator import restart_keeping_freed_memory
+
+    restart_keeping_freed_memory()
+
 import argparse
 import dataclasses
 import sys
@@ -58,7 +64,6 @@ import autosplit
 from autosplit import PlanOptions, ProfileOptions
 from autosplit.comparison import manual_plan
 from autosplit.errors import InfeasiblePlanError
-from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.measure.collectives import measure_link_bandwidth
 from autosplit.measure.runtime_cost import action_costs
 from autosplit.planner import plan_candidates
@@ -400,5 +405,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

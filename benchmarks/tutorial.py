@@ -31,6 +31,12 @@ Writes ``tutorial.{json,md}``, ``tutorial_bars.png`` and ``tutorial_split_size.p
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # started again first, before the imports below pay twice: the C
+    # allocator keeping freed memory, as the ranks run (see autosplit/measure/allocator.py)
+    from autosplit.measure.allocator import restart_keeping_freed_memory
+
+    restart_keeping_freed_memory()
+
 import argparse
 import math
 import sys
@@ -48,7 +54,6 @@ from torch import nn
 from two_devices import time_in_process
 
 from autosplit.capture.trace import trace
-from autosplit.measure.allocator import restart_keeping_freed_memory
 from autosplit.records import Plan, Stage
 from autosplit.solve import manual
 from autosplit.stages import stage_layout
@@ -310,5 +315,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    restart_keeping_freed_memory()  # as the ranks run: see autosplit/measure/allocator.py
     main()

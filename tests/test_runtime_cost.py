@@ -171,10 +171,13 @@ def test_the_fixed_schedules_search_and_a_given_split_carry_the_cost(schedule: s
 def test_measured_on_two_ranks(monkeypatch) -> None:
     # stages that compute, on 2 gloo ranks: the runtime's messages and bookkeeping cost some
     # time beyond the stages' own (0 only where a schedule's replay already lasted as long);
-    # the suite's smaller stages and fewer rounds (tests/conftest.py)
+    # the suite's smaller stages (tests/conftest.py), and the fewest rounds that give each cost
+    # a spread: 2 timed after 1 untimed (14 s here against 25 s with the suite's 5 after 2)
     from autosplit.measure import runtime_cost
 
     monkeypatch.setattr(runtime_cost, "_CACHE", {})
+    monkeypatch.setattr(runtime_cost, "ROUNDS", 2)
+    monkeypatch.setattr(runtime_cost, "WARMUP_ROUNDS", 1)
     measured = dict(measure_action_ms())
     assert set(measured) == {schedule for schedule, _ in MEASURED}
     assert all(0.0 <= ms < 1000.0 for ms in measured.values())
