@@ -9,6 +9,9 @@ of the right type that is not acceptable. Messages name the argument and the val
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
 import math
 import numbers
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -31,6 +34,7 @@ __all__ = [
     "text",
     "optional",
     "as_sequence",
+    "known_options",
 ]
 
 T = TypeVar("T")
@@ -171,3 +175,31 @@ def optional(check: Callable[..., T], name: str, value: Any, *args: Any) -> T | 
 def as_sequence(name: str, value: Any) -> Sequence[Any]:
     """A list or tuple as given (e.g. of names checked elsewhere); a string is refused."""
     return sequence_of(name, value, lambda _n, v: v, allow_empty=True)
+
+
+def known_options(cls: type[T]) -> type[T]:
+    """A class decorator for an options record (a dataclass; put it above ``@dataclass``): a
+    keyword that is not one of the record's fields, or more positional values than it has,
+    raises ``ArgumentTypeError`` naming the record, the keyword and the nearest field, where
+    Python's own ``__init__`` raises a bare ``TypeError``. ``dataclasses.replace`` goes
+    through it too."""
+    names = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> None:
+        if len(args) > len(names):
+            raise ArgumentTypeError(
+                f"{cls.__name__} takes at most {len(names)} values ({', '.join(names)}), "
+                f"got {len(args)}: name them")
+        for key in kwargs:
+            if key not in names:
+                near = difflib.get_close_matches(key, names, n=1)
+                hint = f"did you mean {near[0]}? " if near else ""
+                raise ArgumentTypeError(
+                    f"{cls.__name__} has no option {key!r}: {hint}its options are "
+                    f"{', '.join(names)}")
+        init(self, *args, **kwargs)
+
+    cls.__init__ = checked  # type: ignore[method-assign]
+    return cls

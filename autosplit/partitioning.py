@@ -43,6 +43,7 @@ from autosplit.workflow import PlanRequest, choose_plan
 __all__ = ["partition", "PartitionOptions"]
 
 
+@checks.known_options
 @dataclass(frozen=True, slots=True)
 class PartitionOptions:
     """How :func:`partition` captures, profiles and plans, checked when made (a bad value

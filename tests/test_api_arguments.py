@@ -29,6 +29,7 @@ from autosplit.estimate import analytic
 from autosplit.estimate.options import EstimateOptions
 from autosplit.specs import get_spec
 from autosplit.units import parse_bytes
+from autosplit.verify.options import TimingOptions
 
 PROF = make_profile([1, 2], [[1.0, 1.0]] * 4, batch_size=4)
 PLAN = autosplit.plan(PROF, gpus=2)
@@ -307,3 +308,24 @@ def test_documented_defaults_still_work() -> None:
     assert plan.balance == autosplit.plan(PROF, gpus=2).balance
     scored = planner.plan_with_balance(PROF, (np.int64(2), 2), 2)
     assert scored.balance == (2, 2)
+
+
+@pytest.mark.parametrize("record", [PartitionOptions, PlanOptions, ProfileOptions,
+                                    EstimateOptions, TimingOptions],
+                         ids=lambda r: r.__name__)
+def test_an_options_record_names_an_unknown_option_and_the_nearest(record: type) -> None:
+    import dataclasses
+
+    first = dataclasses.fields(record)[0].name
+    typo = first[:-1]  # one letter short of the record's first field
+    with pytest.raises(ArgumentTypeError) as info:
+        record(**{typo: None})
+    assert isinstance(info.value, TypeError)  # as Python's own refusal is
+    assert str(info.value).startswith(
+        f"{record.__name__} has no option {typo!r}: did you mean {first}? its options are ")
+    with pytest.raises(ArgumentTypeError, match=f"{record.__name__} has no option 'zzz'"):
+        dataclasses.replace(record(), zzz=1)
+    count = len(dataclasses.fields(record))
+    with pytest.raises(ArgumentTypeError, match=f"takes at most {count} values"):
+        record(*([None] * (count + 1)))
+    assert record() == record()  # the defaults still build

@@ -13,6 +13,7 @@ from autosplit.errors import ArgumentTypeError
 __all__ = ["EstimateOptions"]
 
 
+@checks.known_options
 @dataclass(frozen=True, slots=True)
 class EstimateOptions:
     """The options of :func:`~autosplit.estimate.op_counting.count_costs` and

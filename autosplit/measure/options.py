@@ -11,6 +11,7 @@ from autosplit.measure.losses import check_loss
 __all__ = ["ProfileOptions"]
 
 
+@checks.known_options
 @dataclass(frozen=True, slots=True)
 class ProfileOptions:
     """The options of :func:`autosplit.profile` and :func:`autosplit.measure.profiler.

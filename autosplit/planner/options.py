@@ -21,6 +21,7 @@ __all__ = ["PlanOptions", "SOLVERS"]
 SOLVERS = ("dp", "milp", "auto")
 
 
+@checks.known_options
 @dataclass(frozen=True, slots=True)
 class PlanOptions:
     """The options of :func:`autosplit.plan` and the planners beside it.

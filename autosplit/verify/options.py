@@ -13,6 +13,7 @@ from autosplit.measure.losses import check_loss
 __all__ = ["TimingOptions"]
 
 
+@checks.known_options
 @dataclass(frozen=True, slots=True)
 class TimingOptions:
     """The options of :func:`~autosplit.verify.stage_timing.time_stages` and the verification
