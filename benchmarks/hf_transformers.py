@@ -9,7 +9,7 @@ tiny GPT-2 (``GPT2LMHeadModel``, tied embeddings, built here: :data:`GPT2_SIZES`
 Each model is profiled by autosplit (``autosplit.profile(model, (), kwargs)``: one CPU worker of
 one thread; the model's own loss is timed with its last block), given the machine's figures as
 ``autosplit plan`` gives them (DDP's all-reduce, the link, the pipeline runtime's cost per
-action: ``autosplit.cli.measuring``'s cache), and these configurations are trained for real,
+action: ``autosplit.measure.machine.with_machine_figures``, from the machine's cache), and these configurations are trained for real,
 one process per stage and replica (gloo), interleaved round by round in one launch of
 ``harness.py`` (its retake rule for timings disturbed by other processes):
 
@@ -79,6 +79,7 @@ from torch import nn
 
 import autosplit
 from autosplit import PlanOptions, ProfileOptions
+from autosplit.measure.machine import with_machine_figures
 from autosplit.planner import plan_with_balance
 from autosplit.planner.layouts import plan_layouts, plan_replicated, stage_grad_bytes
 from autosplit.records import Plan, Profile
@@ -174,20 +175,18 @@ def pippy_balance(profile: Profile, nstages: int = 2) -> tuple[int, ...]:
     return tuple(bounds[i + 1] - bounds[i] for i in range(nstages))
 
 
-class _Console:
-    def print(self, text: str) -> None:
-        print(f"  {text}", flush=True)
-
-
 def prepare(spec: HFSpec, sizes: list[int], budget_s: float | None) -> dict[str, Any]:
-    from autosplit.cli.measuring import _with_allreduce
-
     model, kwargs = spec.build(), spec.make_kwargs()
     start = time.perf_counter()
     profile = autosplit.profile(model, (), kwargs,
                                 options=ProfileOptions(microbatch_sizes=sizes, budget_s=budget_s))
     profile_s = time.perf_counter() - start
-    profile = _with_allreduce(profile, 2, _Console(), ["gpipe"])
+    profile, figures, note = with_machine_figures(profile, ["gpipe"])
+    actions = ", ".join(f"{name} {ms:.2f} ms" for name, ms in figures.action_ms)
+    print(f"  {note}\n  DDP's all-reduce {figures.allreduce_bytes_per_s / 1e9:.2f} GB/s (bus) "
+          f"after {figures.allreduce_latency_ms:.2f} ms; the link "
+          f"{figures.link_bytes_per_s / 1e9:.2f} GB/s; the runtime per action: {actions}, one "
+          f"stage {figures.one_stage_action_ms:.2f} ms", flush=True)
     auto = autosplit.plan(profile, 2)
     names = list(profile.block_names)
     prefix = "model.layers." if spec.family == "llama" else "transformer.h."

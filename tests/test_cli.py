@@ -328,7 +328,7 @@ def test_plan_measures_the_runtime_cost_of_only_the_schedules_that_can_win(
     import os
     import time as clock
 
-    from autosplit.cli import measuring
+    from autosplit.measure import machine
     from autosplit.measure.machine_cache import MachineFigures, MachineKey, Measurers, save
 
     key = MachineKey.here("gloo", "cpu", threads=1)
@@ -345,7 +345,7 @@ def test_plan_measures_the_runtime_cost_of_only_the_schedules_that_can_win(
     def collectives():
         raise AssertionError("the collectives were cached")
 
-    monkeypatch.setattr(measuring, "_machine", lambda prof: (
+    monkeypatch.setattr(machine, "machine_measurers", lambda kind: (
         key, Measurers(collectives, actions, lambda: (0.3, 0.05))))
     assert os.environ["AUTOSPLIT_CACHE"] == str(path)
     code, out, err = run(capsys, "plan", TOY, "--gpus", "2", *FAST, "--no-verify",

@@ -161,7 +161,6 @@ def test_a_cold_cache_starts_the_cpu_ranks_once_for_the_collectives_and_the_one_
     measured on one launch of the ranks: the one-stage measurer then takes what it brought."""
     from synthetic import make_profile
 
-    from autosplit.cli.measuring import _machine
     from autosplit.measure import machine, runtime_cost
     from autosplit.measure.collectives import AllReduceCost, Collectives
 
@@ -178,7 +177,7 @@ def test_a_cold_cache_starts_the_cpu_ranks_once_for_the_collectives_and_the_one_
     monkeypatch.setattr(machine, "measure_cpu_machine", measured)
     monkeypatch.setattr(runtime_cost, "measure_one_stage_action_ms", never)
     prof = make_profile([1], [[1.0]], batch_size=2)  # measured on a CPU worker
-    _, measurers = _machine(prof)
+    _, measurers = machine.machine_measurers(prof.device.kind)
     assert measurers.collectives() == (1e9, 0.5, 2e9)
     assert measurers.one_stage() == (0.3, 0.1)
     assert launches == [1]

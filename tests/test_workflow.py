@@ -238,6 +238,7 @@ def test_the_most_promising_schedule_is_measured_first_then_those_that_can_still
     from rich.console import Console
 
     from autosplit.cli import measuring
+    from autosplit.measure import machine
     from autosplit.measure.machine_cache import MachineFigures, MachineKey, Measurers
 
     _, _, prof = _model_and_profile(tmp_path)
@@ -254,7 +255,7 @@ def test_the_most_promising_schedule_is_measured_first_then_those_that_can_still
         return tuple((n, 0.0) for n in names), tuple((n, 0.0) for n in names)
 
     monkeypatch.setenv("AUTOSPLIT_CACHE", str(tmp_path / "machine.json"))
-    monkeypatch.setattr(measuring, "_machine", lambda p: (
+    monkeypatch.setattr(machine, "machine_measurers", lambda kind: (
         key, Measurers(lambda: (1e9, 0.5, 2e9), actions, lambda: (0.1, 0.0))))
     args = argparse.Namespace(schedule="auto", _machine_figures=[MachineFigures(
         key, time.time(), 1e9, 0.5, 2e9, one_stage_action_ms=0.1, one_stage_action_spread=0.0)])

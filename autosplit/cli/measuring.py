@@ -138,39 +138,6 @@ def measure(args: argparse.Namespace, model: Any, inputs: Any, stages: int, cons
                            getattr(args, "remeasure", False), stash)
 
 
-def _machine(prof: Profile) -> tuple[Any, Any]:
-    """This machine's key and the measurers of its figures for ``prof``'s kind of device."""
-    from autosplit.measure.collectives import measure_collectives
-    from autosplit.measure.machine import measure_cpu_machine
-    from autosplit.measure.machine_cache import MachineKey, Measurers
-    from autosplit.measure.runtime_cost import action_costs, measure_one_stage_action_ms
-
-    cpu = prof.device.kind == "cpu"
-    stash: list[tuple[float, float]] = []  # the one-stage cost, measured with the collectives
-
-    def collectives() -> tuple[float, float, float]:
-        if cpu:  # one start of the ranks for these and the one-stage runtime's cost
-            machine = measure_cpu_machine()
-            found = machine.collectives
-            stash.append(machine.one_stage_action)
-        else:
-            found = measure_collectives(2)
-        return (found.allreduce.bus_bytes_per_s, found.allreduce.latency_ms,
-                found.link_bytes_per_s)
-
-    def one_stage() -> tuple[float, float]:
-        return stash.pop() if stash else measure_one_stage_action_ms()
-
-    def actions(names: Sequence[str]) -> tuple[Any, Any]:
-        costs = action_costs(schedules=names)
-        return costs["action_ms"], costs["action_spread"]
-
-    measurers = Measurers(collectives, actions if cpu else None,  # gloo only, so far
-                          one_stage if cpu else None)
-    # (the ranks that measure them run one thread each, RankSettings' default)
-    return MachineKey.here("gloo" if cpu else "nccl", prof.device.kind, threads=1), measurers
-
-
 def _with_allreduce(prof: Profile, stages: int, console: Console,
                     schedules: Sequence[str] | None = None, remeasure: bool = False,
                     figures_out: list[Any] | None = None) -> Profile:
@@ -180,18 +147,15 @@ def _with_allreduce(prof: Profile, stages: int, console: Console,
     action of ``schedules`` (``None``: every schedule the planner searches;
     :mod:`autosplit.measure.runtime_cost`) and of one stage, when planning for more than one device.
     ``figures_out`` receives the figures (for :func:`with_schedule_costs`)."""
-    import dataclasses
-
     import torch
 
-    from autosplit.measure.machine_cache import figures_for
+    from autosplit.measure.machine import with_machine_figures
     from autosplit.measure.runtime_cost import MEASURED
 
     if stages < 2 or (prof.device.kind == "cuda" and torch.cuda.device_count() < 2):
         return prof
-    key, measurers = _machine(prof)
     wanted = tuple(schedules if schedules is not None else (name for name, _ in MEASURED))
-    figures, note = figures_for(key, wanted, measurers, remeasure=remeasure)
+    prof, figures, note = with_machine_figures(prof, wanted, remeasure=remeasure)
     console.print(note)
     backend = "gloo between 2 CPU workers" if prof.device.kind == "cpu" else "NCCL, 2 GPUs"
     console.print(f"({backend}) DDP's gradient all-reduce, 32 MiB: "
@@ -202,7 +166,7 @@ def _with_allreduce(prof: Profile, stages: int, console: Console,
         _print_actions(console, figures, wanted)
     if figures_out is not None:
         figures_out.append(figures)
-    return dataclasses.replace(prof, **figures.profile_fields())
+    return prof
 
 
 def _print_actions(console: Console, figures: Any, names: Sequence[str], note: str = "") -> None:
@@ -234,7 +198,9 @@ def with_schedule_costs(args: argparse.Namespace, prof: Profile, request: Any,
     if args.schedule != "auto" or not stash or prof.device.kind != "cpu":
         return prof
     figures = stash[-1]
-    key, measurers = _machine(prof)
+    from autosplit.measure.machine import machine_measurers
+
+    key, measurers = machine_measurers(prof.device.kind)
     names = list(dict.fromkeys(name for name, _ in MEASURED))
     known = [name for name, _ in figures.action_ms]
     measured_now: list[str] = []

@@ -10,7 +10,9 @@ two ranks: one start of the ranks (each imports torch: seconds) instead of two.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +26,7 @@ from autosplit.measure.collectives import (
 from autosplit.measure.runtime_cost import one_stage_fits, one_stage_rounds
 from autosplit.measure.spread import half_iqr
 
-__all__ = ["CpuMachine", "measure_cpu_machine"]
+__all__ = ["CpuMachine", "machine_measurers", "measure_cpu_machine", "with_machine_figures"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,3 +66,58 @@ def measure_cpu_machine(nbytes: int = 32 * 2**20, link_bytes: int = 16 * 2**20,
     fits = one_stage_fits(rounds)
     return CpuMachine(collectives_of(2, nbytes, whole, small, link_bytes, link),
                       (statistics.median(fits), half_iqr(fits)))
+
+
+def machine_measurers(device_kind: str) -> tuple[Any, Any]:
+    """This machine's cache key for 2 workers of ``device_kind`` (``"cpu"``: gloo CPU workers of
+    one thread, else NCCL between GPUs) and the measurers of its figures
+    (:class:`~autosplit.measure.machine_cache.MachineKey`,
+    :class:`~autosplit.measure.machine_cache.Measurers`): between CPU workers the collectives
+    and the one-stage runtime's cost on one launch (:func:`measure_cpu_machine`) and the
+    runtime's cost per action of the schedules asked for; between GPUs the collectives only."""
+    from autosplit.measure.collectives import measure_collectives
+    from autosplit.measure.machine_cache import MachineKey, Measurers
+    from autosplit.measure.runtime_cost import action_costs, measure_one_stage_action_ms
+
+    cpu = device_kind == "cpu"
+    stash: list[tuple[float, float]] = []  # the one-stage cost, measured with the collectives
+
+    def collectives() -> tuple[float, float, float]:
+        if cpu:  # one start of the ranks for these and the one-stage runtime's cost
+            machine = measure_cpu_machine()
+            found = machine.collectives
+            stash.append(machine.one_stage_action)
+        else:
+            found = measure_collectives(2)
+        return (found.allreduce.bus_bytes_per_s, found.allreduce.latency_ms,
+                found.link_bytes_per_s)
+
+    def one_stage() -> tuple[float, float]:
+        return stash.pop() if stash else measure_one_stage_action_ms()
+
+    def actions(names: Sequence[str]) -> tuple[Any, Any]:
+        costs = action_costs(schedules=names)
+        return costs["action_ms"], costs["action_spread"]
+
+    measurers = Measurers(collectives, actions if cpu else None,  # gloo only, so far
+                          one_stage if cpu else None)
+    # (the ranks that measure them run one thread each, RankSettings' default)
+    return MachineKey.here("gloo" if cpu else "nccl", device_kind, threads=1), measurers
+
+
+def with_machine_figures(profile: Any, schedules: Sequence[str] | None = None, *,
+                         remeasure: bool = False) -> tuple[Any, Any, str]:
+    """``profile`` with this machine's figures for 2 workers of its kind of device, as
+    ``autosplit plan`` records them: the all-reduce, the link and, between CPU workers, the
+    pipeline runtime's cost per action of ``schedules`` (``None``: every schedule the planner
+    searches) and of one stage. From the cache (:mod:`autosplit.measure.machine_cache`), else
+    measured now and cached (``remeasure``: measured in any case). Returns the profile, the
+    :class:`~autosplit.measure.machine_cache.MachineFigures` and one line saying where they
+    come from."""
+    from autosplit.measure.machine_cache import figures_for
+    from autosplit.measure.runtime_cost import MEASURED
+
+    key, measurers = machine_measurers(profile.device.kind)
+    wanted = tuple(schedules if schedules is not None else (name for name, _ in MEASURED))
+    figures, note = figures_for(key, wanted, measurers, remeasure=remeasure)
+    return dataclasses.replace(profile, **figures.profile_fields()), figures, note
