@@ -846,3 +846,32 @@ def test_the_committed_accuracy_and_schedules_results_render_as_committed() -> N
     saved = json.loads((results / "schedules.json").read_text())
     assert any("hand split (GPipe)" not in m["plans"] for m in saved["models"])
     assert schedules.markdown(saved) == (results / "schedules.md").read_text()
+
+
+def test_the_split_rules_hf_transformers_measures_against() -> None:
+    """torchtitan's even layers (``generate_llm_fqn_per_model_part(2, L)``: embedding and
+    norm + head weighted as one layer each, the remainder to the first stage) and PiPPy's
+    ``split_into_equal_size(2)`` (greedy on parameter bytes), as benchmarks/hf_transformers.py
+    maps them to blocks; no model is built."""
+    from synthetic import make_profile
+
+    hf = load_benchmark("hf_transformers")
+    llama = ["model.embed_tokens", "model.rotary_emb", *(f"model.layers.{i}" for i in range(8)),
+             "model.norm", "lm_head"]
+    # L = 8: 10 effective layers, 5 a stage; stage 0 has the embedding and layers 0-3
+    assert hf.torchtitan_balance(llama, 8, "model.layers.") == (6, 6)
+    gpt2 = ["transformer.wte", "transformer.wpe", *(f"transformer.h.{i}" for i in range(3)),
+            "transformer.ln_f", "lm_head"]
+    # L = 3: 5 effective layers, 3 then 2; stage 0 has the embeddings and layers 0-1
+    assert hf.torchtitan_balance(gpt2, 3, "transformer.h.") == (4, 3)
+    assert hf.torchtitan_balance(gpt2, 3, "transformer.h.", input_weight=2) == (3, 4)
+
+    def pippy(param_bytes: list[int]) -> tuple[int, ...]:
+        prof = make_profile([1], [[1.0]] * len(param_bytes), batch_size=2,
+                            param_bytes=param_bytes)
+        return hf.pippy_balance(prof)
+
+    assert pippy([10, 10, 10, 10]) == (2, 2)  # the threshold is 20: two blocks fill it
+    assert pippy([10, 10, 5, 15]) == (2, 2)
+    assert pippy([5, 50, 5, 5]) == (1, 3)  # a block above the threshold starts a stage
+    assert pippy([50, 5, 5, 5]) == (1, 3)  # … and is a stage of its own on an empty one
