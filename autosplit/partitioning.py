@@ -32,10 +32,10 @@ from autosplit.graph import BlockGraph, Granularity, leaf_module_list
 from autosplit.measure import timing_process
 from autosplit.measure.options import ProfileOptions
 from autosplit.measure.profiler import check_inputs, profile_graph
+from autosplit.one_process import require_pipeline_only
 from autosplit.pipeline import PipelinedModule, checkpoint_flags
 from autosplit.planner import PlanOptions, memory_sizes
 from autosplit.records import Plan
-from autosplit.runnable import require_pipeline_only
 from autosplit.verify.choice import verify_and_choose
 from autosplit.verify.options import TimingOptions
 from autosplit.workflow import PlanRequest, choose_plan

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autosplit.errors import PlanMismatchError
-from autosplit.plan_blocks import check_plan_blocks
+from autosplit.plan_against_model import check_plan_blocks
 from autosplit.plan_text import plan_text, summary_lines
 from autosplit.profile_records import (
     BlockProfile,

@@ -17,9 +17,9 @@ from autosplit import PlanOptions, ProfileOptions
 from autosplit.cli import main
 from autosplit.cost import OPTIMIZER_STATE, in_flight, replica_sync_ms
 from autosplit.errors import InfeasiblePlanError, InvalidInputError, ScheduleUnavailableError
+from autosplit.one_process import require_pipeline_only
 from autosplit.planner import plan, plan_layouts, plan_replicated
 from autosplit.records import Plan
-from autosplit.runnable import require_pipeline_only
 from autosplit.simulator import simulate
 
 BANDWIDTH = 1e9  # bytes/s: 1 ms per MB

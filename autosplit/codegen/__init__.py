@@ -39,8 +39,8 @@ from autosplit.codegen.template import ModuleWriter
 from autosplit.codegen.text import LINE_LENGTH
 from autosplit.errors import CodegenError, InvalidInputError
 from autosplit.graph import Granularity, leaf_module_list
+from autosplit.one_process import require_pipeline_only
 from autosplit.records import Plan
-from autosplit.runnable import require_pipeline_only
 
 __all__ = ["LINE_LENGTH", "CodegenError", "emit"]
 
