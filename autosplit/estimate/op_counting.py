@@ -28,7 +28,7 @@ from autosplit.fsdp_units import shardable
 from autosplit.graph import BlockGraph, Granularity
 from autosplit.measure.budget import default_microbatch_sizes
 from autosplit.measure.profiler import check_inputs, check_microbatch_sizes
-from autosplit.measure.tensors import fresh_leaves, nbytes, tensor_leaves
+from autosplit.measure.tensor_trees import fresh_leaves, nbytes, tensor_leaves
 from autosplit.records import SharedParam
 
 __all__ = [

@@ -19,7 +19,7 @@ import torch
 
 from autosplit.graph import Segment
 from autosplit.measure.peak_memory import change_during, rise_during
-from autosplit.measure.tensors import backward_from, nbytes, tensor_leaves
+from autosplit.measure.tensor_trees import backward_from, nbytes, tensor_leaves
 
 __all__ = ["split_held_bytes", "working_bytes"]
 

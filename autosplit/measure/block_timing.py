@@ -23,7 +23,7 @@ from autosplit.graph import BlockGraph, Segment
 from autosplit.measure import steal_time
 from autosplit.measure.block_memory import split_held_bytes, working_bytes
 from autosplit.measure.budget import Deadline, spread_settled
-from autosplit.measure.tensors import backward_from, fresh_leaves, nbytes, tensor_leaves
+from autosplit.measure.tensor_trees import backward_from, fresh_leaves, nbytes, tensor_leaves
 
 __all__ = [
     "Interleaved",
