@@ -3,7 +3,7 @@ PiPPy's equal sizes and DDP, predicted and measured side by side in one launch.
 
 Models (random weights, trained on their own causal-LM loss, which HF returns when ``labels``
 are given; SGD lr 0.001): a tiny Llama (``LlamaForCausalLM``, examples/llama.py's sizes) and a
-tiny GPT-2 (``GPT2LMHeadModel``, tied embeddings, built here: :data:`GPT2_SIZES`), inputs
+tiny GPT-2 (``GPT2LMHeadModel``, tied embeddings; both in ``hf_models.py``), inputs
 ``input_ids``, ``attention_mask``, ``labels`` of 32 tokens.
 
 Each model is profiled by autosplit (``autosplit.profile(model, (), kwargs)``: one CPU worker of
@@ -67,14 +67,14 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
-from common import RESULTS, command_line, describe, load_example, machine, write_results
-from harness import Config, Group, ModelSpec, add_load_arguments, load_options, measure, summary
+from common import RESULTS, command_line, describe, machine, write_results
+from harness import Config, Group, add_load_arguments, load_options, measure, summary
+from hf_models import HFSpec
 from torch import nn
 
 import autosplit
@@ -86,62 +86,6 @@ from autosplit.records import Plan, Profile
 
 AUTO, TITAN, PIPPY, DDP = "autosplit", "torchtitan even layers", "PiPPy equal size", "DDP"
 LAYOUT = "autosplit layouts"
-SEQUENCE = 32
-GPT2_SIZES = {
-    # name: (layers, n_embd, heads, vocabulary)
-    "tiny": (4, 64, 4, 256),
-    "small": (8, 128, 4, 1024),
-}
-
-
-@dataclass(frozen=True)
-class HFSpec(ModelSpec):
-    """``hf-llama-<size>`` (examples/llama.py) or ``hf-gpt2-<size>`` (:data:`GPT2_SIZES`):
-    keyword inputs, the model's own loss; rebuilt seeded in every rank."""
-
-    @property
-    def family(self) -> str:
-        return self.key.split("-")[1]
-
-    @property
-    def size(self) -> str:
-        return self.key.split("-", 2)[2]
-
-    @property
-    def describe(self) -> str:
-        return f"B={self.batch} × {SEQUENCE} tokens"
-
-    def config(self) -> dict[str, Any]:
-        if self.family == "llama":
-            layers, width, heads, kv, mlp, vocab = load_example("llama").SIZES[self.size]
-            return {"layers": layers, "hidden": width, "heads": heads, "kv_heads": kv,
-                    "mlp": mlp, "vocab": vocab, "tokens": SEQUENCE, "tied": False}
-        layers, width, heads, vocab = GPT2_SIZES[self.size]
-        return {"layers": layers, "hidden": width, "heads": heads, "mlp": 4 * width,
-                "vocab": vocab, "tokens": SEQUENCE, "tied": True}
-
-    def build(self) -> nn.Module:
-        torch.manual_seed(self.seed)
-        if self.family == "llama":
-            return load_example("llama").build_model(self.size)
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        layers, width, heads, vocab = GPT2_SIZES[self.size]
-        config = GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=vocab,
-                            n_positions=2 * SEQUENCE, bos_token_id=0, eos_token_id=0,
-                            tie_word_embeddings=True, attn_implementation="sdpa")
-        return GPT2LMHeadModel(config)
-
-    def make_inputs(self) -> tuple[torch.Tensor, ...]:
-        return ()
-
-    def make_kwargs(self) -> dict[str, torch.Tensor]:
-        torch.manual_seed(self.seed + 1)
-        vocab = self.config()["vocab"]
-        ids = torch.randint(0, vocab, (self.batch, SEQUENCE))
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
-
-
 def torchtitan_balance(names: Sequence[str], layers: int, prefix: str,
                        input_weight: int = 1, output_weight: int = 1) -> tuple[int, int]:
     """torchtitan's 2-stage split (see the module docstring) as block counts."""
