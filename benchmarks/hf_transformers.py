@@ -62,6 +62,12 @@ package itself.)
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # started again first, before the imports below pay twice: the C
+    # allocator keeping freed memory, as the ranks run (see autosplit/measure/allocator.py)
+    from autosplit.measure.allocator import restart_keeping_freed_memory
+
+    restart_keeping_freed_memory()
+
 import argparse
 import statistics
 import sys
