@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autosplit import rank_start
+from autosplit import checks, rank_start
 from autosplit.atomic_write import write_text_atomic
 from autosplit.errors import InvalidInputError, RankFailedError, RendezvousError
 from autosplit.measure import allocator
@@ -238,6 +238,7 @@ def _signals_restored() -> Iterator[None]:
                 signal.signal(sig, handler)
 
 
+@checks.known_options
 @dataclass(frozen=True, slots=True)
 class RankSettings:
     """How :func:`launch` starts its ranks.

@@ -27,6 +27,7 @@ from autosplit import (
 from autosplit.errors import ArgumentTypeError, InvalidInputError
 from autosplit.estimate import analytic
 from autosplit.estimate.options import EstimateOptions
+from autosplit.launch import RankSettings
 from autosplit.specs import get_spec
 from autosplit.units import parse_bytes
 from autosplit.verify.options import TimingOptions
@@ -311,7 +312,7 @@ def test_documented_defaults_still_work() -> None:
 
 
 @pytest.mark.parametrize("record", [PartitionOptions, PlanOptions, ProfileOptions,
-                                    EstimateOptions, TimingOptions],
+                                    EstimateOptions, TimingOptions, RankSettings],
                          ids=lambda r: r.__name__)
 def test_an_options_record_names_an_unknown_option_and_the_nearest(record: type) -> None:
     import dataclasses
