@@ -1,4 +1,4 @@
-"""A cold cache's figures for 2 CPU workers, measured on one launch of the ranks.
+"""The machine's figures for 2 workers: measured on a cold cache, given to a profile.
 
 What :mod:`autosplit.measure.machine_cache` needs first on a machine it has not seen: DDP's
 synchronisation at 32 MiB and at :data:`~autosplit.measure.collectives.LATENCY_BYTES`, the link
@@ -6,6 +6,10 @@ between the two ranks, and the one-stage runtime's cost per action. Each is meas
 own measurer measures it (:func:`autosplit.measure.collectives.measure_collectives`,
 :func:`autosplit.measure.runtime_cost.measure_one_stage_action_ms`), one after the other on the same
 two ranks: one start of the ranks (each imports torch: seconds) instead of two.
+
+:func:`machine_measurers` says what measures a machine's figures for its kind of device, and
+:func:`with_machine_figures` gives a profile those figures as ``autosplit plan`` does: from the
+cache, else measured now.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autosplit.measure.collectives import (
     LATENCY_BYTES,
@@ -25,6 +29,10 @@ from autosplit.measure.collectives import (
 )
 from autosplit.measure.runtime_cost import one_stage_fits, one_stage_rounds
 from autosplit.measure.spread import half_iqr
+
+if TYPE_CHECKING:
+    from autosplit.measure.machine_cache import MachineFigures, MachineKey, Measurers
+    from autosplit.records import Profile
 
 __all__ = ["CpuMachine", "machine_measurers", "measure_cpu_machine", "with_machine_figures"]
 
@@ -68,7 +76,7 @@ def measure_cpu_machine(nbytes: int = 32 * 2**20, link_bytes: int = 16 * 2**20,
                       (statistics.median(fits), half_iqr(fits)))
 
 
-def machine_measurers(device_kind: str) -> tuple[Any, Any]:
+def machine_measurers(device_kind: str) -> tuple[MachineKey, Measurers]:
     """This machine's cache key for 2 workers of ``device_kind`` (``"cpu"``: gloo CPU workers of
     one thread, else NCCL between GPUs) and the measurers of its figures
     (:class:`~autosplit.measure.machine_cache.MachineKey`,
@@ -105,8 +113,8 @@ def machine_measurers(device_kind: str) -> tuple[Any, Any]:
     return MachineKey.here("gloo" if cpu else "nccl", device_kind, threads=1), measurers
 
 
-def with_machine_figures(profile: Any, schedules: Sequence[str] | None = None, *,
-                         remeasure: bool = False) -> tuple[Any, Any, str]:
+def with_machine_figures(profile: Profile, schedules: Sequence[str] | None = None, *,
+                         remeasure: bool = False) -> tuple[Profile, MachineFigures, str]:
     """``profile`` with this machine's figures for 2 workers of its kind of device, as
     ``autosplit plan`` records them: the all-reduce, the link and, between CPU workers, the
     pipeline runtime's cost per action of ``schedules`` (``None``: every schedule the planner
