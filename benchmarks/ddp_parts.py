@@ -3,7 +3,7 @@
 For each model (``hf_models.py``: tiny Llama and GPT-2, B = 32 × 32 tokens, their own loss):
 one profile at b = 16 (``autosplit.profile``), the machine's figures as ``autosplit plan`` takes
 them (``autosplit.measure.machine.with_machine_figures``), and autosplit's plan of 1 stage × 2
-replicas (``plan_replicated``) with its predicted step and the parts it adds up: the stage's
+replicas under DDP (``plan_replicated``) with its predicted step and the parts it adds up: the stage's
 compute, DDP's gradient synchronisation, the optimizer's update and the one-stage runtime's
 cost per action. Then, on 2 gloo ranks of one thread each, in one launch, interleaved round by
 round (A B … then … B A), each timing ``--steps`` steps after a barrier (the slower rank's):
@@ -45,7 +45,7 @@ from common import RESULTS, command_line, describe, machine, write_results
 from hf_models import HFSpec
 
 import autosplit
-from autosplit import ProfileOptions
+from autosplit import PlanOptions, ProfileOptions
 from autosplit.measure.machine import with_machine_figures
 from autosplit.planner.layouts import plan_replicated
 from autosplit.records import Plan
@@ -123,7 +123,7 @@ def run_model(key: str, args: argparse.Namespace) -> dict[str, Any]:
                                 options=ProfileOptions(microbatch_sizes=[SIZE]))
     profile, _, note = with_machine_figures(profile, ["gpipe"])
     print(f"{key}: {note}", flush=True)
-    plan = plan_replicated(profile, 1, 2)
+    plan = plan_replicated(profile, 1, 2, PlanOptions(replica_mode="ddp"))
     predicted = {"step": plan.predicted_step_ms, "compute": plan.stages[0].compute_ms,
                  "synchronisation": plan.sync_after_ms, "update": plan.update_ms,
                  "runtime per action": plan.action_ms}
@@ -135,7 +135,8 @@ def run_model(key: str, args: argparse.Namespace) -> dict[str, Any]:
     measured = {name: {"median_ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t),
                        "ms": t} for name, t in times.items()}
     trainer = measured["trainer"]["median_ms"]
-    return {"key": key, "describe": spec.describe, "predicted_ms": predicted,
+    return {"key": key, "describe": spec.describe, "replica_mode": plan.replica_mode,
+            "predicted_ms": predicted,
             "measured": measured, "error": (plan.predicted_step_ms - trainer) / trainer,
             "sync_measured_ms": measured["DDP"]["median_ms"] - measured["DDP no_sync"]["median_ms"],
             "runtime_measured_ms": trainer - measured["DDP"]["median_ms"]}

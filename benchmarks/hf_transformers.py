@@ -42,7 +42,7 @@ one process per stage and replica (gloo), interleaved round by round in one laun
    parameter bytes // 2 (all float32: bytes ∝ elements; buffers left out, they hold no
    parameters here beyond Llama's 32-float rotary table). Run at autosplit's micro-batch size.
 4. **DDP**: 1 stage × 2 replicas, the whole model on each worker (``plan_replicated(profile,
-   1, 2)``: its own best micro-batch size per replica, the measured all-reduce).
+   1, 2)`` with ``replica_mode="ddp"``: its own best micro-batch size per replica, the measured all-reduce).
 
 Every plan carries autosplit's predicted step by block sums (the hand-made balances scored by
 ``plan_with_balance``, the same model); each row gives it beside the measured median, min, max
@@ -146,7 +146,7 @@ def prepare(spec: HFSpec, sizes: list[int], budget_s: float | None) -> dict[str,
         AUTO: auto,
         TITAN: plan_with_balance(profile, titan, auto.split_size, solver="torchtitan"),
         PIPPY: plan_with_balance(profile, pippy, auto.split_size, solver="pippy equal size"),
-        DDP: plan_replicated(profile, 1, 2),
+        DDP: plan_replicated(profile, 1, 2, PlanOptions(replica_mode="ddp")),
         # what `autosplit plan --gpus 2` chooses: the best of every layout (2 stages, or
         # 1 stage × 2 replicas), GPipe
         LAYOUT: plan_layouts(profile, 2, options=PlanOptions(schedule="gpipe")).best,
@@ -179,7 +179,7 @@ def verified_plans(model: nn.Module, kwargs: dict[str, torch.Tensor], profile: P
 
 
 def key(plan: Plan) -> tuple[Any, ...]:
-    return tuple(plan.balance), int(plan.split_size), int(plan.replicas)
+    return tuple(plan.balance), int(plan.split_size), int(plan.replicas), plan.replica_mode
 
 
 def iqr(values: Sequence[float]) -> float:
@@ -199,6 +199,7 @@ def row(name: str, plan: Plan, names: Sequence[str], times: list[float], same_as
     cut = [names[sum(plan.balance[: i + 1])] for i in range(len(plan.balance) - 1)]
     return {
         "name": name, "balance": list(plan.balance), "replicas": plan.replicas,
+        "replica_mode": plan.replica_mode,
         "cut_before": cut, "split_size": plan.split_size, "microbatches": plan.microbatches,
         "predicted_ms": plan.predicted_step_ms, "measured_ms": ms,
         "update_ms": plan.update_ms, "allreduce_ms": plan.replica_sync_ms,

@@ -329,4 +329,4 @@ def test_an_options_record_names_an_unknown_option_and_the_nearest(record: type)
     count = len(dataclasses.fields(record))
     with pytest.raises(ArgumentTypeError, match=f"takes at most {count} values"):
         record(*([None] * (count + 1)))
-    assert record() == record()  # the defaults still build
+    record()  # the defaults still build (a refusal would fail the test)
