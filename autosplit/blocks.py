@@ -145,18 +145,22 @@ def group_blocks(model: nn.Module, gm: fx.GraphModule, granularity: Granularity)
     """Group graph nodes into blocks (see the module docstring)."""
     runs: list[tuple[str, list[fx.Node]]] = []
     pending: list[fx.Node] = []  # root-level ops before any keyed node
-    entered = entered_paths(model)
+    entered = entered_paths(model, called_again(gm))
+    last_call: Any = None
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
         key = block_key(entered, module_path(gm, node), granularity)
+        call = _call_of(node, key)
         if not key:
             (runs[-1][1] if runs else pending).append(node)
-        elif runs and runs[-1][0] == key:
+        elif runs and runs[-1][0] == key and (None in (call, last_call) or call == last_call):
             runs[-1][1].append(node)
+            last_call = last_call if call is None else call
         else:
             runs.append((key, pending + [node]))
             pending = []
+            last_call = call
     if pending:
         runs.append(("ops", pending))
 
@@ -185,6 +189,33 @@ def group_blocks(model: nn.Module, gm: fx.GraphModule, granularity: Granularity)
         name = key if used[key] == 1 else f"{key}#{used[key]}"
         blocks.append(Block(i, name, tuple(n.name for n in nodes), params))
     return blocks
+
+
+def _call_of(node: fx.Node, key: str) -> Any:
+    """Which call of module ``key`` the node belongs to: its own node for a module called
+    whole (torch.fx), else the export's ``nn_module_stack`` entry for that module (``layer@2``
+    is its third call); ``None`` where the node does not say (a weight read, a device)."""
+    if node.op == "call_module" and str(node.target) == key:
+        return node
+    for stack_key, value in (node.meta.get("nn_module_stack") or {}).items():
+        if value and value[0] == key:
+            return stack_key
+    return None
+
+
+def called_again(gm: fx.GraphModule) -> set[str]:
+    """The modules the graph calls more than once: a ``call_module`` target met twice
+    (torch.fx), or a module the export's ``nn_module_stack`` names with a call index
+    (``layer@1``)."""
+    calls: dict[str, int] = {}
+    again: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            calls[str(node.target)] = calls.get(str(node.target), 0) + 1
+        for key, value in (node.meta.get("nn_module_stack") or {}).items():
+            if "@" in str(key) and value and value[0]:
+                again.add(str(value[0]))
+    return again | {path for path, count in calls.items() if count > 1}
 
 
 def _has_state(model: nn.Module, node: fx.Node) -> bool:

@@ -72,7 +72,7 @@ def model_file(tmp_path: Path, name: str) -> str:
 # The zoo models torch.export captures (torch.fx cannot trace them); the others trace with
 # torch.fx, and the blocks of the two ViTs nest (their stages are written from the block
 # graph's own nodes, not from a trace with the blocks as leaves).
-EXPORTED = ("hf-gpt2", "hf-llama", "hf-bert", "hf-t5", "hf-vit")
+EXPORTED = ("hf-gpt2", "hf-llama", "hf-bert", "hf-albert", "hf-t5", "hf-vit", "timm-efficientvit")
 CASES = [(name, 2) for name in ZOO] + [("hf-llama", 4), ("tv-vit", 4)]
 
 

@@ -99,6 +99,35 @@ def test_a_model_neither_front_end_captures_gets_one_line(capfd: pytest.CaptureF
     assert "def forward" not in capfd.readouterr().err
 
 
+class LossOnData(nn.Module):
+    """Computes its loss only over the labels that are set (DeBERTa's ``nonzero`` branch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(6, 6), nn.Linear(6, 3))
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        logits = self.layers(x)
+        if labels is None:
+            return logits
+        chosen = (labels >= 0).nonzero()
+        if chosen.size(0) > 0:
+            return nn.functional.cross_entropy(logits[chosen[:, 0]], labels[chosen[:, 0]])
+        return logits.sum() * 0
+
+
+def test_a_branch_on_data_in_the_models_loss_is_named_with_what_to_do() -> None:
+    """torch.export cannot capture a branch on data: the message shows the line, and, where
+    it is the loss the labels ask for, says to leave them out and plan with --loss mse."""
+    call = {"x": torch.randn(4, 6), "labels": torch.tensor([0, 1, -1, 2])}
+    with pytest.raises(TraceError) as info:
+        autosplit.trace(LossOnData(), example_kwargs=call)
+    message = str(info.value)
+    assert "`if chosen.size(0) > 0:`" in message and "\n" not in message
+    assert "leave labels out" in message and "--loss mse" in message
+    assert len(autosplit.trace(LossOnData(), example_kwargs={"x": call["x"]}).blocks) == 2
+
+
 def test_leaf_modules_make_an_untraceable_model_traceable() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -30,8 +30,10 @@ def test_the_repeated_layers_are_the_blocks(name: str) -> None:
     args, kwargs = call(ROWS)
     graph = trace(model, example_inputs=args, example_kwargs=kwargs)
     layers = {"hf-gpt2": "transformer.h.", "hf-llama": "model.layers.", "hf-bert":
-              "bert.encoder.layer.", "hf-t5": ("encoder.block.", "decoder.block."), "hf-vit": ("vit.layers.", "vit.encoder.layer."),
-              "timm-vit": "blocks.", "timm-efficientnet": "blocks.", "tv-vit":
+              "bert.encoder.layer.", "hf-albert": "albert.encoder.albert_layer_groups.0",
+              "hf-t5": ("encoder.block.", "decoder.block."), "hf-vit": ("vit.layers.", "vit.encoder.layer."),
+              "timm-vit": "blocks.", "timm-efficientnet": "blocks.",
+              "timm-efficientvit": "stages.", "tv-vit":
               "encoder.layers.encoder_layer_", "tv-segmentation": "backbone."}[name]
     assert sum(b.startswith(layers) for b in graph.block_names) >= 4, graph.block_names
     for cut in graph.cuts:  # only tensors cross: sizes are computed again past a cut
@@ -52,7 +54,7 @@ def test_split_equals_the_unsplit_model(name: str, stages: int) -> None:
     assert_trains_like(pm, model, ref_model, args, kwargs, SPLIT)
 
 
-@pytest.mark.parametrize("name", ["timm-efficientnet", "hf-llama"])
+@pytest.mark.parametrize("name", ["timm-efficientnet", "timm-efficientvit", "hf-llama"])
 def test_a_pickled_graph_keeps_its_nodes_and_computes_the_same(name: str) -> None:
     """The timing process receives the graph pickled: the same node names (a GraphModule
     pickled as code is traced again and renamed) and the same outputs, without the model."""

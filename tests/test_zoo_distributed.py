@@ -72,7 +72,7 @@ def _reference(name: str) -> tuple[float, dict[str, torch.Tensor], dict[str, tor
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("name", ["hf-gpt2", "hf-llama"])
+@pytest.mark.parametrize("name", ["hf-gpt2", "hf-llama", "hf-albert"])
 def test_two_gloo_ranks_train_like_one_process(name: str) -> None:
     model, call = build(name)
     args, kwargs = call(ROWS)

@@ -57,6 +57,24 @@ def bert() -> tuple[nn.Module, Callable[[int], Call]]:
     return BertForSequenceClassification(cfg), call
 
 
+def albert() -> tuple[nn.Module, Callable[[int], Call]]:
+    """ALBERT runs one layer for all its depth: each call is a block, the layer's weights
+    shared by every stage that calls it."""
+    from transformers import AlbertConfig, AlbertForSequenceClassification
+
+    cfg = AlbertConfig(num_hidden_layers=4, hidden_size=16, num_attention_heads=2,
+                       intermediate_size=32, vocab_size=64, embedding_size=8,
+                       max_position_embeddings=16, num_labels=3, hidden_dropout_prob=0.0,
+                       attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0)
+
+    def call(rows: int) -> Call:
+        ids = _ids(rows, 64)
+        return (), {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                    "labels": torch.arange(rows) % 3}
+
+    return AlbertForSequenceClassification(cfg), call
+
+
 def t5() -> tuple[nn.Module, Callable[[int], Call]]:
     from transformers import T5Config, T5ForConditionalGeneration
 
@@ -91,6 +109,17 @@ def timm_efficientnet() -> tuple[nn.Module, Callable[[int], Call]]:
     return model, lambda rows: ((torch.randn(rows, 3, 32, 32),), {})
 
 
+def timm_efficientvit() -> tuple[nn.Module, Callable[[int], Call]]:
+    """EfficientViT's attention runs in an autocast region: torch.export's higher-order
+    operation, whose body is a module of the graph."""
+    import timm
+
+    model = timm.create_model("efficientvit_b0", pretrained=False, num_classes=3,
+                              widths=(4, 8, 16, 32, 64), depths=(1, 1, 1, 2, 2), head_dim=8,
+                              head_widths=(64, 80))
+    return model, lambda rows: ((torch.randn(rows, 3, 32, 32),), {})
+
+
 def tv_vit() -> tuple[nn.Module, Callable[[int], Call]]:
     from torchvision.models.vision_transformer import VisionTransformer
 
@@ -107,8 +136,9 @@ def tv_segmentation() -> tuple[nn.Module, Callable[[int], Call]]:
 
 
 ZOO: dict[str, Callable[[], tuple[nn.Module, Callable[[int], Call]]]] = {
-    "hf-gpt2": gpt2, "hf-llama": llama, "hf-bert": bert, "hf-t5": t5, "hf-vit": hf_vit,
-    "timm-vit": timm_vit, "timm-efficientnet": timm_efficientnet, "tv-vit": tv_vit,
+    "hf-gpt2": gpt2, "hf-llama": llama, "hf-bert": bert, "hf-albert": albert, "hf-t5": t5, "hf-vit": hf_vit,
+    "timm-vit": timm_vit, "timm-efficientnet": timm_efficientnet,
+    "timm-efficientvit": timm_efficientvit, "tv-vit": tv_vit,
     "tv-segmentation": tv_segmentation,
 }
 

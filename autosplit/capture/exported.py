@@ -15,6 +15,9 @@ autosplit runs like a traced one:
   it (:func:`_local_sizes`), and otherwise rebuilt on the far side of a cut;
 - a device the export fixed is read from a tensor beside its use (:func:`device_of`), so a
   stage runs on whatever device holds it;
+- a region of the model's code under a context (``with torch.autocast(...)``) is one of
+  torch.export's higher-order operations, whose body module the graph holds under
+  :data:`BODIES`; an autocast region's device type is read from its operands;
 - ``meta["autosplit_kind"]`` says what each value is: ``"tensor"``, ``"size"`` (an integer
   computed from shapes) or ``"other"`` (a list, ``None`` …), which may not cross a cut.
 
@@ -31,6 +34,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -41,7 +45,11 @@ from torch.utils import _pytree as pytree
 from autosplit.capture.signature import InputSignature
 from autosplit.errors import TraceError
 
-__all__ = ["device_of", "export_graph", "hf_defaults"]
+__all__ = ["BODIES", "device_of", "device_type_of", "export_graph", "hf_defaults"]
+
+BODIES = "_autosplit_bodies"
+"""Where the captured graph module holds the bodies of torch.export's higher-order operations."""
+
 
 _KEEP_META = ("nn_module_stack", "stack_trace", "autosplit_path", "autosplit_kind",
               "autosplit_scalar", "autosplit_bool")
@@ -85,7 +93,7 @@ def export_graph(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any
                                      strict=False)
     except Exception as exc:
         raise TraceError(f"torch.export cannot capture {type(model).__name__}: "
-                         f"{_first_line(exc)}") from exc
+                         f"{_first_line(exc)}{_advice(model, exc, call_kwargs)}") from exc
     gm = _rebuild(model, ep)
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     signature = InputSignature.of(args, {**kwargs, **defaults}, names, defaults)
@@ -185,14 +193,25 @@ def _rebuild(model: nn.Module, ep: Any) -> fx.GraphModule:
             env[node] = new
         elif node.op == "output":
             graph.output(fx.node.map_arg(node.args[0], lambda n: env[n]))
+        elif node.op == "get_attr":  # a higher-order operation's body (an autocast region)
+            target = f"{BODIES}.{node.target}"
+            attrs[target] = _body(getattr(ep.graph_module, str(node.target)))
+            new = graph.get_attr(target)
+            new.meta.update(node.meta)
+            new.meta["autosplit_path"] = _path_of(model, node)
+            new.meta["autosplit_kind"] = "other"  # a module: never sent across a cut
+            env[node] = new
         else:
             path = _path_of(model, node)
             args = fx.node.map_arg((node.args, node.kwargs),
-                                   lambda n, p=path: _value(graph, env, lifted, n, p))
+                                   lambda n, p=path: _value(graph, env, lifted, n, p,
+                                                            node.meta.get("nn_module_stack")))
             new = graph.create_node(node.op, node.target, args[0], args[1], node.name)
             new.meta.update(node.meta)
             new.meta["autosplit_path"] = path
             env[node] = new
+            if node.target is torch.ops.higher_order.wrap_with_autocast:
+                _autocast_device_type(graph, new)
     _local_sizes(graph)
     _devices_from_tensors(graph)
     for node in graph.nodes:
@@ -205,19 +224,31 @@ def _rebuild(model: nn.Module, ep: Any) -> fx.GraphModule:
         for key in [k for k in node.meta if k not in _KEEP_META]:
             del node.meta[key]
     graph.eliminate_dead_code(is_impure_node=lambda n: n.op != "get_attr"
-                              and not _is_size_op(n) and n.target is not device_of)
+                              and not _is_size_op(n)
+                              and n.target not in (device_of, device_type_of))
     graph.lint()
     gm = fx.GraphModule(attrs, graph, type(model).__name__)
     return gm
 
 
+def _body(module: fx.GraphModule) -> fx.GraphModule:
+    """A higher-order operation's body, its fixed devices made those of its tensors (as
+    :func:`_devices_from_tensors` does for the whole graph)."""
+    _devices_from_tensors(module.graph)
+    module.recompile()
+    return module
+
+
 def _value(graph: fx.Graph, env: dict[fx.Node, Any], lifted: Mapping[str, str],
-           node: fx.Node, path: str) -> Any:
+           node: fx.Node, path: str, stack: Any) -> Any:
+    """The new graph's value for ``node``: a weight is read by a ``get_attr`` of its own,
+    in the module and the call (``stack``: ALBERT calls one layer many times) of its user."""
     if node.name not in lifted:
         return env[node]
     attr = graph.get_attr(lifted[node.name])
     attr.meta.update(node.meta)
     attr.meta["autosplit_path"] = path
+    attr.meta["nn_module_stack"] = stack
     return attr
 
 
@@ -233,6 +264,26 @@ def _path_of(model: nn.Module, node: fx.Node) -> str:
             continue
         return str(path)
     return ""
+
+
+def device_type_of(tensor: torch.Tensor) -> str:
+    """The type of the device ``tensor`` is on ("cpu", "cuda"): an autocast region's."""
+    return tensor.device.type
+
+
+def _autocast_device_type(graph: fx.Graph, node: fx.Node) -> None:
+    """An autocast region's device type read from its first tensor operand, as the model's
+    ``torch.autocast(device_type=x.device.type)`` does, not the type fixed at capture."""
+    source = next((a for a in node.args[5:] if isinstance(a, fx.Node)
+                   and isinstance(a.meta.get("val"), torch.Tensor)), None)
+    if source is None or not isinstance(node.args[0], str):
+        return
+    with graph.inserting_before(node):
+        kind = graph.call_function(device_type_of, (source,))
+    kind.meta.update({"autosplit_path": node.meta.get("autosplit_path", ""),
+                      "nn_module_stack": node.meta.get("nn_module_stack"),
+                      "autosplit_kind": "other"})
+    node.args = (kind, *node.args[1:])
 
 
 def device_of(tensor: torch.Tensor) -> torch.device:
@@ -258,6 +309,7 @@ def _devices_from_tensors(graph: fx.Graph) -> None:
         with graph.inserting_before(node):
             device = graph.call_function(device_of, (source,))
         device.meta.update({"autosplit_path": node.meta.get("autosplit_path", ""),
+                            "nn_module_stack": node.meta.get("nn_module_stack"),
                             "autosplit_kind": "size"})
         node.args = tuple(device if isinstance(a, torch.device) else a for a in node.args)
         node.kwargs = {k: device if isinstance(v, torch.device) else v
@@ -335,5 +387,43 @@ def _first_line(exc: BaseException) -> str:
         match = re.match(r'File "(.+)", line (\d+)', where)
         if match:
             shown += f", at {os.path.basename(match[1])}:{match[2]}" + (f" `{code}`" if code else "")
+    frame = _caused_by(exc)
+    if frame is not None:
+        shown += f", at {os.path.basename(frame.filename)}:{frame.lineno} `{frame.line}`"
     return shown
+
+
+def _caused_by(exc: BaseException) -> traceback.FrameSummary | None:
+    """The frame of the model's code a data-dependent guard names ("Caused by: (file:line in
+    function)"), found in the error's traceback (which has the source line)."""
+    match = re.search(r"Caused by: .*?\((\S+):(\d+) in (\w+)\)", str(exc))
+    if match is None:
+        return None
+    path, number = match[1], int(match[2])
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename.endswith(path) and frame.lineno == number and frame.line:
+            return frame
+    return None
+
+
+def _advice(model: nn.Module, exc: BaseException, kwargs: Mapping[str, Any]) -> str:
+    """What to do about a branch on data (a data-dependent guard), when there is something:
+    where the branch is in the model's own ``forward`` and the call gives ``labels``, it
+    computes the loss, and the model can be planned on its logits instead."""
+    frame = _caused_by(exc)
+    if frame is None:
+        return ""
+    said = "; that line branches on values computed from the input data"
+    forward = inspect.unwrap(type(model).forward)
+    try:
+        source, first = inspect.getsourcelines(forward)
+        file = inspect.getsourcefile(forward)
+    except (OSError, TypeError):
+        return said
+    inside = file is not None and os.path.samefile(file, frame.filename) \
+        and first <= (frame.lineno or 0) < first + len(source)
+    if inside and "labels" in kwargs:
+        return (f"{said}, in the loss of {type(model).__name__}.forward: leave labels out of "
+                "the example inputs, and the model is planned on its outputs with --loss mse")
+    return said
 

@@ -6,12 +6,15 @@ is a module that holds a *layer stack* below it: a container of two or more chil
 class that hold parameters (GPT-2's ``transformer.h``, Llama's ``model.layers``, torchvision
 ViT's ``encoder.layers``, a ResNet's ``layer3``). The first module that is neither is the
 block. So GPT-2 becomes ``transformer.wte``, ``transformer.wpe``, ``transformer.h.0`` …
-``transformer.ln_f`` and ``lm_head``, and a ResNet's blocks stay its bottlenecks.
+``transformer.ln_f`` and ``lm_head``, and a ResNet's blocks stay its bottlenecks. A stack of
+leaf modules (two convolutions in a ``Sequential``) inside one of the repeated layers belongs
+to that layer.
 ``granularity="layer"`` keys every operation on its innermost module.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 from torch import nn
@@ -30,17 +33,41 @@ def _is_stack(module: nn.Module) -> bool:
             and all(any(True for _ in c.parameters()) for c in children))
 
 
-def entered_paths(model: nn.Module) -> frozenset[str]:
-    """The module paths a ``"block"`` key walks into: containers, and the modules above a
-    layer stack."""
-    entered = {""}
-    for path, module in model.named_modules():
-        if isinstance(module, CONTAINERS):
-            entered.add(path)
-        if _is_stack(module) and path:
-            parts = path.split(".")
-            entered.update(".".join(parts[:i]) for i in range(1, len(parts)))
-    return frozenset(entered)
+def _inside(path: str, parents: set[str]) -> bool:
+    """Whether module ``path`` lies strictly below one of ``parents``."""
+    parts = path.split(".")
+    return any(".".join(parts[:i]) in parents for i in range(1, len(parts)))
+
+
+def entered_paths(model: nn.Module, called_again: Iterable[str] = ()) -> frozenset[str]:
+    """The module paths a ``"block"`` key walks into: containers, the modules above a layer
+    stack, and those above a layer the model calls several times (``called_again``: ALBERT
+    runs one layer for all its depth). A stack of leaf modules inside a repeated layer (two
+    convolutions in a ``Sequential`` deep in EfficientViT's attention) is part of that layer: it
+    does not open the modules above it."""
+    modules = dict(model.named_modules())
+    stacks = [path for path, module in modules.items() if path and _is_stack(module)]
+    layers = {f"{path}.{name}" for path in stacks
+              for name, child in modules[path].named_children()
+              if any(True for _ in child.children())}
+    again = [path for path in called_again if path in modules and _is_layer(modules[path])]
+    layers.update(again)
+    entered = {""} | {path for path, module in modules.items() if isinstance(module, CONTAINERS)}
+    for path in stacks:
+        leaves = not any(True for c in modules[path].children() for _ in c.children())
+        if leaves and _inside(path, layers):
+            continue
+        parts = path.split(".")
+        entered.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    for path in again:
+        parts = path.split(".")
+        entered.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    return frozenset(entered - set(again))
+
+
+def _is_layer(module: nn.Module) -> bool:
+    """Whether ``module`` is a layer: it has submodules, and parameters."""
+    return any(True for _ in module.children()) and any(True for _ in module.parameters())
 
 
 def block_key(entered: frozenset[str], path: str, granularity: Granularity) -> str:

@@ -20,9 +20,9 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from autosplit.capture.exported import device_of
+from autosplit.capture.exported import BODIES, device_of, device_type_of
 from autosplit.codegen.names import fresh_name, path_expression, resolve_path
-from autosplit.codegen.structure import StageSplit
+from autosplit.codegen.structure import EXPORT_CHECKS, StageSplit
 from autosplit.codegen.text import LINE_LENGTH, call_lines, quoted
 from autosplit.errors import CodegenError
 
@@ -33,6 +33,13 @@ BINARY = {
     operator.rshift: ">>", operator.eq: "==", operator.ne: "!=", operator.lt: "<",
     operator.le: "<=", operator.gt: ">", operator.ge: ">=",
 }
+CONTEXTS = {
+    torch.ops.higher_order.wrap_with_autocast:
+        ("torch.autocast", ("", "dtype", "enabled", "cache_enabled")),
+}
+"""torch.export's higher-order operations for a region under a context: the context manager
+the code enters, and the keywords of the operation's leading arguments, its arguments (""
+for a positional one; then come the body and its operands)."""
 UNARY = {operator.neg: "-", operator.pos: "+", operator.invert: "~", operator.not_: "not "}
 
 # A value built from others: a leaf's text, or (opening, items, closing) of a literal or call.
@@ -101,8 +108,19 @@ class ExpressionWriter:
     def statement(self, node: fx.Node, attrs: dict[str, str]) -> list[str]:
         """The lines of ``forward`` computing ``node``, indented for a method body (none for
         an exported model's weight: it is read where it is used)."""
+        if node.op == "get_attr" and str(node.target).startswith(f"{BODIES}."):
+            return []  # a region's body: written out where the region runs
+        if node.op == "call_function" and node.target in CONTEXTS:
+            return self.region(node, attrs)
+        if any(str(a.target).startswith(f"{BODIES}.") for a in node.all_input_nodes
+               if a.op == "get_attr"):
+            raise CodegenError(
+                f"{node.name} runs torch.export's higher-order operation {node.target}, which "
+                "generated code cannot write; run the plan with autosplit.partition(model, "
+                "plan=plan) instead")
         head, args = self.expression(node, attrs)
-        if self.split.exported and (node.op == "get_attr" or node.target is device_of):
+        if self.split.exported and (node.op == "get_attr" or node.target in (device_of,
+                                                                            device_type_of)):
             self.inline[node] = head  # a weight, or a tensor's device
             return []
         target = "" if not node.users else f"{self.split.names[node]} = "
@@ -112,6 +130,32 @@ class ExpressionWriter:
                 return [line]
             return [f"        {target}(", f"            {head}", "        )"]
         return call_lines(8, target + head, args)
+
+    def region(self, node: fx.Node, attrs: dict[str, str]) -> list[str]:
+        """A region under a context (torch.export's higher-order operation, :data:`CONTEXTS`):
+        ``with torch.autocast(...):`` over its body's operations, one line each, then its
+        value, the tuple of the body's outputs."""
+        context, keywords = CONTEXTS[node.target]
+        count = len(keywords)
+        given = [f"{k}={self.value(a)}" if k else self.value(a)
+                 for k, a in zip(keywords, node.args[:count])]
+        body, operands = self.split.body(node.args[count]), node.args[count + 1:]
+        taken = set(self.split.names.values())
+        lines = call_lines(8, f"with {context}", given, ":")
+        placeholders = [n for n in body.nodes if n.op == "placeholder"]
+        for inner, operand in zip(placeholders, operands):
+            self.inline[inner] = self.value(operand)
+        for inner in body.nodes:
+            if inner.op == "placeholder" or inner.target in EXPORT_CHECKS:
+                continue
+            if inner.op == "output":
+                value = f"{self.split.names[node]} = {self.value(tuple(inner.args[0]))}"
+                lines += [f"            {value}"]
+                continue
+            self.split.names[inner] = fresh_name(inner.name, taken)
+            taken.add(self.split.names[inner])
+            lines += [f"    {line}" for line in self.statement(inner, attrs)]
+        return lines
 
     def expression(self, node: fx.Node, attrs: dict[str, str]) -> tuple[str, list[str] | None]:
         """(head, arguments) of a call, or (expression, None)."""
@@ -140,6 +184,8 @@ class ExpressionWriter:
         fn = node.target
         if fn is device_of and len(args) == 1 and not kwargs:  # where the export fixed one
             return f"{self.operand(args[0])}.device", None
+        if fn is device_type_of and len(args) == 1 and not kwargs:
+            return f"{self.operand(args[0])}.device.type", None
         if fn in BINARY and len(args) == 2 and not kwargs:
             if not node.all_input_nodes and all(
                     isinstance(a, (bool, int, float, str, type(None))) for a in args):

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from autosplit.capture.exported import BODIES
 from autosplit.codegen.coarse_trace import INPUTS, coarse_trace, fold_sequentials, values_of
 from autosplit.codegen.names import GLOBALS, fresh_name, resolve_path, short_names
 from autosplit.codegen.value_kinds import stand_in
@@ -27,6 +28,7 @@ from autosplit.stages import StageLayout, stage_layout
 
 CONSTANTS = "_autosplit_constants."  # where the export's tensor constants are held
 CONSTANT_ELEMENTS = 64  # the largest tensor constant written into generated code
+LONGEST_BELOW = 40  # the longest weight path below a held block module (characters)
 # Checks torch.export leaves in its graph (dtype, device, layout): they compute nothing.
 EXPORT_CHECKS = {torch.ops.aten._assert_tensor_metadata.default}
 
@@ -126,7 +128,8 @@ class StageSplit:
         values = values_of(graph, coarse, fine_of)
         if not fine:  # (the block graph's own nodes are the model's: never rewritten)
             fold_sequentials(model, coarse, stage, values)
-        targets = [str(n.target) for n in coarse.nodes if n.op in ("call_module", "get_attr")]
+        targets = [str(n.target) for n in coarse.nodes if n.op in ("call_module", "get_attr")
+                   and not str(n.target).startswith(f"{BODIES}.")]
         split = cls(model, coarse, stage, {}, blocks, {}, layout, values, exported)
         split.short = short_names(model, [split.held(t)[0] for t in targets])
         if fine:
@@ -158,7 +161,9 @@ class StageSplit:
         A stage holds each module and weight its traced code names. The code of an exported
         model names weights, so its stage holds the innermost block module above a weight
         (``model.layers.0``, read as ``self.layers_0.mlp.up_proj.weight``) where that block
-        contains no other block, else the weight itself.
+        contains no other block, else the weight itself. Where the weight's path below that
+        block is longer than :data:`LONGEST_BELOW` characters, the stage holds the first module
+        below the block from which it is not (a line of code reads it whole).
         """
         if not self.exported or target.startswith(CONSTANTS):
             return target, ""
@@ -168,11 +173,22 @@ class StageSplit:
             path = ".".join(parts[:k])
             if path in names and not any(b.startswith(path + ".") for b in names):
                 try:
-                    if isinstance(resolve_path(self.model, path), nn.Module):
-                        return path, ".".join(parts[k:])
+                    if not isinstance(resolve_path(self.model, path), nn.Module):
+                        continue
                 except AttributeError:
-                    pass
+                    continue
+                for deeper in range(k, len(parts)):  # the first module below it that
+                    # leaves a short path to the weight
+                    below = ".".join(parts[deeper:])
+                    if len(below) <= LONGEST_BELOW or deeper == len(parts) - 1:
+                        return ".".join(parts[:deeper]), below
+                return path, ".".join(parts[k:])
         return target, ""
+
+    def body(self, node: fx.Node) -> fx.Graph:
+        """The graph of the higher-order operation's body that ``node`` (a ``get_attr`` of
+        :data:`~autosplit.capture.exported.BODIES`) reads."""
+        return resolve_path(self.graph.owning_module, str(node.target)).graph
 
     def constant(self, target: str) -> torch.Tensor:
         """The tensor constant the export made at ``target`` (small enough to write out).
@@ -258,6 +274,8 @@ class StageSplit:
         found: dict[int, tuple[torch.Tensor, str, set[int]]] = {}
         for node in self.graph.nodes:
             if node.op in ("call_module", "get_attr") and self.stage[node] >= 0:
+                if str(node.target).startswith(f"{BODIES}."):  # written out where it runs
+                    continue
                 holder = self.held(str(node.target))[0]
                 if holder.startswith(CONSTANTS):  # not the model's: each stage its own
                     continue
