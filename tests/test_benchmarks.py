@@ -875,3 +875,19 @@ def test_the_split_rules_hf_transformers_measures_against() -> None:
     assert pippy([10, 10, 5, 15]) == (2, 2)
     assert pippy([5, 50, 5, 5]) == (1, 3)  # a block above the threshold starts a stage
     assert pippy([50, 5, 5, 5]) == (1, 3)  # … and is a stage of its own on an empty one
+
+
+def test_model_zoo_benchmark_smoke(tmp_path) -> None:
+    """One model that splits exactly and one that cannot be captured, each in its process."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("timm")
+    run_benchmark("model_zoo.py", tmp_path)
+    rows = {r["model"]: r for r in
+            json.loads((tmp_path / "model_zoo_smoke.json").read_text())["rows"]}
+    squeezenet = rows["torchvision/squeezenet1_0"]
+    assert squeezenet["capture"] == "fx" and squeezenet["blocks"] >= 4
+    assert squeezenet["stages_2"] == squeezenet["stages_4"] == "equal"
+    deberta = rows["DebertaV2ForSequenceClassification"]
+    assert deberta["capture"] == "fails" and "leave labels out" in deberta["error"]
+    text = (tmp_path / "model_zoo_smoke.md").read_text()
+    assert "**1 of 2 models enter and split exactly on 2 stages.**" in text

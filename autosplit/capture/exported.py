@@ -203,9 +203,9 @@ def _rebuild(model: nn.Module, ep: Any) -> fx.GraphModule:
             env[node] = new
         else:
             path = _path_of(model, node)
+            stack = node.meta.get("nn_module_stack")
             args = fx.node.map_arg((node.args, node.kwargs),
-                                   lambda n, p=path: _value(graph, env, lifted, n, p,
-                                                            node.meta.get("nn_module_stack")))
+                                   lambda n, p=path, k=stack: _value(graph, env, lifted, n, p, k))
             new = graph.create_node(node.op, node.target, args[0], args[1], node.name)
             new.meta.update(node.meta)
             new.meta["autosplit_path"] = path
