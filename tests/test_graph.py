@@ -128,6 +128,28 @@ def test_a_branch_on_data_in_the_models_loss_is_named_with_what_to_do() -> None:
     assert len(autosplit.trace(LossOnData(), example_kwargs={"x": call["x"]}).blocks) == 2
 
 
+class ThroughNumpy(nn.Module):
+    """Leaves torch for numpy halfway: torch.export cannot capture it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        middle = torch.from_numpy(self.first(x).detach().numpy())
+        return self.second(middle) * scale
+
+
+def test_a_keyword_call_export_cannot_capture_points_to_a_positional_one() -> None:
+    """torch.fx takes positional calls only: the message says so, and names --leaf-modules."""
+    call = {"x": torch.randn(2, 4), "scale": torch.ones(2, 1)}
+    with pytest.raises(TraceError) as info:
+        autosplit.trace(ThroughNumpy(), example_kwargs=call)
+    message = str(info.value)
+    assert "torch.export cannot capture ThroughNumpy" in message and "\n" not in message
+    assert "called with positional inputs only" in message and "--leaf-modules NAME" in message
+
+
 def test_leaf_modules_make_an_untraceable_model_traceable() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")

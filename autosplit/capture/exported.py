@@ -92,8 +92,13 @@ def export_graph(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any
             ep = torch.export.export(model, call_args, call_kwargs, dynamic_shapes=dynamic,
                                      strict=False)
     except Exception as exc:
+        advice = _advice(model, exc, call_kwargs)
+        if not advice and kwargs:  # torch.fx takes a positional call only
+            advice = ("; called with positional inputs only (example_inputs returning a tuple), "
+                      "torch.fx would try it, with --leaf-modules NAME for a submodule it "
+                      "cannot trace")
         raise TraceError(f"torch.export cannot capture {type(model).__name__}: "
-                         f"{_first_line(exc)}{_advice(model, exc, call_kwargs)}") from exc
+                         f"{_first_line(exc)}{advice}") from exc
     gm = _rebuild(model, ep)
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     signature = InputSignature.of(args, {**kwargs, **defaults}, names, defaults)
