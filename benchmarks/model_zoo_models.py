@@ -455,11 +455,11 @@ MODELS: dict[str, tuple[str, Builder]] = {
     ),
     "torchvision/swin_v2_t": (
         "torchvision",
-        torchvision_model("swin_v2_t", size=64, stochastic_depth_prob=0.0),
+        torchvision_model("swin_v2_t", size=64),
     ),
     "torchvision/maxvit_t": (
         "torchvision",
-        torchvision_model("maxvit_t", size=224, stochastic_depth_prob=0.0),
+        torchvision_model("maxvit_t", size=224),
     ),
     "torchvision/regnet_y_400mf": ("torchvision", torchvision_model("regnet_y_400mf")),
     "torchvision/fcn_resnet50": (
