@@ -7,10 +7,15 @@ imports nothing of autosplit but claims and units.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from autosplit.measure.spread import PREDICTION_ERROR, ratio_with_spread, spread_text
 from autosplit.units import format_bytes, format_ms
+
+GROUPED = 3
+"""The fewest shared weights with the same stages and handling said in one line (by the module
+that holds them: ALBERT's one layer holds 16)."""
 
 __all__ = ["plan_text", "summary_lines", "checkpoint_text", "one_device_way"]
 
@@ -108,6 +113,48 @@ def summary_lines(plan: Any) -> list[str]:
             f"memory limit {format_bytes(plan.memory_limit_bytes)} per device · optimizer "
             f"{plan.optimizer}"
         )
-    lines += [weight.describe() for weight in plan.shared]
+    lines += shared_lines(plan.shared)
     lines.append(f"profile {plan.profile} · solver {plan.solver}")
     return lines
+
+
+def shared_lines(weights: Sequence[Any]) -> list[str]:
+    """One line per shared weight (a :class:`~autosplit.records.SharedWeight`), or per group of
+    :data:`GROUPED` or more that the same stages use and keep equal the same way."""
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for weight in weights:
+        groups.setdefault((weight.stages, weight.mode), []).append(weight)
+    lines = []
+    for group in groups.values():
+        if len(group) >= GROUPED:
+            lines.append(describe_shared(group))
+        else:
+            lines += [describe_shared([weight]) for weight in group]
+    return lines
+
+
+def describe_shared(weights: Sequence[Any]) -> str:
+    """One line for shared weights (:class:`~autosplit.records.SharedWeight`) that the same
+    stages use and keep equal the same way: one weight by its name, several by the module that holds them all (ALBERT's shared layer),
+    their bytes and all-reduce times summed."""
+    first = weights[0]
+    where = " and ".join(
+        [", ".join(map(str, first.stages[:-1])), str(first.stages[-1])]
+        if len(first.stages) > 1 else [str(first.stages[0])]
+    )
+    stages = f"stage{'s' if len(first.stages) > 1 else ''} {where}"
+    if len(weights) == 1:
+        what = f"shared weight {first.name}"
+    else:
+        parts = [w.name.split(".") for w in weights]
+        common = next((parts[0][:k] for k in range(len(parts[0]), 0, -1)
+                       if all(p[:k] == parts[0][:k] for p in parts)), [])
+        holder = ".".join(common) or "the model"
+        what = f"shared weights of {holder} ({len(weights)} tensors)"
+    size = format_bytes(sum(w.bytes for w in weights))
+    if first.mode == "one stage":
+        return f"{what}: {stages}, one copy ({size})"
+    if first.mode == "one rank":
+        return f"{what}: {stages}, on one rank: one copy ({size})"
+    return (f"{what}: {stages}, gradients all-reduced each step "
+            f"({size}, {format_ms(sum(w.sync_ms for w in weights))})")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from autosplit.errors import PlanMismatchError
 from autosplit.plan_against_model import check_plan_blocks
-from autosplit.plan_text import plan_text, summary_lines
+from autosplit.plan_text import describe_shared, plan_text, summary_lines
 from autosplit.profile_records import (
     BlockProfile,
     CutProfile,
@@ -38,7 +38,6 @@ from autosplit.profile_records import (
 )
 from autosplit.record_invariants import check_plan, check_shared_weight, check_stage
 from autosplit.record_json import FORMAT_VERSION, Groups, load_record, save_record
-from autosplit.units import format_bytes, format_ms
 from autosplit.validation import checked
 
 __all__ = [
@@ -136,20 +135,7 @@ class SharedWeight:
 
     def describe(self) -> str:
         """One line: where the weight is used and how it is kept equal."""
-        where = " and ".join(
-            [", ".join(map(str, self.stages[:-1])), str(self.stages[-1])]
-            if len(self.stages) > 1 else [str(self.stages[0])]
-        )
-        stages = f"stage{'s' if len(self.stages) > 1 else ''} {where}"
-        if self.mode == "one stage":
-            return f"shared weight {self.name}: {stages}, one copy ({format_bytes(self.bytes)})"
-        if self.mode == "one rank":
-            return (f"shared weight {self.name}: {stages}, on one rank: one copy "
-                    f"({format_bytes(self.bytes)})")
-        return (
-            f"shared weight {self.name}: {stages}, gradients all-reduced each step "
-            f"({format_bytes(self.bytes)}, {format_ms(self.sync_ms)})"
-        )
+        return describe_shared([self])
 
 
 @dataclass(frozen=True, slots=True)

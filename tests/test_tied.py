@@ -84,6 +84,23 @@ def test_plan_records_the_shared_weight_and_round_trips(tmp_path: Path) -> None:
     assert "shared weight embed.weight: stage 0, one copy" in str(one)
 
 
+def test_the_weights_of_one_shared_layer_are_said_in_one_line() -> None:
+    """ALBERT's one layer holds 16 weights that its calls share: one line names the layer,
+    the tensors counted and their bytes and all-reduce times summed; two weights keep a line
+    each."""
+    from autosplit.plan_text import shared_lines
+
+    layer = [SharedWeight(f"encoder.layer.{name}.weight", (0, 1), "all-reduce", 1024, 0.25)
+             for name in ("query", "key", "value")]
+    tied = SharedWeight("embed.weight", (0, 1), "one rank", 2048, 0.0)
+    assert shared_lines([*layer, tied]) == [
+        "shared weights of encoder.layer (3 tensors): stages 0 and 1, gradients all-reduced "
+        "each step (3.0 KiB, 0.750 ms)",
+        "shared weight embed.weight: stages 0 and 1, on one rank: one copy (2.0 KiB)",
+    ]
+    assert len(shared_lines(layer[:2])) == 2
+
+
 @pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
 def test_a_weight_shared_by_stages_of_one_rank_costs_no_all_reduce(schedule: str,
                                                                    tmp_path: Path) -> None:
