@@ -128,6 +128,38 @@ def test_a_branch_on_data_in_the_models_loss_is_named_with_what_to_do() -> None:
     assert len(autosplit.trace(LossOnData(), example_kwargs={"x": call["x"]}).blocks) == 2
 
 
+class Layer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.linear(x))
+
+
+class Siamese(nn.Module):
+    """One backbone called on two inputs: its layers are blocks for each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(*(Layer() for _ in range(3)))
+        self.head = nn.Linear(12, 2)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.backbone(a), self.backbone(b)], 1))
+
+
+@pytest.mark.parametrize("keywords", [False, True])
+def test_a_backbone_called_twice_keeps_its_layers_as_blocks(keywords: bool) -> None:
+    """A layer called again (ALBERT's) is a block per call, but a module called again that
+    holds a layer stack (a siamese backbone) keeps its layers as blocks, for each call."""
+    a, b = torch.randn(4, 6), torch.randn(4, 6)
+    graph = (autosplit.trace(Siamese(), example_kwargs={"a": a, "b": b}) if keywords
+             else autosplit.trace(Siamese(), example_inputs=(a, b)))
+    assert graph.block_names == ("backbone.0", "backbone.1", "backbone.2", "backbone.0#2",
+                                 "backbone.1#2", "backbone.2#2", "head")
+
+
 class ThroughNumpy(nn.Module):
     """Leaves torch for numpy halfway: torch.export cannot capture it."""
 

@@ -42,7 +42,8 @@ def _inside(path: str, parents: set[str]) -> bool:
 def entered_paths(model: nn.Module, called_again: Iterable[str] = ()) -> frozenset[str]:
     """The module paths a ``"block"`` key walks into: containers, the modules above a layer
     stack, and those above a layer the model calls several times (``called_again``: ALBERT
-    runs one layer for all its depth). A stack of leaf modules inside a repeated layer (two
+    runs one layer group for all its depth; a layer inside it, called as often, does not
+    count). A stack of leaf modules inside a repeated layer (two
     convolutions in a ``Sequential`` deep in EfficientViT's attention) is part of that layer: it
     does not open the modules above it."""
     modules = dict(model.named_modules())
@@ -60,9 +61,11 @@ def entered_paths(model: nn.Module, called_again: Iterable[str] = ()) -> frozens
         parts = path.split(".")
         entered.update(".".join(parts[:i]) for i in range(1, len(parts)))
     for path in again:
+        if _inside(path, set(again)):  # a layer of one that is called again itself
+            continue
         parts = path.split(".")
         entered.update(".".join(parts[:i]) for i in range(1, len(parts)))
-    return frozenset(entered - set(again))
+    return frozenset(entered)
 
 
 def _is_layer(module: nn.Module) -> bool:
