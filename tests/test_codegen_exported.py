@@ -96,6 +96,26 @@ def test_the_emitted_module_equals_the_unsplit_model(
     assert_ruff_clean(path)
 
 
+def test_an_autocast_region_is_a_with_block_and_another_region_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EfficientViT's attention runs under torch.autocast: the emitted stage enters it with the
+    device type of the region's operands. A higher-order operation generated code has no
+    writing for is refused by name, never written as a call that would fail."""
+    from autosplit.codegen import expressions
+    from autosplit.errors import CodegenError
+
+    model, call = build("timm-efficientvit")
+    args, kwargs = call(ROWS)
+    graph = trace(model, example_inputs=args, example_kwargs=kwargs)
+    plan = plan_of(graph, even_balance(len(graph.blocks), 2), SPLIT, ROWS // SPLIT)
+    source = emit(plan, model_file(tmp_path, "timm-efficientvit"), model=model)
+    flat = " ".join(source.split())
+    assert "with torch.autocast( relu.device.type, dtype=torch.bfloat16, enabled=False," in flat
+    monkeypatch.setattr(expressions, "CONTEXTS", {})
+    with pytest.raises(CodegenError, match="wrap_with_autocast.*autosplit.partition"):
+        emit(plan, model_file(tmp_path, "timm-efficientvit"), model=model)
+
+
 def test_gpt2_tied_embedding_across_devices_is_read_through_to(tmp_path: Path) -> None:
     """GPT-2's lm_head is wte: with the two stages on different devices ("cpu" and "cpu:0"
     differ for torch.device), the last stage reads the embedding through a differentiable
