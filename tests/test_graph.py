@@ -160,6 +160,42 @@ def test_a_backbone_called_twice_keeps_its_layers_as_blocks(keywords: bool) -> N
                                  "backbone.1#2", "backbone.2#2", "head")
 
 
+class NumberedStage(nn.Module):
+    """Holds its layers as attributes ``b1``, ``b2``, ``b3`` (timm's RegStage), and a pair of
+    branches (ShuffleNet's ``branch1``, ``branch2``: containers) that are not a stack."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for i in range(1, 4):
+            self.add_module(f"b{i}", Layer())
+
+
+class Branches(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.branch1 = nn.Sequential(nn.Linear(6, 6), nn.Tanh())
+        self.branch2 = nn.Sequential(nn.Linear(6, 6), nn.Tanh())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.branch1(x) + self.branch2(x)
+
+
+class Numbered(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.s1, self.mix, self.head = Layer(), NumberedStage(), Branches(), Layer()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in (self.s1.b1, self.s1.b2, self.s1.b3):
+            x = layer(x)
+        return self.head(self.mix(self.stem(x)))
+
+
+def test_layers_numbered_under_one_name_are_a_stack() -> None:
+    graph = autosplit.trace(Numbered(), example_inputs=(torch.randn(4, 6),))
+    assert graph.block_names == ("s1.b1", "s1.b2", "s1.b3", "stem", "mix", "head")
+
+
 class ThroughNumpy(nn.Module):
     """Leaves torch for numpy halfway: torch.export cannot capture it."""
 

@@ -4,8 +4,9 @@ With ``granularity="block"`` the key of a module path is found walking down from
 a container (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``) is always entered, and so
 is a module that holds a *layer stack* below it: a container of two or more children of one
 class that hold parameters (GPT-2's ``transformer.h``, Llama's ``model.layers``, torchvision
-ViT's ``encoder.layers``, a ResNet's ``layer3``). The first module that is neither is the
-block. So GPT-2 becomes ``transformer.wte``, ``transformer.wpe``, ``transformer.h.0`` …
+ViT's ``encoder.layers``, a ResNet's ``layer3``), or a module whose children are such layers
+numbered under one name (timm RegNet's ``s3.b1``, ``s3.b2`` …). The first module that is neither
+is the block. So GPT-2 becomes ``transformer.wte``, ``transformer.wpe``, ``transformer.h.0`` …
 ``transformer.ln_f`` and ``lm_head``, and a ResNet's blocks stay its bottlenecks. A stack of
 leaf modules (two convolutions in a ``Sequential``) inside one of the repeated layers belongs
 to that layer.
@@ -14,6 +15,7 @@ to that layer.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Literal
 
@@ -26,11 +28,19 @@ CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
 
 def _is_stack(module: nn.Module) -> bool:
-    if not isinstance(module, CONTAINERS):
+    """A layer stack: a container of two or more children of one class that hold parameters,
+    or a module whose children are two or more layers (not containers: ShuffleNet's two
+    branches ``branch1``, ``branch2`` are not a stack) of one class numbered under one name
+    (timm RegNet's stages hold their bottlenecks as ``b1``, ``b2`` …)."""
+    named = list(module.named_children())
+    children = [c for _, c in named]
+    if len(children) < 2 or len({type(c) for c in children}) != 1:
         return False
-    children = list(module.children())
-    return (len(children) >= 2 and len({type(c) for c in children}) == 1
-            and all(any(True for _ in c.parameters()) for c in children))
+    if isinstance(module, CONTAINERS):
+        return all(any(True for _ in c.parameters()) for c in children)
+    numbered = {re.sub(r"\d+$", "", name) for name, _ in named}
+    return (len(numbered) == 1 and all(re.search(r"\d$", name) for name, _ in named)
+            and all(_is_layer(c) and not isinstance(c, CONTAINERS) for c in children))
 
 
 def _inside(path: str, parents: set[str]) -> bool:
@@ -59,7 +69,7 @@ def entered_paths(model: nn.Module, called_again: Iterable[str] = ()) -> frozens
         if leaves and _inside(path, layers):
             continue
         parts = path.split(".")
-        entered.update(".".join(parts[:i]) for i in range(1, len(parts)))
+        entered.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))  # and itself
     for path in again:
         if _inside(path, set(again)):  # a layer of one that is called again itself
             continue
