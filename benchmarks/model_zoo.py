@@ -119,7 +119,8 @@ def markdown(data: dict[str, Any]) -> str:
         f"`autosplit.partition` (micro-batches of {SPLIT}), its output and every parameter "
         "gradient compared with the unsplit model's (tests/zoo_checks.py).",
         "",
-        f"**{entered} of {len(rows)} models enter and split exactly on 2 stages.**",
+        f"**{entered} of {len(rows)} entries enter and split exactly on 2 stages** (an entry is a "
+        "model and its call: DeBERTa-v2 is called with and without labels).",
         "",
         "| family | model | capture | blocks | first blocks … last | 2 stages | 4 stages | s |",
         "|---|---|---|---|---|---|---|---|",

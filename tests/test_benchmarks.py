@@ -890,4 +890,4 @@ def test_model_zoo_benchmark_smoke(tmp_path) -> None:
     deberta = rows["DebertaV2ForSequenceClassification"]
     assert deberta["capture"] == "fails" and "leave labels out" in deberta["error"]
     text = (tmp_path / "model_zoo_smoke.md").read_text()
-    assert "**1 of 2 models enter and split exactly on 2 stages.**" in text
+    assert "**1 of 2 entries enter and split exactly on 2 stages**" in text
