@@ -196,6 +196,39 @@ def test_layers_numbered_under_one_name_are_a_stack() -> None:
     assert graph.block_names == ("s1.b1", "s1.b2", "s1.b3", "stem", "mix", "head")
 
 
+class Contrastive(nn.Module):
+    """A loss over the whole batch whose targets are ``arange(len(logits))`` (CLIP's):
+    torch.export fixes the batch size there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.embed = nn.BatchNorm1d(6), nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor, return_loss: bool = False) -> torch.Tensor:
+        z = self.embed(self.norm(x))
+        logits = z @ z.T
+        if not return_loss:
+            return logits
+        return nn.functional.cross_entropy(logits, torch.arange(len(logits)))
+
+
+def test_a_batch_size_export_fixes_is_refused_with_its_line() -> None:
+    """The capture runs once on other rows: a graph that only runs on the captured batch is
+    refused (naming the line and what to leave out), and the model's buffers stay as they
+    were (BatchNorm's running statistics)."""
+    model = Contrastive()
+    before = model.norm.running_mean.clone()
+    with pytest.raises(TraceError) as info:
+        autosplit.trace(model, example_kwargs={"x": torch.randn(4, 6), "return_loss": True})
+    message = str(info.value)
+    assert "on 4 rows fails on 2" in message and "arange(len(logits))" in message
+    assert "leave out the input that asks for it" in message and "\n" not in message
+    torch.testing.assert_close(model.norm.running_mean, before)
+    graph = autosplit.trace(model, example_kwargs={"x": torch.randn(4, 6)})
+    torch.testing.assert_close(model.norm.running_mean, before)
+    assert len(graph.blocks) == 2
+
+
 class ThroughNumpy(nn.Module):
     """Leaves torch for numpy halfway: torch.export cannot capture it."""
 

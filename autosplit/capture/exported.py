@@ -100,9 +100,64 @@ def export_graph(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any
         raise TraceError(f"torch.export cannot capture {type(model).__name__}: "
                          f"{_first_line(exc)}{advice}") from exc
     gm = _rebuild(model, ep)
+    _check_batch_free(model, gm, [x for x in flat if isinstance(x, torch.Tensor)],
+                      2 if batch == 1 else batch)  # (the rows captured)
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     signature = InputSignature.of(args, {**kwargs, **defaults}, names, defaults)
     return gm, signature, ep.call_spec.out_spec
+
+
+def _check_batch_free(model: nn.Module, gm: fx.GraphModule, inputs: Sequence[torch.Tensor],
+                      batch: int) -> None:
+    """Run the graph once on another number of rows: torch.export fixes the batch size where
+    the model reads it as a Python number (``torch.arange(len(logits))`` in CLIP's loss), and
+    such a graph would fail on the first micro-batch. The model's buffers and random numbers
+    are left as they were.
+
+    Raises:
+        TraceError: the graph fails on another number of rows (the model's line is named).
+    """
+    rows = 2 if batch > 2 else 3
+    resized = [(x[:rows] if rows <= batch else torch.cat([x, x[:rows - batch]]))
+               if x.dim() and x.shape[0] == batch else x for x in inputs]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    runner = _NodeRunner(gm)
+    try:
+        with torch.no_grad(), torch.random.fork_rng(), _quiet_torch_logs():
+            runner.run(*resized)
+    except Exception as exc:
+        where = _model_line(runner.node)
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise TraceError(
+            f"the graph torch.export captured of {type(model).__name__} on {batch} rows fails "
+            f"on {rows}{where} ({type(exc).__name__}: {said}): the model reads the batch size "
+            "there as a fixed number (len(x), int(x.shape[0])), and every micro-batch would "
+            "fail; compute that part outside the model (a loss over the whole batch: leave "
+            "out the input that asks for it, such as return_loss or labels)") from exc
+    finally:
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
+
+
+class _NodeRunner(fx.Interpreter):
+    """Runs a graph node by node, keeping the node it is on (the one that failed)."""
+
+    node: fx.Node | None = None
+
+    def run_node(self, n: fx.Node) -> Any:
+        self.node = n
+        return super().run_node(n)
+
+
+def _model_line(node: fx.Node | None) -> str:
+    """", at file:line `code`": the model's own line that made ``node``, where it says."""
+    trace = (node.meta.get("stack_trace") or "") if node is not None else ""
+    found = re.findall(r'File "([^"]+)", line (\d+), in \w+\n\s*(.+)', trace)
+    if not found:
+        return ""
+    path, line, code = found[-1]
+    return f", at {os.path.basename(path)}:{line} `{code.strip()}`"
 
 
 def _distinct(flat: Sequence[Any]) -> list[Any]:
