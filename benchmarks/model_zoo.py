@@ -8,7 +8,7 @@ chooses), count its blocks, then split it evenly on 2 and on 4 stages with
 (its type, structure and values) and every parameter gradient equal the unsplit model's on the
 same micro-batches. Nothing is timed but the whole check.
 
-    python benchmarks/model_zoo.py                 # every model (~10 min on 2 CPU cores)
+    python benchmarks/model_zoo.py                 # every model (~11 min on 2 CPU cores)
     python benchmarks/model_zoo.py --models Qwen2ForCausalLM vgg11
     python benchmarks/model_zoo.py --smoke --out /tmp/zoo   # two models (tests)
 """
@@ -120,7 +120,7 @@ def markdown(data: dict[str, Any]) -> str:
         "gradient compared with the unsplit model's (tests/zoo_checks.py).",
         "",
         f"**{entered} of {len(rows)} entries enter and split exactly on 2 stages** (an entry is a "
-        "model and its call: DeBERTa-v2 is called with and without labels).",
+        "model and its call: DeBERTa-v2 and CLIP are called with their loss and without).",
         "",
         "| family | model | capture | blocks | first blocks … last | 2 stages | 4 stages | s |",
         "|---|---|---|---|---|---|---|---|",

@@ -92,6 +92,37 @@ def hf_image(model_class: str, config_class: str, **config: Any) -> Builder:
     return build
 
 
+def clip(return_loss: bool) -> Builder:
+    """CLIP's two towers on ids and 32 × 32 images; ``return_loss``: its contrastive loss, over
+    the whole batch."""
+
+    def build() -> tuple[nn.Module, Callable[[int], Call]]:
+        text = dict(num_hidden_layers=2, hidden_size=16, num_attention_heads=2,
+                    intermediate_size=32, vocab_size=64, max_position_embeddings=16)
+        vision = dict(num_hidden_layers=2, hidden_size=16, num_attention_heads=2,
+                      intermediate_size=32, image_size=32, patch_size=8)
+        model = _hf("CLIPModel", "CLIPConfig", text_config=text, vision_config=vision,
+                    projection_dim=8)
+
+        def call(rows: int) -> Call:
+            given = {"input_ids": _ids(rows), "pixel_values": torch.randn(rows, 3, 32, 32)}
+            return (), {**given, "return_loss": True} if return_loss else given
+
+        return model, call
+
+    return build
+
+
+def hf_inputs(model_class: str, config_class: str, make: Callable[[int], dict[str, Any]],
+              **config: Any) -> Builder:
+    """A Hugging Face model called with the keyword inputs ``make(rows)``."""
+
+    def build() -> tuple[nn.Module, Callable[[int], Call]]:
+        return _hf(model_class, config_class, **config), lambda rows: ((), make(rows))
+
+    return build
+
+
 def timm_model(name: str, size: int = 32, **kwargs: Any) -> Builder:
     """A timm model of 3 classes on ``size`` × ``size`` images."""
 
@@ -399,6 +430,48 @@ MODELS: dict[str, tuple[str, Builder]] = {
             attention_probs_dropout_prob=0.0,
         ),
     ),
+    "StableLmForCausalLM": (
+        "transformers", causal_lm("StableLmForCausalLM", "StableLmConfig", **KV, **SMALL)),
+    "Starcoder2ForCausalLM": ("transformers", causal_lm(
+        "Starcoder2ForCausalLM", "Starcoder2Config", residual_dropout=0.0, embedding_dropout=0.0,
+        attention_dropout=0.0, **KV, **SMALL)),
+    "Qwen2MoeForCausalLM": ("transformers", causal_lm(
+        "Qwen2MoeForCausalLM", "Qwen2MoeConfig", num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=16, shared_expert_intermediate_size=16, **KV, **SMALL)),
+    "MambaForCausalLM": ("transformers", hf_inputs(
+        "MambaForCausalLM", "MambaConfig", lambda rows: {"input_ids": _ids(rows),
+                                                         "labels": _ids(rows)},
+        num_hidden_layers=4, hidden_size=16, state_size=4, vocab_size=64, intermediate_size=32)),
+    "CLIPModel:return-loss": ("transformers", clip(return_loss=True)),
+    "CLIPModel": ("transformers", clip(return_loss=False)),
+    "Dinov2ForImageClassification": ("transformers", hf_inputs(
+        "Dinov2ForImageClassification", "Dinov2Config",
+        lambda rows: {"pixel_values": torch.randn(rows, 3, 32, 32),
+                      "labels": torch.arange(rows) % 3},
+        num_hidden_layers=4, hidden_size=16, num_attention_heads=2, mlp_ratio=2, image_size=32,
+        patch_size=8, num_labels=3)),
+    "Wav2Vec2ForSequenceClassification": ("transformers", hf_inputs(
+        "Wav2Vec2ForSequenceClassification", "Wav2Vec2Config",
+        lambda rows: {"input_values": torch.randn(rows, 400), "labels": torch.arange(rows) % 3},
+        num_hidden_layers=2, hidden_size=16, num_attention_heads=2, intermediate_size=32,
+        conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3), num_feat_extract_layers=2,
+        num_labels=3, num_conv_pos_embeddings=4, num_conv_pos_embedding_groups=2,
+        mask_time_prob=0.0, layerdrop=0.0)),
+    "SegformerForSemanticSegmentation": ("transformers", hf_inputs(
+        "SegformerForSemanticSegmentation", "SegformerConfig",
+        lambda rows: {"pixel_values": torch.randn(rows, 3, 32, 32)},
+        num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[8, 16],
+        num_attention_heads=[1, 2], patch_sizes=[7, 3], strides=[4, 2], decoder_hidden_size=16,
+        num_labels=3)),
+    "timm/eva02_tiny_patch14_224": ("timm", timm_model(
+        "eva02_tiny_patch14_224", size=28, img_size=28, patch_size=14, depth=4)),
+    "timm/convnextv2_atto": ("timm", timm_model("convnextv2_atto")),
+    "timm/poolformer_s12": ("timm", timm_model("poolformer_s12")),
+    "timm/hrnet_w18_small": ("timm", timm_model("hrnet_w18_small", size=64)),
+    "timm/nf_resnet26": ("timm", timm_model("nf_resnet26")),
+    "timm/cait_xxs24_224": ("timm", timm_model(
+        "cait_xxs24_224", size=32, img_size=32, patch_size=8, depth=4)),
+    "timm/pvt_v2_b0": ("timm", timm_model("pvt_v2_b0")),
     "timm/resnet18": ("timm", timm_model("resnet18")),
     "timm/convnext_atto": ("timm", timm_model("convnext_atto")),
     "timm/swin_tiny_patch4_window7_224": (
