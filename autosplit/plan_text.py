@@ -135,8 +135,8 @@ def shared_lines(weights: Sequence[Any]) -> list[str]:
 
 def describe_shared(weights: Sequence[Any]) -> str:
     """One line for shared weights (:class:`~autosplit.records.SharedWeight`) that the same
-    stages use and keep equal the same way: one weight by its name, several by the module that holds them all (ALBERT's shared layer),
-    their bytes and all-reduce times summed."""
+    stages use and keep equal the same way: one weight by its name, several by the module
+    that holds them all (ALBERT's shared layer), their bytes and all-reduce times summed."""
     first = weights[0]
     where = " and ".join(
         [", ".join(map(str, first.stages[:-1])), str(first.stages[-1])]
