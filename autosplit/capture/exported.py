@@ -94,8 +94,8 @@ def export_graph(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any
         told = advice(model, exc, call_kwargs)
         if not told and kwargs:  # torch.fx takes a positional call only
             told = ("; called with positional inputs only (example_inputs returning a tuple), "
-                      "torch.fx would try it, with --leaf-modules NAME for a submodule it "
-                      "cannot trace")
+                    "torch.fx would try it, with --leaf-modules NAME for a submodule it cannot "
+                    "trace")
         raise TraceError(f"torch.export cannot capture {type(model).__name__}: "
                          f"{first_line(exc)}{told}") from exc
     gm = _rebuild(model, ep)
@@ -268,12 +268,19 @@ def _autocast_device_type(graph: fx.Graph, node: fx.Node) -> None:
                    and isinstance(a.meta.get("val"), torch.Tensor)), None)
     if source is None or not isinstance(node.args[0], str):
         return
+    node.args = (_read_before(graph, node, device_type_of, source, "other"), *node.args[1:])
+
+
+def _read_before(graph: fx.Graph, node: fx.Node, read: Any, source: fx.Node,
+                 kind: str) -> fx.Node:
+    """A new node ``read(source)`` just before ``node``, in its module and call, of kind
+    ``kind`` (a device is a ``"size"``, computed again past a cut; a device type ``"other"``)."""
     with graph.inserting_before(node):
-        kind = graph.call_function(device_type_of, (source,))
-    kind.meta.update({"autosplit_path": node.meta.get("autosplit_path", ""),
-                      "nn_module_stack": node.meta.get("nn_module_stack"),
-                      "autosplit_kind": "other"})
-    node.args = (kind, *node.args[1:])
+        new = graph.call_function(read, (source,))
+    new.meta.update({"autosplit_path": node.meta.get("autosplit_path", ""),
+                     "nn_module_stack": node.meta.get("nn_module_stack"),
+                     "autosplit_kind": kind})
+    return new
 
 
 def device_of(tensor: torch.Tensor) -> torch.device:
@@ -296,11 +303,7 @@ def _devices_from_tensors(graph: fx.Graph) -> None:
                        if isinstance(a.meta.get("val"), torch.Tensor)), first)
         if source is None:
             continue
-        with graph.inserting_before(node):
-            device = graph.call_function(device_of, (source,))
-        device.meta.update({"autosplit_path": node.meta.get("autosplit_path", ""),
-                            "nn_module_stack": node.meta.get("nn_module_stack"),
-                            "autosplit_kind": "size"})
+        device = _read_before(graph, node, device_of, source, "size")
         node.args = tuple(device if isinstance(a, torch.device) else a for a in node.args)
         node.kwargs = {k: device if isinstance(v, torch.device) else v
                        for k, v in node.kwargs.items()}

@@ -177,12 +177,10 @@ class StageSplit:
                         continue
                 except AttributeError:
                     continue
-                for deeper in range(k, len(parts)):  # the first module below it that
-                    # leaves a short path to the weight
-                    below = ".".join(parts[deeper:])
-                    if len(below) <= LONGEST_BELOW or deeper == len(parts) - 1:
-                        return ".".join(parts[:deeper]), below
-                return path, ".".join(parts[k:])
+                deeper = next(d for d in range(k, len(parts))  # the first that leaves a
+                              if len(".".join(parts[d:])) <= LONGEST_BELOW  # short path, at
+                              or d == len(parts) - 1)  # most the weight's owner
+                return ".".join(parts[:deeper]), ".".join(parts[deeper:])
         return target, ""
 
     def body(self, node: fx.Node) -> fx.Graph:
